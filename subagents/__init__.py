@@ -1,0 +1,65 @@
+"""subagents: a subagent orchestration runtime on anyio (asyncio and trio).
+
+Spawn subagents fire-and-forget behind a concurrency limit and a watchdog, keep working,
+and collect each one's :class:`DelegateResult` from a task-keyed :class:`Mailbox`.
+"""
+
+from ._backend import Backend, RunnerReturnError, run_local
+from ._context import RunContext
+from ._envelope import DelegateResult, Status, Usage
+from ._errors import (
+    ConfigError,
+    InvalidName,
+    MailboxFull,
+    SpawnRejected,
+    SubagentsError,
+    TransientError,
+    UnknownAgent,
+    UnknownTask,
+)
+from ._events import Event, EventBus
+from ._handle import SpawnHandle
+from ._mailbox import BaseMailbox, Mailbox, MailboxStatistics
+from ._manager import DEFAULT_SESSION, ManagerStatistics, SubagentManager
+from ._notifier import CompletionNotifier
+from ._paths import AgentPath
+from ._permissions import Ruleset
+from ._retry import RetryPolicy
+from ._spec import AgentSpec, Request, Result, Runner, SpawnOptions, SubagentConfig
+
+__all__ = [
+    "DEFAULT_SESSION",
+    "AgentPath",
+    "AgentSpec",
+    "Backend",
+    "BaseMailbox",
+    "CompletionNotifier",
+    "ConfigError",
+    "DelegateResult",
+    "Event",
+    "EventBus",
+    "InvalidName",
+    "Mailbox",
+    "MailboxFull",
+    "MailboxStatistics",
+    "ManagerStatistics",
+    "Request",
+    "Result",
+    "RetryPolicy",
+    "RunContext",
+    "Runner",
+    "RunnerReturnError",
+    "Ruleset",
+    "SpawnHandle",
+    "SpawnOptions",
+    "SpawnRejected",
+    "Status",
+    "SubagentConfig",
+    "SubagentManager",
+    "SubagentsError",
+    "TransientError",
+    "UnknownAgent",
+    "UnknownTask",
+    "Usage",
+    "run_local",
+]

@@ -1,0 +1,94 @@
+"""The one place where a child's runner actually runs.
+
+A remote backend replaces :func:`run_local` with a function of the same signature that
+ships the request elsewhere; everything around it (queueing, watchdog, cancellation,
+envelopes, delivery) stays in the manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeAlias
+
+from ._envelope import Usage
+from ._retry import run_with_retries
+from ._spec import AgentSpec, Request, Result
+
+if TYPE_CHECKING:
+    from ._context import RunContext
+
+__all__ = ["Backend", "RunnerReturnError", "coerce_result", "run_local"]
+
+Backend: TypeAlias = "Callable[[AgentSpec, Request, RunContext], Awaitable[Result]]"
+
+
+class RunnerReturnError(TypeError):
+    """A runner returned something other than ``Result`` or ``str``."""
+
+
+async def run_local(spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
+    """Run ``spec.runner`` in this task, retrying transient failures under ``spec.retry``."""
+    if spec.retry is None:
+        return coerce_result(spec.name, await spec.runner(request, ctx))
+
+    async def attempt(number: int) -> Result:
+        ctx.attempt = number
+        return coerce_result(spec.name, await spec.runner(request, ctx))
+
+    return await run_with_retries(spec.retry, attempt, deadline=ctx.deadline)
+
+
+def coerce_result(agent: str, value: object) -> Result:
+    """Accept ``Result`` or ``str``; anything else raises :class:`RunnerReturnError`."""
+    if type(value) is str:
+        return Result(output=_clean(value))
+    if isinstance(value, Result):
+        _check_result(agent, value)
+        if not _is_clean(value.output):
+            return Result(
+                output=_clean(value.output),
+                usage=value.usage,
+                iterations=value.iterations,
+                files_changed=value.files_changed,
+                error=value.error,
+                status=value.status,
+            )
+        return value
+    if isinstance(value, str):  # a str subclass: keep the text, drop the subclass
+        return Result(output=_clean(str.__str__(value)))
+    raise RunnerReturnError(
+        f"runner of agent {agent!r} returned {type(value).__qualname__}; expected Result or str"
+    )
+
+
+def _check_result(agent: str, result: Result) -> None:
+    problems = []
+    if not isinstance(result.output, str):
+        problems.append(f"output is {type(result.output).__qualname__}, expected str")
+    if not isinstance(result.usage, Usage):
+        problems.append(f"usage is {type(result.usage).__qualname__}, expected Usage")
+    if isinstance(result.iterations, bool) or not isinstance(result.iterations, int):
+        problems.append(f"iterations is {type(result.iterations).__qualname__}, expected int")
+    if not all(isinstance(f, str) for f in result.files_changed):
+        problems.append("files_changed must hold strings")
+    if not isinstance(result.error, str):
+        problems.append(f"error is {type(result.error).__qualname__}, expected str")
+    if problems:
+        raise RunnerReturnError(
+            f"runner of agent {agent!r} returned a bad Result: " + "; ".join(problems)
+        )
+
+
+def _is_clean(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _clean(text: str) -> str:
+    """Replace lone surrogates (undecodable bytes smuggled into str) so JSON never fails."""
+    if _is_clean(text):
+        return text
+    return text.encode("utf-8", "replace").decode("utf-8")

@@ -1,0 +1,173 @@
+"""What a running child sees of the runtime: its identity, deadline, and nested delegation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ._envelope import DelegateResult, Usage
+from ._events import PROGRESS
+from ._paths import AgentPath
+from ._permissions import Ruleset
+
+if TYPE_CHECKING:
+    from ._handle import SpawnHandle
+    from ._mailbox import BaseMailbox
+    from ._manager import SubagentManager
+    from ._spec import SpawnOptions
+
+__all__ = ["RunContext"]
+
+_UNSET: float = float("nan")
+
+
+class RunContext:
+    """Handed to a runner with its :class:`Request`; one per run (shared by retry attempts).
+
+    A child's own session id is its task id: children it spawns report to its mailbox and
+    are cancelled when it ends.
+    """
+
+    __slots__ = ("_handle", "_manager", "attempt", "deadline", "permissions")
+
+    def __init__(
+        self,
+        manager: SubagentManager,
+        handle: SpawnHandle,
+        *,
+        deadline: float | None,
+        permissions: Ruleset,
+    ) -> None:
+        self._manager = manager
+        self._handle = handle
+        self.attempt = 1
+        """1 for the first try, 2 and up for retries of transient failures."""
+        self.deadline = deadline
+        """The watchdog deadline in :func:`anyio.current_time` units, or ``None``."""
+        self.permissions = permissions
+        """The effective ruleset: this agent's intersected with every ancestor's."""
+
+    @property
+    def task_id(self) -> str:
+        """This run's task id."""
+        return self._handle.task_id
+
+    @property
+    def session_id(self) -> str:
+        """The session this run's own children belong to (equal to :attr:`task_id`)."""
+        return self._handle.task_id
+
+    @property
+    def parent_session_id(self) -> str:
+        """The session that spawned this run."""
+        return self._handle.session_id
+
+    @property
+    def agent(self) -> str:
+        """The agent type's name."""
+        return self._handle.agent
+
+    @property
+    def agent_path(self) -> AgentPath:
+        """This run's place in the tree, e.g. ``/root/general``."""
+        return self._handle.agent_path
+
+    @property
+    def parent_path(self) -> AgentPath:
+        """The path of the agent that delegated this run."""
+        return self._handle.parent_path
+
+    @property
+    def manager(self) -> SubagentManager:
+        """The manager running this child."""
+        return self._manager
+
+    def remaining(self) -> float | None:
+        """Seconds left before the watchdog fires, or ``None`` without a watchdog."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - anyio.current_time())
+
+    def allows(self, tool: str) -> bool:
+        """Whether this agent may use ``tool`` under its effective permissions."""
+        return self.permissions.allows(tool)
+
+    def report(
+        self,
+        *,
+        output: str | None = None,
+        append: str | None = None,
+        usage: Usage | None = None,
+        iterations: int | None = None,
+        files_changed: Iterable[str] | None = None,
+    ) -> None:
+        """Record progress so far; a watchdog or cancellation keeps what was reported.
+
+        ``output`` replaces the partial output, ``append`` extends it; ``usage`` and
+        ``iterations`` replace the running totals; ``files_changed`` adds paths. Publishes
+        ``subagent.progress``. Never blocks.
+        """
+        h = self._handle
+        if output is not None:
+            h._partial_output = output
+        if append:
+            h._partial_output += append
+        if usage is not None:
+            h._usage = usage
+        if iterations is not None:
+            h._iterations = iterations
+        if files_changed is not None:
+            known = set(h._files_changed)
+            h._files_changed += tuple(f for f in files_changed if f not in known)
+        bus = self._manager.events
+        if bus.active:
+            bus.publish(
+                PROGRESS,
+                session_id=h.session_id,
+                task_id=h.task_id,
+                agent_path=h.agent_path,
+                data={
+                    "output_chars": len(h._partial_output),
+                    "iterations": h._iterations,
+                    "usage": dict(h._usage.to_dict()),
+                },
+            )
+
+    def spawn(
+        self,
+        agent: str,
+        input: str = "",
+        *,
+        name: str | None = None,
+        timeout: float | None = _UNSET,
+        options: SpawnOptions | None = None,
+    ) -> SpawnHandle:
+        """Spawn a grandchild into this run's session; see :meth:`SubagentManager.spawn`."""
+        return self._manager.spawn(
+            agent, input, session_id=self.session_id, name=name, timeout=timeout, options=options
+        )
+
+    async def execute(
+        self,
+        agent: str,
+        input: str = "",
+        *,
+        name: str | None = None,
+        timeout: float | None = _UNSET,
+        options: SpawnOptions | None = None,
+    ) -> DelegateResult:
+        """Delegate synchronously from this run; see :meth:`SubagentManager.execute`."""
+        return await self._manager.execute(
+            agent, input, session_id=self.session_id, name=name, timeout=timeout, options=options
+        )
+
+    @property
+    def mailbox(self) -> BaseMailbox:
+        """This run's own mailbox, where its spawned children's envelopes land."""
+        return self._manager.mailbox(self.session_id)
+
+    async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
+        """Collect a child's envelope; see :meth:`SubagentManager.wait_result`."""
+        return await self._manager.wait_result(task_id, timeout=timeout, session_id=self.session_id)

@@ -1,0 +1,298 @@
+"""The result envelope every spawn ends in, and its compact text view for models."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+import attrs
+
+from ._json import JSONValue, dumps
+
+__all__ = [
+    "DEFAULT_TRUNCATE_CHARS",
+    "DelegateResult",
+    "Status",
+    "Usage",
+    "describe_exception",
+    "now_ms",
+]
+
+DEFAULT_TRUNCATE_CHARS: Final = 2000
+# An error message is a summary, not a traceback: the full text belongs to the event log.
+_ERROR_MESSAGE_CHARS: Final = 500
+
+_HINTS: Final = {
+    "error": "hint: the subagent failed; fix the cause named above and spawn it again, "
+    "or do the task yourself.",
+    "timeout": "hint: the subagent ran out of time and the output above is partial; retry "
+    "with a larger timeout_ms or a smaller task, or do it yourself.",
+    "cancelled": "hint: the subagent was cancelled before it finished; spawn it again if "
+    "the result is still needed.",
+}
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def now_ms() -> int:
+    """Current unix time in integer milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+class Status(enum.StrEnum):
+    """How a subagent run ended."""
+
+    COMPLETED = "completed"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+
+@attrs.frozen(kw_only=True)
+class Usage:
+    """Token usage of one run (this agent only, never its children)."""
+
+    input_tokens: int = 0
+    """Tokens sent to the model."""
+    output_tokens: int = 0
+    """Tokens the model produced."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens."""
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.input_tokens or self.output_tokens)
+
+    def to_dict(self) -> dict[str, int]:
+        """``{"input_tokens": ..., "output_tokens": ...}``."""
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Usage:
+        """Inverse of :meth:`to_dict`; missing keys count as zero."""
+        return cls(
+            input_tokens=_as_int(data.get("input_tokens", 0), "usage.input_tokens"),
+            output_tokens=_as_int(data.get("output_tokens", 0), "usage.output_tokens"),
+        )
+
+
+_EMPTY_USAGE: Final = Usage()
+
+
+@attrs.frozen(kw_only=True)
+class DelegateResult:
+    """The envelope a subagent run ends in: exactly one per spawn or delegation.
+
+    Times are integer unix milliseconds. ``to_dict``/``to_json`` omit the optional fields
+    (``output``, ``files_changed``, ``error``, ``error_type``, ``agent_path``,
+    ``parent_path``, ``queue_ms`` when 0, ``attempts`` when 1) when they are empty.
+    """
+
+    agent: str
+    """Name of the agent type that ran."""
+    task_id: str
+    """The task id given at spawn time; the mailbox key."""
+    status: Status
+    """``completed``, ``error``, ``timeout`` or ``cancelled``."""
+    output: str = ""
+    """Final output; on timeout or cancellation the partial output reported so far."""
+    files_changed: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    """Paths the runner reported as changed."""
+    error: str = ""
+    """A short, bounded summary of what went wrong (no traceback)."""
+    error_type: str = ""
+    """``timeout``, ``cancelled`` or the exception's qualified class name."""
+    duration_ms: int = 0
+    """Wall time from spawn (or the start of a delegation) to the end, queue included."""
+    queue_ms: int = 0
+    """Of ``duration_ms``, the time spent waiting for a concurrency slot."""
+    iterations: int = 0
+    """Iterations (model turns, steps) the runner reported."""
+    attempts: int = 1
+    """How many times the runner was started (more than 1 after transient retries)."""
+    usage: Usage = _EMPTY_USAGE
+    """Token usage of this run only."""
+    timestamp_ms: int = attrs.field(factory=now_ms)
+    """Unix time when the run ended."""
+    agent_path: str = ""
+    """Place in the delegation tree, e.g. ``/root/general``."""
+    parent_path: str = ""
+    """Path of the agent that delegated, e.g. ``/root``."""
+
+    @property
+    def ok(self) -> bool:
+        """True when ``status`` is ``completed``."""
+        return self.status is Status.COMPLETED
+
+    def to_dict(self) -> dict[str, JSONValue]:
+        """A JSON-ready dict; empty optional fields are left out."""
+        data: dict[str, JSONValue] = {
+            "agent": self.agent,
+            "task_id": self.task_id,
+            "status": self.status.value,
+        }
+        if self.output:
+            data["output"] = self.output
+        if self.files_changed:
+            data["files_changed"] = list(self.files_changed)
+        if self.error:
+            data["error"] = self.error
+        if self.error_type:
+            data["error_type"] = self.error_type
+        data["duration_ms"] = self.duration_ms
+        if self.queue_ms:
+            data["queue_ms"] = self.queue_ms
+        data["iterations"] = self.iterations
+        if self.attempts != 1:
+            data["attempts"] = self.attempts
+        data["usage"] = dict(self.usage.to_dict())
+        data["timestamp_ms"] = self.timestamp_ms
+        if self.agent_path:
+            data["agent_path"] = self.agent_path
+        if self.parent_path:
+            data["parent_path"] = self.parent_path
+        return data
+
+    def to_json(self) -> bytes:
+        """Compact JSON bytes of :meth:`to_dict` (orjson)."""
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> DelegateResult:
+        """Rebuild an envelope from :meth:`to_dict` output.
+
+        Raises:
+            ValueError: a required field is missing or a field has the wrong type.
+        """
+        for key in ("agent", "task_id", "status"):
+            if key not in data:
+                raise ValueError(f"envelope field {key!r} is required")
+        usage = data.get("usage") or {}
+        if not isinstance(usage, Mapping):
+            raise ValueError(f"envelope field 'usage' must be an object, got {usage!r}")
+        files = data.get("files_changed") or ()
+        if not isinstance(files, (list, tuple)) or not all(isinstance(f, str) for f in files):
+            raise ValueError("envelope field 'files_changed' must be a list of strings")
+        try:
+            status = Status(str(data["status"]))
+        except ValueError:
+            raise ValueError(
+                f"envelope field 'status' must be one of {[s.value for s in Status]}, "
+                f"got {data['status']!r}"
+            ) from None
+        return cls(
+            agent=_as_str(data["agent"], "agent"),
+            task_id=_as_str(data["task_id"], "task_id"),
+            status=status,
+            output=_as_str(data.get("output", ""), "output"),
+            files_changed=tuple(files),
+            error=_as_str(data.get("error", ""), "error"),
+            error_type=_as_str(data.get("error_type", ""), "error_type"),
+            duration_ms=_as_int(data.get("duration_ms", 0), "duration_ms"),
+            queue_ms=_as_int(data.get("queue_ms", 0), "queue_ms"),
+            iterations=_as_int(data.get("iterations", 0), "iterations"),
+            attempts=_as_int(data.get("attempts", 1), "attempts"),
+            usage=Usage.from_dict(usage),
+            timestamp_ms=_as_int(data.get("timestamp_ms", 0), "timestamp_ms"),
+            agent_path=_as_str(data.get("agent_path", ""), "agent_path"),
+            parent_path=_as_str(data.get("parent_path", ""), "parent_path"),
+        )
+
+    def truncated(self, max_chars: int = DEFAULT_TRUNCATE_CHARS) -> str:
+        """The compact text view a model reads, never longer than ``max_chars``.
+
+        A few header lines (agent, task id, path, status, duration, usage, error), then the
+        output. When it does not fit, the middle of the output is cut by code points and
+        replaced by a marker saying how many characters were left out. Error, timeout and
+        cancelled views end with a one-line hint of what to do next.
+        """
+        if max_chars < 1:
+            raise ValueError(f"max_chars must be an integer >= 1, got {max_chars!r}")
+        header = self._header_lines()
+        hint = _HINTS.get(self.status.value, "")
+        head = "\n".join(header) + "\n"
+        tail = ("\n" + hint) if hint else ""
+        body = self.output if self.output else "(no output)"
+        budget = max_chars - len(head) - len(tail)
+        if len(body) > budget:
+            body = _cut_middle(body, budget)
+        text = head + body + tail
+        if len(text) > max_chars:  # only when max_chars is smaller than the header
+            text = text[: max_chars - 1] + "…" if max_chars > 1 else text[:max_chars]
+        return text
+
+    def _header_lines(self) -> list[str]:
+        where = f" · {self.agent_path}" if self.agent_path else ""
+        lines = [f"[subagent {self.agent} · task {self.task_id}{where}]"]
+        facts = [f"status: {self.status.value}", f"{self.duration_ms} ms"]
+        if self.iterations:
+            facts.append(f"{self.iterations} iterations")
+        if self.attempts > 1:
+            facts.append(f"{self.attempts} attempts")
+        if self.usage:
+            facts.append(f"tokens in {self.usage.input_tokens} / out {self.usage.output_tokens}")
+        lines.append(" · ".join(facts))
+        if self.files_changed:
+            shown = ", ".join(self.files_changed[:10])
+            more = len(self.files_changed) - 10
+            lines.append(f"files changed: {shown}" + (f" (+{more} more)" if more > 0 else ""))
+        if self.error:
+            lines.append(f"error: {bound_text(self.error, _ERROR_MESSAGE_CHARS)}")
+        lines.append("output:")
+        return lines
+
+
+def _cut_middle(text: str, budget: int) -> str:
+    """Keep the start and the end of ``text`` within ``budget`` code points."""
+    marker_room = len(f"\n[… {len(text)} characters truncated …]\n")
+    keep = budget - marker_room
+    if keep <= 0:
+        return text[: max(budget, 0)]
+    head_len = (keep * 2) // 3
+    tail_len = keep - head_len
+    omitted = len(text) - keep
+    marker = f"\n[… {omitted} characters truncated …]\n"
+    return text[:head_len] + marker + (text[len(text) - tail_len :] if tail_len else "")
+
+
+def bound_text(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` code points, with an ellipsis when cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str]:
+    """``(error_type, message)`` for an envelope: qualified class name and bounded text."""
+    cls = type(exc)
+    qualname = cls.__qualname__
+    module = cls.__module__
+    error_type = qualname if module in ("builtins", "__main__") else f"{module}.{qualname}"
+    try:
+        text = str(exc)
+    except Exception:  # a __str__ that raises must not lose the envelope
+        text = "<unprintable exception>"
+    message = f"{qualname}: {text}" if text else qualname
+    return error_type, bound_text(message, _ERROR_MESSAGE_CHARS)
+
+
+def _as_int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"envelope field {field!r} must be an integer, got {value!r}")
+    return value
+
+
+def _as_str(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"envelope field {field!r} must be a string, got {value!r}")
+    return value

@@ -1,0 +1,132 @@
+"""The exception tree of ``subagents``.
+
+Every exception the library raises on purpose derives from :class:`SubagentsError`::
+
+    SubagentsError
+    ├── ConfigError(SubagentsError, ValueError)      a setting or argument is out of range
+    ├── InvalidName(SubagentsError, ValueError)      an agent-path segment is malformed
+    ├── UnknownAgent(SubagentsError, LookupError)    no agent type registered under that name
+    ├── UnknownTask(SubagentsError, LookupError)     no task with that id (names close matches)
+    ├── SpawnRejected(SubagentsError)                depth limit, closed session, closed manager
+    └── MailboxFull(SubagentsError)                  a new key beyond the mailbox capacity
+
+``TransientError`` is not an error of the library: runners raise it (or a subclass) to mark
+a failure worth retrying under the agent's :class:`~subagents.RetryPolicy`.
+
+Messages are built in ``__init__`` from the data, which stays available on attributes, so a
+caller can render its own text and a model still gets a sentence it can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+__all__ = [
+    "ConfigError",
+    "InvalidName",
+    "MailboxFull",
+    "SpawnRejected",
+    "SubagentsError",
+    "TransientError",
+    "UnknownAgent",
+    "UnknownTask",
+]
+
+
+class SubagentsError(Exception):
+    """Base class of every error raised by ``subagents``."""
+
+
+class ConfigError(SubagentsError, ValueError):
+    """A configuration value or argument is invalid.
+
+    Attributes:
+        field: the name of the offending setting.
+        expected: what would have been accepted.
+        got: the value that was given.
+    """
+
+    def __init__(self, field: str, expected: str, got: object) -> None:
+        self.field = field
+        self.expected = expected
+        self.got = got
+        super().__init__(f"{field} must be {expected}, got {got!r}")
+
+
+class InvalidName(SubagentsError, ValueError):
+    """An agent-path segment is empty, too long or uses a forbidden character."""
+
+    def __init__(self, name: object, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        super().__init__(f"invalid agent name {name!r}: {reason}")
+
+
+class UnknownAgent(SubagentsError, LookupError):
+    """No agent type is registered under the requested name.
+
+    Attributes:
+        name: the name that was asked for.
+        known: the registered names, sorted.
+    """
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        self.name = name
+        self.known = tuple(sorted(known))
+        listed = ", ".join(self.known) if self.known else "(none registered)"
+        super().__init__(f"unknown agent {name!r}; registered agents: {listed}")
+
+
+class UnknownTask(SubagentsError, LookupError):
+    """No task with the given id is known to the manager.
+
+    Attributes:
+        task_id: the id that was asked for.
+        suggestions: known ids that look like the one meant (prefix, case, truncation).
+        detail: an extra sentence, e.g. that the id belongs to another session.
+    """
+
+    def __init__(self, task_id: str, suggestions: Sequence[str] = (), detail: str = "") -> None:
+        self.task_id = task_id
+        self.suggestions = tuple(suggestions)
+        self.detail = detail
+        message = f"unknown task id {task_id!r}"
+        if self.suggestions:
+            message += "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?"
+        if detail:
+            message += f" {detail}"
+        super().__init__(message)
+
+
+class SpawnRejected(SubagentsError):
+    """A spawn was refused before any work started.
+
+    The message is written for a model: it says why and what to do instead.
+
+    Attributes:
+        reason: a short machine-readable reason (``depth``, ``session_closed``,
+            ``manager_closed``).
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class MailboxFull(SubagentsError):
+    """A new task id was put into a mailbox already holding ``capacity`` entries."""
+
+    def __init__(self, capacity: int, task_id: str) -> None:
+        self.capacity = capacity
+        self.task_id = task_id
+        super().__init__(
+            f"mailbox full ({capacity} unread results); cannot store result of task {task_id!r}"
+        )
+
+
+class TransientError(Exception):
+    """Raised by a runner to mark a failure that is worth retrying.
+
+    Only failures of this type (or the types named in a :class:`~subagents.RetryPolicy`)
+    are retried; everything else ends the child with ``status=error`` at once.
+    """

@@ -1,0 +1,164 @@
+"""SpawnHandle: the caller's view of one spawned child, and the runtime's record of it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final, Literal
+
+import anyio
+
+from ._envelope import DelegateResult, Usage
+
+if TYPE_CHECKING:
+    from ._manager import SubagentManager
+    from ._paths import AgentPath
+    from ._permissions import Ruleset
+    from ._spec import AgentSpec, Request
+
+__all__ = ["QUEUED", "RUNNING", "SETTLED", "SpawnHandle", "TaskState"]
+
+TaskState = Literal["queued", "running", "done"]
+QUEUED: Final = "queued"
+RUNNING: Final = "running"
+SETTLED: Final = "done"
+
+
+class SpawnHandle:
+    """Returned at once by :meth:`SubagentManager.spawn`; the child runs in the background.
+
+    A queued spawn is only this small record: no task exists for it until a concurrency
+    slot frees. ``done`` is set only after the envelope has been delivered (mailbox and
+    event), so a waiter woken by it always finds the result.
+    """
+
+    __slots__ = (
+        "_cancel_requested",
+        "_collected",
+        "_done",
+        "_envelope",
+        "_files_changed",
+        "_iterations",
+        "_manager",
+        "_partial_output",
+        "_permissions",
+        "_request",
+        "_scope",
+        "_spawned_at",
+        "_spec",
+        "_started_at",
+        "_timeout",
+        "_trace",
+        "_traceback",
+        "_usage",
+        "agent_path",
+        "parent_path",
+        "queue_position",
+        "session_id",
+        "state",
+        "sync",
+        "task_id",
+    )
+
+    def __init__(
+        self,
+        manager: SubagentManager,
+        *,
+        task_id: str,
+        session_id: str,
+        spec: AgentSpec,
+        request: Request,
+        agent_path: AgentPath,
+        parent_path: AgentPath,
+        timeout: float | None,
+        permissions: Ruleset,
+        spawned_at: float,
+        sync: bool,
+    ) -> None:
+        self._manager = manager
+        self.task_id = task_id
+        """Unique id; the mailbox key and what ``wait_agent`` takes."""
+        self.session_id = session_id
+        """The parent session this child reports to."""
+        self.agent_path = agent_path
+        """The child's place in the tree."""
+        self.parent_path = parent_path
+        """The delegating agent's path."""
+        self.state: TaskState = QUEUED
+        """``queued``, ``running`` or ``done``."""
+        self.queue_position = 0
+        """Position in the FIFO queue at spawn time (0 when it started at once)."""
+        self.sync = sync
+        """True for a synchronous :meth:`SubagentManager.execute` delegation."""
+        self._spec = spec
+        self._request = request
+        self._timeout = timeout
+        self._permissions = permissions
+        self._spawned_at = spawned_at
+        self._started_at: float | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._cancel_requested: str | None = None
+        self._envelope: DelegateResult | None = None
+        self._done: anyio.Event | None = None
+        self._collected = False
+        self._partial_output = ""
+        self._usage = _NO_USAGE
+        self._iterations = 0
+        self._files_changed: tuple[str, ...] = ()
+        self._trace: object = None
+        self._traceback: str | None = None
+
+    @property
+    def agent(self) -> str:
+        """The agent type's name."""
+        return self._spec.name
+
+    @property
+    def request(self) -> Request:
+        """The request the runner receives."""
+        return self._request
+
+    @property
+    def result(self) -> DelegateResult | None:
+        """The envelope once the child has ended, else ``None``. Never consumes."""
+        return self._envelope
+
+    @property
+    def done(self) -> anyio.Event:
+        """Set once the child has ended and its envelope has been delivered."""
+        if self._done is None:
+            self._done = anyio.Event()
+            if self._envelope is not None:
+                self._done.set()
+        return self._done
+
+    @property
+    def collected(self) -> bool:
+        """True once the envelope was consumed through the mailbox or ``wait_result``."""
+        return self._collected
+
+    async def wait(self) -> DelegateResult:
+        """Block until the child has ended and return its envelope.
+
+        Does not consume the mailbox entry. Cancelling the caller does not affect the child.
+        """
+        if self._envelope is None:
+            await self.done.wait()
+        assert self._envelope is not None
+        return self._envelope
+
+    def cancel(self) -> bool:
+        """Ask the child to stop; see :meth:`SubagentManager.cancel`."""
+        return self._manager._cancel(self)
+
+    def elapsed(self) -> float:
+        """Seconds since the spawn (until the end, once ended)."""
+        from time import perf_counter
+
+        if self._envelope is not None:
+            return self._envelope.duration_ms / 1000
+        return perf_counter() - self._spawned_at
+
+    def __repr__(self) -> str:
+        return f"<SpawnHandle {self.task_id} {self.agent_path} {self.state}>"
+
+
+_NO_USAGE: Final = Usage()

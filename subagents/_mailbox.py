@@ -1,0 +1,337 @@
+"""The task-keyed mailbox a parent session collects its children's envelopes from.
+
+``BaseMailbox`` is the interface (a durable backend implements it too); ``Mailbox`` is the
+in-memory default. All methods but :meth:`BaseMailbox.wait` are synchronous and never
+block: the notifier calls ``put`` from a finishing child and must never wait. Instances
+are not thread-safe; use one from the event loop that owns it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Final
+
+import anyio
+import attrs
+
+from ._envelope import DelegateResult
+from ._errors import ConfigError, MailboxFull
+
+__all__ = [
+    "DEFAULT_MAILBOX_CAPACITY",
+    "BaseMailbox",
+    "Mailbox",
+    "MailboxStatistics",
+    "Signal",
+    "check_timeout",
+]
+
+DEFAULT_MAILBOX_CAPACITY: Final = 64
+logger = logging.getLogger("subagents.mailbox")
+
+Signal = Callable[[], object]
+"""A subscription callback: called with no arguments, must not block; its return is ignored."""
+
+
+def check_timeout(timeout: float | None, field: str = "timeout") -> float | None:
+    """Validate a float-seconds timeout: ``None`` (no limit) or a finite number >= 0."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ConfigError(field, "a number of seconds >= 0 or None", timeout)
+    if math.isnan(timeout) or timeout < 0:
+        raise ConfigError(field, "a number of seconds >= 0 or None", timeout)
+    return float(timeout)
+
+
+@attrs.frozen(kw_only=True)
+class MailboxStatistics:
+    """A snapshot of a mailbox's state."""
+
+    entries: int
+    """Unread, unexpired envelopes."""
+    capacity: int
+    """Maximum number of distinct unread task ids."""
+    task_subscribers: int
+    """Registered one-shot per-task subscriptions (including blocked ``wait`` calls)."""
+    all_subscribers: int
+    """Registered all-puts subscriptions."""
+    closed: bool
+    """True after :meth:`BaseMailbox.drop`."""
+
+
+class BaseMailbox(ABC):
+    """The mailbox interface: one per parent session, keyed by task id.
+
+    Consumption rule: an envelope taken by :meth:`drain`, :meth:`drain_all` or
+    :meth:`wait` is never returned by this mailbox again. :meth:`peek` and the
+    subscriptions never consume.
+    """
+
+    @abstractmethod
+    def put(self, task_id: str, envelope: DelegateResult) -> bool:
+        """Store ``envelope`` under ``task_id`` and signal subscribers.
+
+        Overwriting an existing key replaces it without growing the mailbox. Returns
+        ``False`` (and stores nothing) after :meth:`drop`.
+
+        Raises:
+            MailboxFull: ``task_id`` is new and the mailbox already holds ``capacity``
+                unexpired entries; the existing entries are untouched.
+        """
+
+    @abstractmethod
+    def peek(self, task_id: str) -> DelegateResult | None:
+        """The envelope under ``task_id`` without consuming it, or ``None``."""
+
+    @abstractmethod
+    def drain(self, task_id: str) -> DelegateResult | None:
+        """Remove and return the envelope under ``task_id``, or ``None``."""
+
+    @abstractmethod
+    def drain_all(self) -> list[DelegateResult]:
+        """Remove and return every unread envelope, in arrival order."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of unread, unexpired envelopes."""
+
+    @abstractmethod
+    def drop(self) -> None:
+        """Release the mailbox: discard entries, wake every waiter. Idempotent.
+
+        Blocked :meth:`wait` calls return ``None``; later ``put`` calls are discarded
+        without error (a child finishing after its session closed is not a failure; the
+        manager keeps its envelope).
+        """
+
+    @property
+    @abstractmethod
+    def closed(self) -> bool:
+        """True after :meth:`drop`."""
+
+    @abstractmethod
+    def subscribe_once(self, task_id: str, callback: Signal) -> str | None:
+        """Call ``callback()`` once, when ``task_id`` has an entry or the mailbox is dropped.
+
+        If the entry is already present the callback runs at once and ``None`` is returned;
+        otherwise a subscription id for :meth:`unsubscribe`. Checking and registering happen
+        with no window between them. A callback that raises is logged and ignored.
+        """
+
+    @abstractmethod
+    def subscribe_all(self, callback: Signal) -> str:
+        """Call ``callback()`` after every ``put`` (and once on ``drop``) until unsubscribed.
+
+        It only signals and never consumes. Returns the subscription id.
+        """
+
+    @abstractmethod
+    def unsubscribe(self, subscription_id: str | None) -> None:
+        """Remove a subscription; unknown ids and ``None`` are ignored."""
+
+    @abstractmethod
+    def statistics(self) -> MailboxStatistics:
+        """A snapshot of the mailbox's counters."""
+
+    async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
+        """Block until ``task_id`` has an entry, then consume and return it.
+
+        Returns ``None`` when ``timeout`` seconds pass first or the mailbox is dropped. A
+        result put at the very moment the timeout fires is returned, not left behind.
+        ``timeout=0`` checks once without blocking.
+
+        Cancellation: if the caller is cancelled, nothing is consumed; the envelope stays
+        for the next reader.
+
+        Raises:
+            ConfigError: ``timeout`` is negative or NaN.
+        """
+        timeout = check_timeout(timeout)
+        envelope = self.drain(task_id)
+        if envelope is not None or self.closed or timeout == 0:
+            return envelope
+        with anyio.move_on_after(timeout):
+            while True:
+                event = anyio.Event()
+                subscription = self.subscribe_once(task_id, event.set)
+                try:
+                    await event.wait()
+                finally:
+                    self.unsubscribe(subscription)
+                envelope = self.drain(task_id)
+                if envelope is not None or self.closed:
+                    return envelope
+        # The deadline fired: a put that landed in the same instant still counts.
+        return self.drain(task_id)
+
+
+class Mailbox(BaseMailbox):
+    """The in-memory mailbox.
+
+    Args:
+        capacity: maximum distinct unread task ids (default 64).
+        ttl: seconds an entry stays readable; ``None`` keeps entries until read. Expired
+            entries vanish lazily and do not count toward ``capacity``.
+        clock: monotonic time source in seconds, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        capacity: int = DEFAULT_MAILBOX_CAPACITY,
+        ttl: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ConfigError("capacity", "an integer >= 1", capacity)
+        ttl = check_timeout(ttl, "ttl")
+        if ttl == 0:
+            raise ConfigError("ttl", "a number of seconds > 0 or None", ttl)
+        self._capacity = capacity
+        self._ttl = ttl
+        self._clock = clock
+        # dict order is arrival order; the value is (envelope, expiry or None)
+        self._entries: dict[str, tuple[DelegateResult, float | None]] = {}
+        self._task_subs: dict[str, dict[str, Signal]] = {}
+        self._sub_task: dict[str, str] = {}
+        self._all_subs: dict[str, Signal] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    @property
+    def capacity(self) -> int:
+        """Maximum distinct unread task ids."""
+        return self._capacity
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def put(self, task_id: str, envelope: DelegateResult) -> bool:
+        if self._closed:
+            return False
+        entries = self._entries
+        if task_id in entries:
+            del entries[task_id]  # an overwrite is the newest arrival
+        else:
+            if self._ttl is not None:
+                self._purge_expired()
+            if len(entries) >= self._capacity:
+                raise MailboxFull(self._capacity, task_id)
+        expiry = None if self._ttl is None else self._clock() + self._ttl
+        entries[task_id] = (envelope, expiry)
+        waiting = self._task_subs.pop(task_id, None)
+        if waiting:
+            for sub_id in waiting:
+                del self._sub_task[sub_id]
+            _fire(waiting.values())
+        if self._all_subs:
+            _fire(list(self._all_subs.values()))
+        return True
+
+    def peek(self, task_id: str) -> DelegateResult | None:
+        entry = self._live(task_id)
+        return None if entry is None else entry[0]
+
+    def drain(self, task_id: str) -> DelegateResult | None:
+        entry = self._live(task_id)
+        if entry is None:
+            return None
+        del self._entries[task_id]
+        return entry[0]
+
+    def drain_all(self) -> list[DelegateResult]:
+        if self._ttl is not None:
+            self._purge_expired()
+        envelopes = [envelope for envelope, _ in self._entries.values()]
+        self._entries.clear()
+        return envelopes
+
+    def __len__(self) -> int:
+        if self._ttl is not None:
+            self._purge_expired()
+        return len(self._entries)
+
+    def drop(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._entries.clear()
+        callbacks: list[Signal] = []
+        for subs in self._task_subs.values():
+            callbacks.extend(subs.values())
+        callbacks.extend(self._all_subs.values())
+        self._task_subs.clear()
+        self._sub_task.clear()
+        self._all_subs.clear()
+        _fire(callbacks)
+
+    def subscribe_once(self, task_id: str, callback: Signal) -> str | None:
+        if self._closed or self._live(task_id) is not None:
+            _fire((callback,))
+            return None
+        sub_id = f"t{next(self._ids)}"
+        self._task_subs.setdefault(task_id, {})[sub_id] = callback
+        self._sub_task[sub_id] = task_id
+        return sub_id
+
+    def subscribe_all(self, callback: Signal) -> str:
+        sub_id = f"a{next(self._ids)}"
+        if not self._closed:
+            self._all_subs[sub_id] = callback
+        return sub_id
+
+    def unsubscribe(self, subscription_id: str | None) -> None:
+        if subscription_id is None:
+            return
+        if self._all_subs.pop(subscription_id, None) is not None:
+            return
+        task_id = self._sub_task.pop(subscription_id, None)
+        if task_id is None:
+            return
+        subs = self._task_subs.get(task_id)
+        if subs is not None:
+            subs.pop(subscription_id, None)
+            if not subs:
+                del self._task_subs[task_id]
+
+    def statistics(self) -> MailboxStatistics:
+        return MailboxStatistics(
+            entries=len(self),
+            capacity=self._capacity,
+            task_subscribers=len(self._sub_task),
+            all_subscribers=len(self._all_subs),
+            closed=self._closed,
+        )
+
+    def _live(self, task_id: str) -> tuple[DelegateResult, float | None] | None:
+        entry = self._entries.get(task_id)
+        if entry is not None and entry[1] is not None and entry[1] <= self._clock():
+            del self._entries[task_id]
+            return None
+        return entry
+
+    def _purge_expired(self) -> None:
+        now = self._clock()
+        expired = [k for k, (_, exp) in self._entries.items() if exp is not None and exp <= now]
+        for key in expired:
+            del self._entries[key]
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._entries)}/{self._capacity}"
+        return f"<Mailbox {state}>"
+
+
+def _fire(callbacks: Iterable[Signal]) -> None:
+    """Run callbacks in order; one that raises is logged and never breaks the caller."""
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:
+            logger.exception("mailbox subscriber %r raised; ignored", callback)

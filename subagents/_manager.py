@@ -1,0 +1,840 @@
+"""SubagentManager: spawn (fire-and-forget) and execute (delegate), sessions and shutdown.
+
+Admission design: a queued spawn is a :class:`SpawnHandle` in a FIFO deque, not a task.
+At most ``limit`` worker tasks exist; each takes the next queued handle while a slot is
+free and runs it in place, so a spawn costs an append and (when the pool is short) one
+``start_soon``. One counter is the limiter, so resizing it can never let two limiters
+admit at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import os
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable
+from time import perf_counter
+from types import TracebackType
+from typing import Final, Literal
+
+import anyio
+import attrs
+from anyio.abc import TaskGroup
+
+from ._backend import Backend, run_local
+from ._context import RunContext
+from ._envelope import DelegateResult, Status, bound_text, describe_exception, now_ms
+from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
+from ._events import COMPLETED, SPAWNED, STARTED, EventBus
+from ._handle import QUEUED, RUNNING, SETTLED, SpawnHandle
+from ._mailbox import BaseMailbox, Mailbox
+from ._notifier import CompletionNotifier
+from ._paths import AgentPath, NameAllocator
+from ._spec import AgentSpec, Request, Result, SpawnOptions, SubagentConfig
+
+__all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
+
+DEFAULT_SESSION: Final = "root"
+MAX_OUTPUT_CHARS: Final = 1_000_000
+logger = logging.getLogger("subagents")
+
+_UNSET: Final = float("nan")
+_ROOT: Final = AgentPath.root()
+
+
+def _closed_mailbox() -> BaseMailbox:
+    mailbox = Mailbox(capacity=1)
+    mailbox.drop()
+    return mailbox
+
+
+@attrs.frozen(kw_only=True)
+class ManagerStatistics:
+    """A snapshot of the manager's admission counters."""
+
+    limit: int
+    """Current concurrency limit for spawned children."""
+    running: int
+    """Spawned children holding a slot now."""
+    queued: int
+    """Spawned children waiting for a slot."""
+    high_water: int
+    """Most spawned children ever running at once."""
+    spawned: int
+    """Children ever created (spawns and executes)."""
+    settled: int
+    """Children that have ended in an envelope."""
+    workers: int
+    """Worker tasks alive."""
+
+
+class SubagentManager:
+    """Runs subagents: fire-and-forget :meth:`spawn` and synchronous :meth:`execute`.
+
+    Use it as an async context manager; children run in its task group, so every one of
+    them has ended (in an envelope) when the ``async with`` block exits::
+
+        async with SubagentManager([spec]) as manager:
+            handle = manager.spawn("general", "summarise README.md")
+            envelope = await handle.wait()
+
+    Args:
+        agents: agent types to register.
+        config: settings (defaults: 4 concurrent spawns, 180 s watchdog, depth 3,
+            mailbox of 64, 2000-character truncation).
+        mailbox_factory: builds a session's mailbox; default in-memory :class:`Mailbox`.
+        notifier: delivers envelopes; default puts into the session mailbox and publishes
+            ``subagent.completed`` on :attr:`events`.
+        events: the lifecycle event bus (a new one by default).
+        backend: the function that runs a child (default: the runner, in process).
+    """
+
+    def __init__(
+        self,
+        agents: Iterable[AgentSpec] = (),
+        *,
+        config: SubagentConfig | None = None,
+        mailbox_factory: Callable[[], BaseMailbox] | None = None,
+        notifier: CompletionNotifier | None = None,
+        events: EventBus | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self.config = config if config is not None else SubagentConfig()
+        self.events = events if events is not None else EventBus()
+        self._specs: dict[str, AgentSpec] = {}
+        for spec in agents:
+            self.register(spec)
+        self._mailbox_factory = mailbox_factory
+        self._notifier = (
+            notifier
+            if notifier is not None
+            else CompletionNotifier(
+                self._delivery_mailbox,
+                self._publish_completed,
+                enabled=self.config.notify_completion,
+            )
+        )
+        self._backend: Backend = backend if backend is not None else run_local
+        self._tasks: dict[str, SpawnHandle] = {}
+        self._live: dict[str, dict[SpawnHandle, None]] = {}
+        self._by_session: dict[str, list[SpawnHandle]] = {}
+        self._mailboxes: dict[str, BaseMailbox] = {}
+        self._names: dict[str, NameAllocator] = {}
+        self._closed_sessions: set[str] = set()
+        self._queue: deque[SpawnHandle] = deque()
+        self._queued = 0
+        self._active = 0
+        self._workers = 0
+        self._high_water = 0
+        self._spawned = 0
+        self._settled = 0
+        self._limit = self.config.max_concurrent_spawns
+        self._tg: TaskGroup | None = None
+        self._state: Literal["new", "running", "closing", "closed"] = "new"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> SubagentManager:
+        if self._state != "new":
+            raise RuntimeError("a SubagentManager can be entered only once")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        self._state = "running"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel every child (queued or running), wait for all to settle, stop the workers.
+
+        Every child ends in an envelope (``cancelled`` unless it finished first). Children
+        that ignore cancellation longer than ``config.settle_timeout`` are cut off. Must be
+        called from the task that entered the manager. Idempotent.
+        """
+        if self._state in ("closing", "closed"):
+            return
+        if self._state == "new":
+            self._state = "closed"
+            return
+        self._state = "closing"
+        live = [h for handles in self._live.values() for h in handles]
+        for handle in live:
+            self._cancel(handle, "the manager was closed")
+        tg = self._tg
+        assert tg is not None
+        try:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.settle_timeout):
+                for handle in live:
+                    await handle.done.wait()
+            # Whatever still runs ignored cancellation for settle_timeout: cut it off.
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+        finally:
+            self._state = "closed"
+            for mailbox in self._mailboxes.values():
+                mailbox.drop()
+            self._mailboxes.clear()
+
+    @property
+    def running(self) -> bool:
+        """True between entering and closing."""
+        return self._state == "running"
+
+    # ------------------------------------------------------------------ registry
+
+    def register(self, spec: AgentSpec) -> None:
+        """Add an agent type. Raises :class:`ConfigError` if the name is taken."""
+        if not isinstance(spec, AgentSpec):
+            raise ConfigError("agents", "AgentSpec instances", spec)
+        if spec.name in self._specs:
+            raise ConfigError("agents", "unique agent names", spec.name)
+        self._specs[spec.name] = spec
+
+    @property
+    def agents(self) -> dict[str, AgentSpec]:
+        """The registered agent types by name (a copy)."""
+        return dict(self._specs)
+
+    def get_agent(self, name: str) -> AgentSpec:
+        """The agent type called ``name``; raises :class:`UnknownAgent` listing the known."""
+        spec = self._specs.get(name)
+        if spec is None:
+            raise UnknownAgent(name, self._specs)
+        return spec
+
+    # ------------------------------------------------------------------ limiter
+
+    @property
+    def max_concurrent_spawns(self) -> int:
+        """The concurrency limit for spawned children; settable at run time."""
+        return self._limit
+
+    @max_concurrent_spawns.setter
+    def max_concurrent_spawns(self, value: int) -> None:
+        self.set_max_concurrent_spawns(value)
+
+    def set_max_concurrent_spawns(self, value: int) -> None:
+        """Change the limit in place. Raising it starts queued children at once; lowering
+        it lets running children finish and admits nobody until below the new limit.
+
+        Raises:
+            ConfigError: ``value`` is not an integer >= 1 (0 would queue forever).
+        """
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError("max_concurrent_spawns", "an integer >= 1", value)
+        self._limit = value
+        if self._state == "running":
+            self._pump()
+
+    def statistics(self) -> ManagerStatistics:
+        """A snapshot of the admission counters."""
+        return ManagerStatistics(
+            limit=self._limit,
+            running=self._active,
+            queued=self._queued,
+            high_water=self._high_water,
+            spawned=self._spawned,
+            settled=self._settled,
+            workers=self._workers,
+        )
+
+    # ------------------------------------------------------------------ spawn / execute
+
+    def spawn(
+        self,
+        agent: str,
+        input: str = "",
+        *,
+        session_id: str = DEFAULT_SESSION,
+        name: str | None = None,
+        timeout: float | None = _UNSET,
+        options: SpawnOptions | None = None,
+    ) -> SpawnHandle:
+        """Start a child fire-and-forget and return its handle at once. Never blocks.
+
+        The child waits (as a small record) for one of ``max_concurrent_spawns`` slots,
+        in FIFO order, then runs under its watchdog. It belongs to ``session_id``, not to
+        the calling task: it keeps running after the caller returns, and ends when it
+        finishes, is cancelled, its session is closed or the manager closes. Its envelope
+        goes to the session's mailbox (and the ``subagent.completed`` event).
+
+        Args:
+            agent: a registered agent type.
+            input: the task text.
+            session_id: the parent session (default ``"root"``; a child's session is its
+                task id, which :meth:`RunContext.spawn` uses).
+            name: path segment for the child (default: the agent name; repeats get -2, -3).
+            timeout: watchdog seconds from the child's start; ``None`` disables it;
+                omitted: the spawn option, the agent's, else ``config.spawn_timeout``.
+            options: further overrides (prompt, model, files).
+
+        Raises:
+            UnknownAgent: no such agent type (the message lists the registered ones).
+            SpawnRejected: the depth limit, a closed session, or a manager not running.
+            ConfigError: a malformed timeout; InvalidName: a malformed name.
+        """
+        handle = self._new_handle(agent, input, session_id, name, timeout, options, sync=False)
+        free = self._limit - self._active
+        ahead = self._queued
+        handle.queue_position = 0 if ahead < free else ahead - free + 1
+        self._queue.append(handle)
+        self._queued += 1
+        self._pump()
+        return handle
+
+    async def execute(
+        self,
+        agent: str,
+        input: str = "",
+        *,
+        session_id: str = DEFAULT_SESSION,
+        name: str | None = None,
+        timeout: float | None = _UNSET,
+        options: SpawnOptions | None = None,
+    ) -> DelegateResult:
+        """Delegate synchronously: run a child in the calling task and return its envelope.
+
+        It does not take a spawn slot (a parent holding a slot that delegates would
+        otherwise deadlock at a limit of 1). ``timeout`` defaults to
+        ``config.execute_timeout``; a timeout, error or cancellation of the child is in the
+        envelope, never raised. If the *caller* is cancelled, the child is cancelled, its
+        envelope (``cancelled``) is still recorded and published, and the cancellation
+        propagates.
+
+        Raises:
+            UnknownAgent, SpawnRejected, ConfigError: as :meth:`spawn`.
+        """
+        handle = self._new_handle(agent, input, session_id, name, timeout, options, sync=True)
+        handle._collected = True
+        await self._run(handle)
+        assert handle._envelope is not None
+        return handle._envelope
+
+    def _new_handle(
+        self,
+        agent: str,
+        input: str,
+        session_id: str,
+        name: str | None,
+        timeout: float | None,
+        options: SpawnOptions | None,
+        *,
+        sync: bool,
+    ) -> SpawnHandle:
+        if self._state != "running":
+            raise SpawnRejected(
+                "manager_closed",
+                "the subagent manager is not running (enter it with `async with` first, "
+                "or it was closed); do the task yourself",
+            )
+        spec = self._specs.get(agent)
+        if spec is None:
+            raise UnknownAgent(agent, self._specs)
+        if not isinstance(input, str):
+            raise ConfigError("input", "a string", input)
+        parent = self._tasks.get(session_id)
+        if parent is not None:
+            if parent.state != RUNNING or parent._scope is None:
+                raise SpawnRejected(
+                    "session_closed",
+                    f"session {session_id!r} has ended; its agent can no longer delegate",
+                )
+            parent_path = parent.agent_path
+            permissions = spec.permissions.intersect(parent._permissions)
+        else:
+            if session_id in self._closed_sessions:
+                raise SpawnRejected(
+                    "session_closed",
+                    f"session {session_id!r} is closed; spawn into an open session",
+                )
+            parent_path = _ROOT
+            permissions = spec.permissions.intersect(self.config.permissions)
+        depth = parent_path.depth + 1
+        if depth > self.config.max_depth:
+            raise SpawnRejected(
+                "depth",
+                f"delegation depth limit reached: {parent_path} is at depth "
+                f"{parent_path.depth} and max_depth is {self.config.max_depth}; "
+                "do this task yourself instead of delegating it",
+            )
+        if options is None:
+            options = _NO_OPTIONS
+        if timeout is _UNSET or (isinstance(timeout, float) and math.isnan(timeout)):
+            if options.timeout is not None:
+                timeout = options.timeout
+            elif spec.timeout is not None:
+                timeout = spec.timeout
+            else:
+                timeout = self.config.execute_timeout if sync else self.config.spawn_timeout
+        elif timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+        ):
+            raise ConfigError("timeout", "a number of seconds > 0 or None", timeout)
+        allocator = self._names.get(session_id)
+        if allocator is None:
+            allocator = self._names[session_id] = NameAllocator()
+        segment = allocator.allocate(name if name is not None else options.name or spec.name)
+        task_id = os.urandom(6).hex()
+        while task_id in self._tasks:  # pragma: no cover - 48 random bits
+            task_id = os.urandom(6).hex()
+        request = Request(
+            agent=spec.name,
+            input=input,
+            prompt=options.prompt if options.prompt is not None else spec.prompt,
+            files=options.files,
+            model=options.model,
+        )
+        handle = SpawnHandle(
+            self,
+            task_id=task_id,
+            session_id=session_id,
+            spec=spec,
+            request=request,
+            agent_path=parent_path.join(segment),
+            parent_path=parent_path,
+            timeout=timeout,
+            permissions=permissions,
+            spawned_at=perf_counter(),
+            sync=sync,
+        )
+        self._tasks[task_id] = handle
+        live = self._live.get(session_id)
+        if live is None:
+            live = self._live[session_id] = {}
+        live[handle] = None
+        by_session = self._by_session.get(session_id)
+        if by_session is None:
+            by_session = self._by_session[session_id] = []
+        by_session.append(handle)
+        self._spawned += 1
+        if self.events.active:
+            self.events.publish(
+                SPAWNED,
+                session_id=session_id,
+                task_id=task_id,
+                agent_path=handle.agent_path,
+                data={
+                    "agent": spec.name,
+                    "parent_path": parent_path,
+                    "mode": "execute" if sync else "spawn",
+                    "timeout_s": timeout,
+                },
+            )
+        return handle
+
+    # ------------------------------------------------------------------ workers
+
+    def _pump(self) -> None:
+        """Start workers until every queued child has one, within the limit."""
+        tg = self._tg
+        assert tg is not None
+        while self._queued > self._workers - self._active and self._workers < self._limit:
+            self._workers += 1
+            tg.start_soon(self._worker)
+
+    async def _worker(self) -> None:
+        try:
+            while self._active < self._limit:
+                handle = self._next_queued()
+                if handle is None:
+                    return
+                self._active += 1
+                if self._active > self._high_water:
+                    self._high_water = self._active
+                try:
+                    await self._run(handle)
+                finally:
+                    self._active -= 1
+        finally:
+            self._workers -= 1
+
+    def _next_queued(self) -> SpawnHandle | None:
+        queue = self._queue
+        while queue:
+            handle = queue.popleft()
+            if handle.state == QUEUED:
+                self._queued -= 1
+                return handle
+        return None
+
+    # ------------------------------------------------------------------ running a child
+
+    async def _run(self, handle: SpawnHandle) -> None:
+        """Run one child to its envelope. Only cancellation from outside propagates."""
+        handle.state = RUNNING
+        started = handle._started_at = perf_counter()
+        if self.events.active:
+            self.events.publish(
+                STARTED,
+                session_id=handle.session_id,
+                task_id=handle.task_id,
+                agent_path=handle.agent_path,
+                data={"queue_ms": int((started - handle._spawned_at) * 1000)},
+            )
+        timeout = handle._timeout
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        ctx = RunContext(
+            self,
+            handle,
+            deadline=None if timeout is None else deadline,
+            permissions=handle._permissions,
+        )
+        result: Result | None = None
+        error: Exception | None = None
+        try:
+            with anyio.CancelScope(deadline=deadline) as scope:
+                handle._scope = scope
+                if handle._cancel_requested:
+                    scope.cancel()
+                try:
+                    result = await self._backend(handle._spec, handle._request, ctx)
+                except Exception as exc:
+                    error = exc
+            # A result arriving after the deadline never counts as a success.
+            timed_out = not handle._cancel_requested and (
+                scope.cancel_called or anyio.current_time() >= deadline
+            )
+        except BaseException:
+            # Cancelled from outside (manager shutdown, or the caller of execute): the
+            # envelope is still produced, then the cancellation goes on.
+            if handle._cancel_requested is None:
+                handle._cancel_requested = "the caller was cancelled"
+            await self._end_session_of(handle)
+            self._finalize(handle, self._ended(handle, Status.CANCELLED, ctx))
+            raise
+        await self._end_session_of(handle)
+        if handle._cancel_requested:
+            envelope = self._ended(handle, Status.CANCELLED, ctx)
+        elif timed_out:
+            envelope = self._ended(handle, Status.TIMEOUT, ctx)
+        elif error is not None:
+            envelope = self._ended(handle, Status.ERROR, ctx, error=error)
+        else:
+            assert result is not None
+            envelope = self._ended(handle, Status.COMPLETED, ctx, result=result)
+        self._finalize(handle, envelope)
+
+    async def _end_session_of(self, handle: SpawnHandle) -> None:
+        """A child has ended: cancel its own unfinished children, wait (bounded) for them
+        to settle, and release its mailbox."""
+        handle._scope = None
+        session = handle.task_id
+        live = self._live.pop(session, None)
+        if live:
+            for child in live:
+                self._cancel(child, "its parent agent ended")
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(self.config.settle_timeout):
+                    for child in list(live):
+                        await child.done.wait()
+        mailbox = self._mailboxes.pop(session, None)
+        if mailbox is not None:
+            mailbox.drop()
+        self._names.pop(session, None)
+
+    def _ended(
+        self,
+        handle: SpawnHandle,
+        status: Status,
+        ctx: RunContext | None,
+        *,
+        result: Result | None = None,
+        error: Exception | None = None,
+    ) -> DelegateResult:
+        end = perf_counter()
+        started = handle._started_at
+        output = handle._partial_output
+        usage = handle._usage
+        iterations = handle._iterations
+        files = handle._files_changed
+        message = ""
+        error_type = ""
+        if status is Status.COMPLETED and result is not None:
+            output = result.output
+            usage = result.usage if result.usage else usage
+            iterations = result.iterations or iterations
+            if result.files_changed:
+                files = files + tuple(f for f in result.files_changed if f not in files)
+            if result.error or result.status is Status.ERROR:
+                status = Status.ERROR
+                message = bound_text(result.error or "the runner reported an error", 500)
+                error_type = "RunnerReportedError"
+            elif result.status is not None and result.status is not Status.COMPLETED:
+                status = result.status
+                message = f"the runner reported status {status.value}"
+                error_type = status.value
+        elif status is Status.ERROR and error is not None:
+            error_type, message = describe_exception(error)
+            if self.events.active:
+                handle._traceback = "".join(traceback.format_exception(error))
+        elif status is Status.TIMEOUT:
+            error_type = "timeout"
+            message = f"watchdog: no result within {handle._timeout:g} s"
+        elif status is Status.CANCELLED:
+            error_type = "cancelled"
+            reason = handle._cancel_requested
+            message = f"cancelled: {reason}" if reason else "cancelled"
+        if len(output) > MAX_OUTPUT_CHARS:
+            omitted = len(output) - MAX_OUTPUT_CHARS
+            output = output[:MAX_OUTPUT_CHARS] + f"\n[… {omitted} characters dropped …]"
+        return DelegateResult(
+            agent=handle._spec.name,
+            task_id=handle.task_id,
+            status=status,
+            output=output,
+            files_changed=files,
+            error=message,
+            error_type=error_type,
+            duration_ms=int((end - handle._spawned_at) * 1000),
+            queue_ms=0 if started is None else int((started - handle._spawned_at) * 1000),
+            iterations=iterations,
+            attempts=ctx.attempt if ctx is not None else 1,
+            usage=usage,
+            timestamp_ms=now_ms(),
+            agent_path=handle.agent_path,
+            parent_path=handle.parent_path,
+        )
+
+    def _finalize(self, handle: SpawnHandle, envelope: DelegateResult) -> None:
+        """Record and deliver the one envelope of ``handle``; later calls do nothing."""
+        if handle._envelope is not None:
+            return
+        handle._envelope = envelope
+        handle.state = SETTLED
+        handle._scope = None
+        self._settled += 1
+        live = self._live.get(handle.session_id)
+        if live is not None:
+            live.pop(handle, None)
+        if handle.sync:
+            self._publish_completed(COMPLETED, handle.session_id, envelope)
+        else:
+            self._notifier.notify(handle.session_id, handle.task_id, envelope)
+        handle._traceback = None
+        if handle._done is not None:
+            handle._done.set()
+
+    def _publish_completed(
+        self, event_type: str, session_id: str, envelope: DelegateResult
+    ) -> None:
+        bus = self.events
+        if not bus.active:
+            return
+        data = envelope.to_dict()
+        handle = self._tasks.get(envelope.task_id)
+        if handle is not None and handle._traceback is not None:
+            data["traceback"] = handle._traceback
+        bus.publish(
+            event_type,
+            session_id=session_id,
+            task_id=envelope.task_id,
+            agent_path=envelope.agent_path,
+            data=data,
+        )
+
+    # ------------------------------------------------------------------ cancellation
+
+    def cancel(self, task_id: str) -> bool:
+        """Ask a child to stop. Never blocks.
+
+        A queued child leaves the queue at once and ends ``cancelled`` (it never takes a
+        slot); a running child is cancelled at its next checkpoint. Returns True if this
+        call requested the cancellation, False if the child had already ended or was
+        already being cancelled.
+
+        Raises:
+            UnknownTask: no such task id.
+        """
+        return self._cancel(self.handle(task_id), "cancelled by request")
+
+    def _cancel(self, handle: SpawnHandle, reason: str = "cancelled by request") -> bool:
+        if handle._envelope is not None or handle._cancel_requested:
+            return False
+        handle._cancel_requested = reason
+        if handle.state == QUEUED and not handle.sync:
+            self._queued -= 1
+            self._finalize(handle, self._ended(handle, Status.CANCELLED, None))
+        elif handle._scope is not None:
+            handle._scope.cancel()
+        return True
+
+    async def close_session(self, session_id: str) -> None:
+        """Cancel every unfinished child of ``session_id``, wait until each has settled,
+        then release the session's mailbox. Later spawns into it are rejected.
+
+        Children that ignore cancellation longer than ``config.settle_timeout`` are left
+        to finish on their own (their envelopes stay available from :meth:`result`).
+        Idempotent. If the caller is cancelled while waiting, the mailbox is still released.
+        """
+        self._closed_sessions.add(session_id)
+        live = list(self._live.pop(session_id, {}))
+        try:
+            for handle in live:
+                self._cancel(handle, "its session was closed")
+            with anyio.move_on_after(self.config.settle_timeout):
+                for handle in live:
+                    await handle.done.wait()
+        finally:
+            mailbox = self._mailboxes.pop(session_id, None)
+            if mailbox is not None:
+                mailbox.drop()
+            self._names.pop(session_id, None)
+
+    def session_closed(self, session_id: str) -> bool:
+        """True once :meth:`close_session` was called (or the child owning it ended)."""
+        if session_id in self._closed_sessions:
+            return True
+        owner = self._tasks.get(session_id)
+        return owner is not None and owner.state == SETTLED
+
+    # ------------------------------------------------------------------ mailboxes & results
+
+    def mailbox(self, session_id: str = DEFAULT_SESSION) -> BaseMailbox:
+        """The mailbox of ``session_id`` (created on first use; a dropped one once closed)."""
+        mailbox = self._mailboxes.get(session_id)
+        if mailbox is None:
+            if self.session_closed(session_id) or self._state == "closed":
+                return _closed_mailbox()
+            mailbox = self._new_mailbox()
+            self._mailboxes[session_id] = mailbox
+        return mailbox
+
+    def _new_mailbox(self) -> BaseMailbox:
+        if self._mailbox_factory is not None:
+            return self._mailbox_factory()
+        return Mailbox(capacity=self.config.mailbox_capacity, ttl=self.config.mailbox_ttl)
+
+    def _delivery_mailbox(self, session_id: str) -> BaseMailbox | None:
+        mailbox = self._mailboxes.get(session_id)
+        if mailbox is not None:
+            return mailbox
+        if self.session_closed(session_id) or self._state != "running":
+            return None
+        return self.mailbox(session_id)
+
+    def handle(self, task_id: str, *, session_id: str | None = None) -> SpawnHandle:
+        """The handle of ``task_id``.
+
+        Raises:
+            UnknownTask: no such id (naming similar ids), or, with ``session_id``, the id
+                belongs to another session.
+        """
+        handle = self._tasks.get(task_id) if isinstance(task_id, str) else None
+        if handle is None:
+            raise UnknownTask(
+                str(task_id),
+                self._similar_ids(str(task_id), session_id),
+                self._live_ids_sentence(session_id),
+            )
+        if session_id is not None and handle.session_id != session_id:
+            raise UnknownTask(
+                task_id,
+                (),
+                f"It belongs to another session ({handle.session_id!r}), not {session_id!r}; "
+                "only the session that spawned a task can collect it."
+                + (" " + self._live_ids_sentence(session_id)),
+            )
+        return handle
+
+    def result(self, task_id: str) -> DelegateResult | None:
+        """The envelope of ``task_id`` if it has ended, else ``None``. Never consumes.
+
+        This is the record of last resort: it holds every envelope even when the mailbox
+        was full or closed. Raises :class:`UnknownTask` for an unknown id.
+        """
+        return self.handle(task_id)._envelope
+
+    def tasks(self, session_id: str = DEFAULT_SESSION) -> list[SpawnHandle]:
+        """Every child ever spawned into ``session_id``, oldest first."""
+        return list(self._by_session.get(session_id, ()))
+
+    async def wait_result(
+        self,
+        task_id: str,
+        *,
+        timeout: float | None = None,
+        session_id: str | None = None,
+    ) -> DelegateResult | None:
+        """Wait for ``task_id`` to end, then collect (consume) and return its envelope.
+
+        Returns ``None`` if ``timeout`` seconds pass first; a result landing at the deadline
+        is returned. Collecting removes the entry from the session mailbox; the manager's
+        record stays, so a second call returns the same envelope at once (see
+        :attr:`SpawnHandle.collected`). Works when the mailbox was full.
+
+        Raises:
+            UnknownTask: unknown id, or (with ``session_id``) another session's.
+            ConfigError: negative or NaN ``timeout``.
+        """
+        from ._mailbox import check_timeout
+
+        timeout = check_timeout(timeout)
+        handle = self.handle(task_id, session_id=session_id)
+        if handle._envelope is None and timeout != 0:
+            with anyio.move_on_after(timeout):
+                await handle.done.wait()
+        if handle._envelope is None:
+            return None
+        self.collect(handle)
+        return handle._envelope
+
+    def collect(self, handle: SpawnHandle) -> DelegateResult | None:
+        """Mark an ended child's envelope as consumed and remove it from its mailbox."""
+        if handle._envelope is None:
+            return None
+        handle._collected = True
+        mailbox = self._mailboxes.get(handle.session_id)
+        if mailbox is not None:
+            mailbox.drain(handle.task_id)
+        return handle._envelope
+
+    def _similar_ids(self, task_id: str, session_id: str | None) -> list[str]:
+        pool = (
+            [h.task_id for h in self._by_session.get(session_id, ())]
+            if session_id is not None
+            else list(self._tasks)
+        )
+        if not pool and session_id is not None:
+            pool = list(self._tasks)
+        needle = task_id.strip().lower()
+        if not needle:
+            return []
+        close = [
+            t for t in pool if t.lower() == needle or t.startswith(needle) or needle.startswith(t)
+        ]
+        if len(close) < 3:
+            for t in difflib.get_close_matches(needle, pool, n=3, cutoff=0.6):
+                if t not in close:
+                    close.append(t)
+        return close[:3]
+
+    def _live_ids_sentence(self, session_id: str | None) -> str:
+        if session_id is None:
+            return ""
+        live = [h.task_id for h in self._by_session.get(session_id, ()) if h.state != SETTLED]
+        if not live:
+            return f"Session {session_id!r} has no unfinished tasks."
+        shown = ", ".join(live[:10]) + (f" (+{len(live) - 10} more)" if len(live) > 10 else "")
+        return f"Unfinished tasks of session {session_id!r}: {shown}."
+
+
+_NO_OPTIONS: Final = SpawnOptions()
+
+
+def _positive_seconds(value: object) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and not math.isnan(value)
+        and value > 0
+    )

@@ -1,0 +1,119 @@
+"""Agent paths (the place of an agent in the delegation tree) and unique naming."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from ._errors import InvalidName
+
+__all__ = ["MAX_NAME_LENGTH", "AgentPath", "NameAllocator"]
+
+MAX_NAME_LENGTH: Final = 64
+_ROOT: Final = "root"
+# A segment starts with a letter or digit and continues with letters, digits, '_', '-', '.'.
+_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a valid path segment, else raise :class:`InvalidName`."""
+    if not isinstance(name, str):
+        raise InvalidName(name, "a name must be a string")
+    if not name:
+        raise InvalidName(name, "a name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidName(name, f"a name is at most {MAX_NAME_LENGTH} characters")
+    if "/" in name:
+        raise InvalidName(name, "a name must not contain '/'")
+    if not _SEGMENT.fullmatch(name):
+        raise InvalidName(
+            name,
+            "use letters, digits, '_', '-' and '.', starting with a letter or digit",
+        )
+    return name
+
+
+class AgentPath(str):
+    """An agent's place in the delegation tree: ``/root``, ``/root/general``, deeper.
+
+    A ``str`` subclass, so it compares equal to its text and serialises as it. Each
+    segment matches ``[A-Za-z0-9][A-Za-z0-9_.-]*`` and is at most 64 characters.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, value: str = "/" + _ROOT) -> AgentPath:
+        if not isinstance(value, str) or not value.startswith("/"):
+            raise InvalidName(value, "an agent path starts with '/', e.g. '/root/general'")
+        for segment in value[1:].split("/"):
+            validate_name(segment)
+        return str.__new__(cls, value)
+
+    @classmethod
+    def root(cls) -> AgentPath:
+        """The path of the top-level agent, ``/root``."""
+        return _ROOT_PATH
+
+    def join(self, name: str) -> AgentPath:  # type: ignore[override]  # the brief's join
+        """The path of a child named ``name``. Raises :class:`InvalidName` if malformed."""
+        validate_name(name)
+        return str.__new__(AgentPath, f"{self}/{name}")
+
+    def parent(self) -> AgentPath | None:
+        """The parent path, or ``None`` for a path of one segment."""
+        cut = self.rfind("/")
+        if cut <= 0:
+            return None
+        return str.__new__(AgentPath, self[:cut])
+
+    @property
+    def name(self) -> str:
+        """The last segment (``general`` in ``/root/general``)."""
+        return self[self.rfind("/") + 1 :]
+
+    @property
+    def segments(self) -> tuple[str, ...]:
+        """All segments, ``("root", "general")`` for ``/root/general``."""
+        return tuple(self[1:].split("/"))
+
+    @property
+    def depth(self) -> int:
+        """Number of delegations below the first segment: 0 for ``/root``."""
+        return self.count("/") - 1
+
+    def __repr__(self) -> str:
+        return f"AgentPath({str(self)!r})"
+
+
+_ROOT_PATH: Final = str.__new__(AgentPath, "/" + _ROOT)
+
+
+class NameAllocator:
+    """Gives children of one parent distinct names: ``name``, ``name-2``, ``name-3``...
+
+    Comparison is case-insensitive (``Anna`` then ``anna`` gives ``anna-2``); the spelling
+    asked for is kept. Allocation is O(1) amortised per call.
+    """
+
+    __slots__ = ("_next", "_used")
+
+    def __init__(self) -> None:
+        self._used: set[str] = set()
+        self._next: dict[str, int] = {}
+
+    def allocate(self, name: str) -> str:
+        """Reserve and return a unique spelling of ``name`` (validated first)."""
+        validate_name(name)
+        key = name.lower()
+        if key not in self._used:
+            self._used.add(key)
+            return name
+        n = self._next.get(key, 2)
+        while True:
+            suffix = f"-{n}"
+            candidate = name[: MAX_NAME_LENGTH - len(suffix)] + suffix
+            n += 1
+            if candidate.lower() not in self._used:
+                self._next[key] = n
+                self._used.add(candidate.lower())
+                return candidate

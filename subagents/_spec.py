@@ -1,0 +1,181 @@
+"""Records users hand to the runtime: agent types, requests, results, options, config."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+import attrs
+
+from ._envelope import DEFAULT_TRUNCATE_CHARS, Status, Usage
+from ._errors import ConfigError
+from ._mailbox import DEFAULT_MAILBOX_CAPACITY
+from ._paths import validate_name
+from ._permissions import Ruleset
+from ._retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from ._context import RunContext
+
+__all__ = [
+    "DEFAULT_MAX_CONCURRENT_SPAWNS",
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_SPAWN_TIMEOUT",
+    "AgentSpec",
+    "Request",
+    "Result",
+    "Runner",
+    "SpawnOptions",
+    "SubagentConfig",
+]
+
+DEFAULT_MAX_CONCURRENT_SPAWNS: Final = 4
+DEFAULT_SPAWN_TIMEOUT: Final = 180.0
+DEFAULT_MAX_DEPTH: Final = 3
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class Request:
+    """What a runner is asked to do."""
+
+    agent: str
+    """The agent type's name."""
+    input: str = ""
+    """The task text."""
+    prompt: str | None = None
+    """System prompt: the spawn's override, else the agent type's."""
+    files: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    """Paths of files handed to the agent."""
+    model: str | None = None
+    """Model override for this run; ``None`` uses the agent type's."""
+
+
+@attrs.frozen(kw_only=True)
+class Result:
+    """What a runner returns (a plain ``str`` is wrapped as ``Result(output=...)``)."""
+
+    output: str = ""
+    """Final text output."""
+    usage: Usage = attrs.field(factory=Usage)
+    """Tokens this run used (not its children's)."""
+    iterations: int = 0
+    """Iterations (model turns, steps) taken."""
+    files_changed: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    """Paths the agent changed."""
+    error: str = ""
+    """A failure reported without raising; makes the status ``error``."""
+    status: Status | None = None
+    """Explicit status; ``None`` means ``error`` if ``error`` is set, else ``completed``."""
+
+
+Runner: TypeAlias = "Callable[[Request, RunContext], Awaitable[Result | str]]"
+"""``async def runner(request, ctx) -> Result | str``: the user's code that does the work."""
+
+
+def _check_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    validate_name(value)
+
+
+@attrs.frozen(kw_only=True)
+class AgentSpec:
+    """A registered agent type.
+
+    The runner is any async callable (an LLM loop, a subprocess, a function); the library
+    never assumes which.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    """Unique name models use to pick this agent (a valid path segment)."""
+    description: str
+    """What this agent is good at, written for a model choosing among agents."""
+    runner: Runner
+    """``async def runner(request, ctx) -> Result | str``."""
+    model: str | None = None
+    """Default model id (reported in traces)."""
+    provider: str | None = None
+    """Model provider name (reported in traces as ``gen_ai.provider.name``)."""
+    prompt: str | None = None
+    """Default system prompt, passed to the runner in :class:`Request`."""
+    permissions: Ruleset = attrs.field(factory=Ruleset.allow_all)
+    """The tools this agent may use; intersected with its parent's at run time."""
+    retry: RetryPolicy | None = None
+    """Retry policy for transient failures; ``None`` runs once."""
+    timeout: float | None = None
+    """Default watchdog for this agent in seconds; ``None`` uses the manager's."""
+
+
+def _check_timeout(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(attribute.name, "a number of seconds > 0 or None", value)
+    if math.isnan(value) or value <= 0:
+        raise ConfigError(attribute.name, "a number of seconds > 0 or None", value)
+
+
+def _check_positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(attribute.name, "an integer >= 1", value)
+
+
+def _check_depth(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(attribute.name, "an integer >= 0", value)
+
+
+@attrs.frozen(kw_only=True)
+class SpawnOptions:
+    """Per-spawn overrides. Every field left ``None`` takes the default."""
+
+    name: str | None = None
+    """Path segment for the child (default: the agent's name); repeats get ``-2``, ``-3``."""
+    timeout: float | None = attrs.field(default=None, validator=_check_timeout)
+    """Watchdog in seconds for this child; ``None`` uses the agent's or manager's."""
+    prompt: str | None = None
+    """System prompt override."""
+    model: str | None = None
+    """Model override."""
+    files: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    """Paths of files handed to the agent."""
+
+
+@attrs.frozen(kw_only=True)
+class SubagentConfig:
+    """Manager-wide settings; every value is validated with a message naming the field."""
+
+    max_concurrent_spawns: int = attrs.field(
+        default=DEFAULT_MAX_CONCURRENT_SPAWNS, validator=_check_positive_int
+    )
+    """How many spawned children run at once (>= 1; a limit of 0 would queue forever)."""
+    spawn_timeout: float | None = attrs.field(
+        default=DEFAULT_SPAWN_TIMEOUT, validator=_check_timeout
+    )
+    """Watchdog per spawned child in seconds, counted from when it starts (queue excluded);
+    ``None`` disables it."""
+    execute_timeout: float | None = attrs.field(
+        default=DEFAULT_SPAWN_TIMEOUT, validator=_check_timeout
+    )
+    """Timeout of a synchronous :meth:`SubagentManager.execute` in seconds."""
+    max_depth: int = attrs.field(default=DEFAULT_MAX_DEPTH, validator=_check_depth)
+    """Deepest allowed child: 1 lets only the root delegate; 3 allows ``/root/a/b/c``."""
+    mailbox_capacity: int = attrs.field(
+        default=DEFAULT_MAILBOX_CAPACITY, validator=_check_positive_int
+    )
+    """Unread envelopes a session's mailbox holds before degrading to events."""
+    mailbox_ttl: float | None = attrs.field(default=None, validator=_check_timeout)
+    """Seconds an unread envelope stays in the mailbox; ``None`` keeps it until read."""
+    truncate_chars: int = attrs.field(default=DEFAULT_TRUNCATE_CHARS, validator=_check_positive_int)
+    """Length bound of the compact text view given to models."""
+    notify_completion: bool = True
+    """Deliver envelopes to mailboxes and publish ``subagent.completed``."""
+    settle_timeout: float = attrs.field(default=5.0, validator=_check_timeout)
+    """How long cleanup waits for cancelled children to settle before moving on."""
+    permissions: Ruleset = attrs.field(factory=Ruleset.allow_all)
+    """The root agent's ruleset; every child's effective ruleset lies within it."""
