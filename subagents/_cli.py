@@ -1,0 +1,22 @@
+"""The ``subagents`` command line: ``demo`` (and more subcommands registered here)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from . import _demo
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``subagents`` console script; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="subagents", description="Subagent orchestration runtime."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _demo.register(commands)
+    args = parser.parse_args(argv)
+    status: int = args.func(args)
+    return status
