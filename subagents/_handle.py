@@ -36,7 +36,9 @@ class SpawnHandle:
         "_done",
         "_envelope",
         "_files_changed",
+        "_holds_slot",
         "_iterations",
+        "_lends",
         "_manager",
         "_partial_output",
         "_permissions",
@@ -104,6 +106,8 @@ class SpawnHandle:
         self._iterations = 0
         self._files_changed: tuple[str, ...] = ()
         self._trace: object = None
+        self._holds_slot = False
+        self._lends = 0
         self._traceback: str | None = None
 
     @property
@@ -141,7 +145,8 @@ class SpawnHandle:
         Does not consume the mailbox entry. Cancelling the caller does not affect the child.
         """
         if self._envelope is None:
-            await self.done.wait()
+            async with self._manager.lend_slot():
+                await self.done.wait()
         assert self._envelope is not None
         return self._envelope
 

@@ -15,7 +15,9 @@ import math
 import os
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from time import perf_counter
 from types import TracebackType
 from typing import Final, Literal
@@ -42,6 +44,8 @@ MAX_OUTPUT_CHARS: Final = 1_000_000
 logger = logging.getLogger("subagents")
 
 _UNSET: Final = float("nan")
+# The spawned child whose slot the current task runs on (None outside worker runs).
+_SLOT_OWNER: ContextVar[SpawnHandle | None] = ContextVar("subagents_slot_owner", default=None)
 _ROOT: Final = AgentPath.root()
 
 
@@ -126,8 +130,10 @@ class SubagentManager:
         self._closed_sessions: set[str] = set()
         self._queue: deque[SpawnHandle] = deque()
         self._queued = 0
-        self._active = 0
-        self._workers = 0
+        self._active = 0  # slots held (spawned children running, not lending)
+        self._workers = 0  # worker tasks alive
+        self._busy = 0  # workers inside a child run (holding or lending a slot)
+        self._resumers: deque[tuple[SpawnHandle, anyio.Event]] = deque()
         self._high_water = 0
         self._spawned = 0
         self._settled = 0
@@ -438,25 +444,86 @@ class SubagentManager:
         """Start workers until every queued child has one, within the limit."""
         tg = self._tg
         assert tg is not None
-        while self._queued > self._workers - self._active and self._workers < self._limit:
+        # Idle (or starting) workers will each take a queued child and a slot.
+        idle = self._workers - self._busy
+        while self._queued > idle and self._active + idle < self._limit:
             self._workers += 1
+            idle += 1
             tg.start_soon(self._worker)
 
     async def _worker(self) -> None:
+        token = _SLOT_OWNER.set(None)
         try:
             while self._active < self._limit:
                 handle = self._next_queued()
                 if handle is None:
                     return
-                self._active += 1
-                if self._active > self._high_water:
-                    self._high_water = self._active
+                self._take_slot(handle)
+                self._busy += 1
+                _SLOT_OWNER.set(handle)
                 try:
                     await self._run(handle)
                 finally:
-                    self._active -= 1
+                    _SLOT_OWNER.set(None)
+                    self._busy -= 1
+                    if handle._holds_slot:
+                        self._release_slot(handle)
         finally:
+            _SLOT_OWNER.reset(token)
             self._workers -= 1
+
+    def _take_slot(self, handle: SpawnHandle) -> None:
+        handle._holds_slot = True
+        self._active += 1
+        if self._active > self._high_water:
+            self._high_water = self._active
+
+    def _release_slot(self, handle: SpawnHandle) -> None:
+        handle._holds_slot = False
+        self._active -= 1
+        # A parent resuming after lending its slot goes before the queue: its children
+        # are done, and finishing it frees the whole subtree.
+        while self._resumers and self._active < self._limit:
+            resumer, event = self._resumers.popleft()
+            self._take_slot(resumer)
+            event.set()
+
+    @asynccontextmanager
+    async def lend_slot(self) -> AsyncIterator[None]:
+        """Release the calling child's concurrency slot while the block runs.
+
+        A spawned child that blocks waiting for its own children (or anything slow that
+        needs no slot) lends its slot so queued children can run: with a limit of 1 a
+        parent waiting for a child would otherwise deadlock. On exit the child takes a slot
+        back, ahead of the queue, waiting (shielded) until one frees. Outside a spawned
+        child it does nothing. :meth:`SpawnHandle.wait` and :meth:`wait_result` use it.
+        """
+        owner = _SLOT_OWNER.get()
+        if owner is None or (owner._lends == 0 and not owner._holds_slot):
+            yield
+            return
+        owner._lends += 1
+        if owner._lends == 1:
+            self._release_slot(owner)
+            if self._state == "running":
+                self._pump()
+        try:
+            yield
+        finally:
+            owner._lends -= 1
+            if owner._lends == 0:
+                await self._reacquire(owner)
+
+    async def _reacquire(self, owner: SpawnHandle) -> None:
+        if self._active < self._limit and not self._resumers:
+            self._take_slot(owner)
+            return
+        event = anyio.Event()
+        self._resumers.append((owner, event))
+        # Shielded: a child must not run on without a slot, even when it is being
+        # cancelled (its cleanup may catch the cancellation and go on).
+        with anyio.CancelScope(shield=True):
+            await event.wait()
 
     def _next_queued(self) -> SpawnHandle | None:
         queue = self._queue
@@ -781,8 +848,9 @@ class SubagentManager:
         timeout = check_timeout(timeout)
         handle = self.handle(task_id, session_id=session_id)
         if handle._envelope is None and timeout != 0:
-            with anyio.move_on_after(timeout):
-                await handle.done.wait()
+            async with self.lend_slot():
+                with anyio.move_on_after(timeout):
+                    await handle.done.wait()
         if handle._envelope is None:
             return None
         self.collect(handle)
