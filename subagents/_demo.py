@@ -1,22 +1,161 @@
-"""``subagents demo``: a dozen simulated agents fanned out on embedded defaults."""
+"""``subagents demo``: a dozen simulated agents fanned out on embedded defaults.
+
+Most succeed; one raises, one overruns a short watchdog, one is cancelled, and one
+spawns two grandchildren. Each envelope is printed as it lands, then a summary table.
+"""
 
 from __future__ import annotations
 
 import argparse
+import random
+import sys
+from collections import Counter
 from typing import Any
 
+import anyio
+
+from ._context import RunContext
+from ._envelope import DelegateResult, Status, Usage
+from ._events import COMPLETED, Event
+from ._json import dumps_str
+from ._manager import SubagentManager
+from ._spec import AgentSpec, Request, Result, SpawnOptions, SubagentConfig
+
 __all__ = ["register"]
+
+_TOPICS = (
+    "the retry policy",
+    "the mailbox",
+    "the watchdog",
+    "cancellation",
+    "the event stream",
+    "agent paths",
+    "permissions",
+    "truncation",
+)
 
 
 def register(commands: Any) -> None:
     """Add the ``demo`` subcommand to an argparse subparsers object."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        "demo", help="fan out a dozen simulated agents and print their envelopes"
+        "demo",
+        help="fan out a dozen simulated agents and print their envelopes",
+        description="Fan out a dozen simulated agents on embedded defaults.",
+    )
+    parser.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    parser.add_argument(
+        "--backend", choices=("asyncio", "trio"), default="asyncio", help="event loop"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print each envelope as a JSON line instead"
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo (placeholder until the demo lands)."""
-    print("demo: not yet implemented")
-    return 0
+    """Run the demo; returns 0 when every spawn ended in exactly one envelope."""
+    return anyio.run(_main, args.seed, args.json, backend=args.backend)
+
+
+def _agents(rng: random.Random) -> list[AgentSpec]:
+    async def researcher(request: Request, ctx: RunContext) -> Result:
+        steps = rng.randint(2, 4)
+        for step in range(1, steps + 1):
+            await anyio.sleep(rng.uniform(0.02, 0.08))
+            ctx.report(append=f"step {step}: read about {request.input}. ", iterations=step)
+        tokens_in, tokens_out = rng.randint(200, 900), rng.randint(50, 300)
+        return Result(
+            output=f"Summary of {request.input}: it works as documented.",
+            usage=Usage(input_tokens=tokens_in, output_tokens=tokens_out),
+            iterations=steps,
+        )
+
+    async def flaky(request: Request, ctx: RunContext) -> str:
+        await anyio.sleep(0.05)
+        raise RuntimeError(f"simulated tool failure while handling {request.input!r}")
+
+    async def slowpoke(request: Request, ctx: RunContext) -> str:
+        ctx.report(output="started a long scan; 10% done")
+        await anyio.sleep(60)
+        return "never reached"
+
+    async def lead(request: Request, ctx: RunContext) -> Result:
+        first = ctx.spawn("researcher", f"{request.input} (part 1)")
+        second = ctx.spawn("researcher", f"{request.input} (part 2)")
+        parts = [await first.wait(), await second.wait()]
+        # Its own usage only: the children's tokens are in their own envelopes.
+        return Result(
+            output=" / ".join(p.output for p in parts),
+            usage=Usage(input_tokens=120, output_tokens=40),
+            iterations=1,
+        )
+
+    return [
+        AgentSpec(name="researcher", description="Reads about a topic.", runner=researcher),
+        AgentSpec(name="flaky", description="Always fails.", runner=flaky),
+        AgentSpec(name="slowpoke", description="Never finishes in time.", runner=slowpoke),
+        AgentSpec(name="lead", description="Splits a topic between two helpers.", runner=lead),
+    ]
+
+
+async def _main(seed: int, as_json: bool) -> int:
+    rng = random.Random(seed)
+    landed: list[DelegateResult] = []
+    started = anyio.current_time()
+
+    def on_event(event: Event) -> None:
+        if event.type != COMPLETED:
+            return
+        envelope = DelegateResult.from_dict(event.data)
+        landed.append(envelope)
+        if as_json:
+            print(dumps_str(envelope.to_dict()), flush=True)
+        else:
+            print(_line(envelope), flush=True)
+
+    config = SubagentConfig(max_concurrent_spawns=4, spawn_timeout=5.0)
+    async with SubagentManager(_agents(rng), config=config) as manager:
+        manager.events.subscribe(on_event)
+        handles = [manager.spawn("researcher", topic) for topic in _TOPICS]
+        handles.append(manager.spawn("flaky", "the build"))
+        handles.append(manager.spawn("slowpoke", "the archive", options=SpawnOptions(timeout=0.4)))
+        doomed = manager.spawn("slowpoke", "the attic", name="cancelled-scan")
+        handles.append(doomed)
+        handles.append(manager.spawn("lead", "the design notes"))
+        await anyio.sleep(0.3)
+        doomed.cancel()
+        for handle in handles:
+            await handle.wait()
+        spawned = manager.statistics().spawned
+    elapsed = anyio.current_time() - started
+    if not as_json:
+        _summary(landed, elapsed)
+    exactly_once = len(landed) == spawned and len({e.task_id for e in landed}) == spawned
+    if not exactly_once:
+        print(f"error: {spawned} spawns but {len(landed)} envelopes", file=sys.stderr)
+    return 0 if exactly_once else 1
+
+
+def _line(envelope: DelegateResult) -> str:
+    detail = envelope.error or envelope.output
+    if len(detail) > 60:
+        detail = detail[:59] + "…"
+    return (
+        f"{envelope.status.value:<9} {envelope.agent_path:<32} "
+        f"{envelope.duration_ms:>5} ms  {detail}"
+    )
+
+
+def _summary(landed: list[DelegateResult], elapsed: float) -> None:
+    by_status = Counter(e.status.value for e in landed)
+    tokens = sum((e.usage for e in landed), Usage())
+    print()
+    print(f"{'status':<10}{'count':>6}")
+    for status in Status:
+        print(f"{status.value:<10}{by_status.get(status.value, 0):>6}")
+    print(f"{'total':<10}{len(landed):>6}")
+    print()
+    print(
+        f"{len(landed)} envelopes in {elapsed:.2f} s; "
+        f"tokens in {tokens.input_tokens} / out {tokens.output_tokens}"
+    )
