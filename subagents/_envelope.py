@@ -104,8 +104,8 @@ class DelegateResult:
     """Name of the agent type that ran."""
     task_id: str
     """The task id given at spawn time; the mailbox key."""
-    status: Status
-    """``completed``, ``error``, ``timeout`` or ``cancelled``."""
+    status: Status = attrs.field(converter=Status)
+    """``completed``, ``error``, ``timeout`` or ``cancelled`` (a plain string is converted)."""
     output: str = ""
     """Final output; on timeout or cancellation the partial output reported so far."""
     files_changed: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)

@@ -89,7 +89,8 @@ class SubagentManager:
         agents: agent types to register.
         config: settings (defaults: 4 concurrent spawns, 180 s watchdog, depth 3,
             mailbox of 64, 2000-character truncation).
-        mailbox_factory: builds a session's mailbox; default in-memory :class:`Mailbox`.
+        mailbox_factory: ``factory(session_id)`` builds a session's mailbox; default an
+            in-memory :class:`Mailbox` with the configured capacity and TTL.
         notifier: delivers envelopes; default puts into the session mailbox and publishes
             ``subagent.completed`` on :attr:`events`.
         events: the lifecycle event bus (a new one by default).
@@ -101,7 +102,7 @@ class SubagentManager:
         agents: Iterable[AgentSpec] = (),
         *,
         config: SubagentConfig | None = None,
-        mailbox_factory: Callable[[], BaseMailbox] | None = None,
+        mailbox_factory: Callable[[str], BaseMailbox] | None = None,
         notifier: CompletionNotifier | None = None,
         events: EventBus | None = None,
         backend: Backend | None = None,
@@ -772,13 +773,13 @@ class SubagentManager:
         if mailbox is None:
             if self.session_closed(session_id) or self._state == "closed":
                 return _closed_mailbox()
-            mailbox = self._new_mailbox()
+            mailbox = self._new_mailbox(session_id)
             self._mailboxes[session_id] = mailbox
         return mailbox
 
-    def _new_mailbox(self) -> BaseMailbox:
+    def _new_mailbox(self, session_id: str) -> BaseMailbox:
         if self._mailbox_factory is not None:
-            return self._mailbox_factory()
+            return self._mailbox_factory(session_id)
         return Mailbox(capacity=self.config.mailbox_capacity, ttl=self.config.mailbox_ttl)
 
     def _delivery_mailbox(self, session_id: str) -> BaseMailbox | None:

@@ -93,10 +93,10 @@ class AgentSpec:
 
     name: str = attrs.field(validator=_check_name)
     """Unique name models use to pick this agent (a valid path segment)."""
-    description: str
-    """What this agent is good at, written for a model choosing among agents."""
     runner: Runner
     """``async def runner(request, ctx) -> Result | str``."""
+    description: str = ""
+    """What this agent is good at, written for a model choosing among agents."""
     model: str | None = None
     """Default model id (reported in traces)."""
     provider: str | None = None
