@@ -34,6 +34,7 @@ class SpawnHandle:
         "_cancel_requested",
         "_collected",
         "_done",
+        "_ending",
         "_envelope",
         "_files_changed",
         "_holds_slot",
@@ -107,6 +108,7 @@ class SpawnHandle:
         self._files_changed: tuple[str, ...] = ()
         self._trace: object = None
         self._holds_slot = False
+        self._ending = False
         self._lends = 0
         self._traceback: str | None = None
 

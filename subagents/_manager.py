@@ -568,20 +568,22 @@ class SubagentManager:
                     result = await self._backend(handle._spec, handle._request, ctx)
                 except Exception as exc:
                     error = exc
-            # A result arriving after the deadline never counts as a success.
-            timed_out = not handle._cancel_requested and (
-                scope.cancel_called or anyio.current_time() >= deadline
-            )
+            # Decided now, before cleanup awaits: a cancel arriving during cleanup is too
+            # late to change the outcome. A result after the deadline never counts.
+            handle._ending = True
+            cancelled = handle._cancel_requested is not None
+            timed_out = not cancelled and (scope.cancel_called or anyio.current_time() >= deadline)
         except BaseException:
             # Cancelled from outside (manager shutdown, or the caller of execute): the
             # envelope is still produced, then the cancellation goes on.
+            handle._ending = True
             if handle._cancel_requested is None:
                 handle._cancel_requested = "the caller was cancelled"
             await self._end_session_of(handle)
             self._finalize(handle, self._ended(handle, Status.CANCELLED, ctx))
             raise
         await self._end_session_of(handle)
-        if handle._cancel_requested:
+        if cancelled:
             envelope = self._ended(handle, Status.CANCELLED, ctx)
         elif timed_out:
             envelope = self._ended(handle, Status.TIMEOUT, ctx)
@@ -726,7 +728,7 @@ class SubagentManager:
         return self._cancel(self.handle(task_id), "cancelled by request")
 
     def _cancel(self, handle: SpawnHandle, reason: str = "cancelled by request") -> bool:
-        if handle._envelope is not None or handle._cancel_requested:
+        if handle._envelope is not None or handle._cancel_requested or handle._ending:
             return False
         handle._cancel_requested = reason
         if handle.state == QUEUED and not handle.sync:
