@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from time import perf_counter
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import baggage, context, metrics, trace
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
@@ -79,6 +79,22 @@ def _is_real_meter_provider(provider: metrics.MeterProvider) -> bool:
     return type(provider).__name__ != "_ProxyMeterProvider"
 
 
+# The API keeps the installed providers in two module globals (None until set). Reading them
+# is much cheaper than the public getters (which consult the environment on each call); if a
+# future API version renames them, _global_marks returns None and the getters are used.
+_metrics_internal: Any = getattr(metrics, "_internal", None)
+_trace_module: Any = trace
+_FAST_MARKS: Final = hasattr(trace, "_TRACER_PROVIDER") and hasattr(
+    _metrics_internal, "_METER_PROVIDER"
+)
+
+
+def _global_marks() -> tuple[object, object] | None:
+    if not _FAST_MARKS:
+        return None
+    return (_trace_module._TRACER_PROVIDER, _metrics_internal._METER_PROVIDER)
+
+
 def span_context_of(task_id: str) -> SpanContext | None:
     """The span context of ``task_id``'s ``invoke_agent`` span, if still remembered."""
     return _span_contexts.get(task_id)
@@ -95,7 +111,7 @@ def _remember(task_id: str, span_context: SpanContext) -> None:
 class _TaskTrace:
     """Per-task tracing state, kept in ``SpawnHandle._trace``."""
 
-    __slots__ = ("conversation_id", "ctx", "running", "span", "started_at")
+    __slots__ = ("active_count", "conversation_id", "ctx", "running", "span", "started_at")
 
     def __init__(self, span: trace.Span | None, ctx: Context, conversation_id: str) -> None:
         self.span = span
@@ -103,6 +119,7 @@ class _TaskTrace:
         self.conversation_id = conversation_id
         self.running = False
         self.started_at = 0.0
+        self.active_count: metrics.UpDownCounter | None = None  # incremented at start
 
 
 class Telemetry:
@@ -118,8 +135,12 @@ class Telemetry:
     __slots__ = (
         "_active_count",
         "_duration",
+        "_fixed_meter_provider",
+        "_fixed_tracer_provider",
         "_queue_wait",
+        "_seen",
         "_tracer",
+        "_tracing",
         "_watchdog",
         "active",
         "capture_content",
@@ -134,43 +155,77 @@ class Telemetry:
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
         self.capture_content = capture_content
+        self._tracing = tracing
+        self._fixed_tracer_provider = tracer_provider
+        self._fixed_meter_provider = meter_provider
+        self._seen: tuple[object, object] = (None, None)
         self._tracer: trace.Tracer | None = None
         self._duration: metrics.Histogram | None = None
         self._active_count: metrics.UpDownCounter | None = None
         self._queue_wait: metrics.Histogram | None = None
         self._watchdog: metrics.Counter | None = None
-        if tracing:
-            tp = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-            if _is_real_tracer_provider(tp):
-                self._tracer = tp.get_tracer(INSTRUMENTATION)
-            mp = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-            if _is_real_meter_provider(mp):
-                meter = mp.get_meter(INSTRUMENTATION)
-                self._duration = meter.create_histogram(
-                    "gen_ai.invoke_agent.duration",
-                    unit="s",
-                    description="Run time of a subagent (from its start, queue excluded).",
-                )
-                self._active_count = meter.create_up_down_counter(
-                    "subagents.active", unit="{agent}", description="Subagents running now."
-                )
-                self._queue_wait = meter.create_histogram(
-                    "subagents.queue.wait",
-                    unit="s",
-                    description="Time a spawned subagent waited for a concurrency slot.",
-                )
-                self._watchdog = meter.create_counter(
-                    "subagents.watchdog.fired",
-                    unit="{agent}",
-                    description="Subagents stopped by their watchdog.",
-                )
-        self.active = self._tracer is not None or self._duration is not None
+        self.active = False
         """True when spans or metrics are recorded (the manager skips every hook otherwise)."""
+        if tracing:
+            self._resolve(*self._providers())
 
     @classmethod
     def from_config(cls, config: SubagentConfig) -> Telemetry:
         """Build from ``config.tracing`` / ``config.capture_content`` and global providers."""
         return cls(tracing=config.tracing, capture_content=config.capture_content)
+
+    def _providers(self) -> tuple[trace.TracerProvider, metrics.MeterProvider]:
+        tp = self._fixed_tracer_provider
+        mp = self._fixed_meter_provider
+        return (
+            tp if tp is not None else trace.get_tracer_provider(),
+            mp if mp is not None else metrics.get_meter_provider(),
+        )
+
+    def enabled(self) -> bool:
+        """Whether to trace a new spawn: tracing is on and a real provider is installed.
+
+        Called once per spawn, so it only compares the API's two global slots with what
+        it saw last time; a provider the application installs later is picked up by the
+        next spawn.
+        """
+        if not self._tracing:
+            return False
+        seen = self._seen
+        if not (
+            _FAST_MARKS
+            and _trace_module._TRACER_PROVIDER is seen[0]
+            and _metrics_internal._METER_PROVIDER is seen[1]
+        ):
+            self._resolve(*self._providers())
+        return self.active
+
+    def _resolve(self, tp: trace.TracerProvider, mp: metrics.MeterProvider) -> None:
+        marks = _global_marks()
+        self._seen = marks if marks is not None else (None, None)
+        self._tracer = tp.get_tracer(INSTRUMENTATION) if _is_real_tracer_provider(tp) else None
+        self._duration = self._active_count = self._queue_wait = self._watchdog = None
+        if _is_real_meter_provider(mp):
+            meter = mp.get_meter(INSTRUMENTATION)
+            self._duration = meter.create_histogram(
+                "gen_ai.invoke_agent.duration",
+                unit="s",
+                description="Run time of a subagent (from its start, queue excluded).",
+            )
+            self._active_count = meter.create_up_down_counter(
+                "subagents.active", unit="{agent}", description="Subagents running now."
+            )
+            self._queue_wait = meter.create_histogram(
+                "subagents.queue.wait",
+                unit="s",
+                description="Time a spawned subagent waited for a concurrency slot.",
+            )
+            self._watchdog = meter.create_counter(
+                "subagents.watchdog.fired",
+                unit="{agent}",
+                description="Subagents stopped by their watchdog.",
+            )
+        self.active = self._tracer is not None or self._duration is not None
 
     # ----------------------------------------------------------------- manager hooks
 
@@ -243,6 +298,7 @@ class Telemetry:
             state.span.set_attribute("subagents.queue_ms", int(queue_s * 1000))
         if self._active_count is not None:
             agent = {"gen_ai.agent.name": handle._spec.name}
+            state.active_count = self._active_count
             self._active_count.add(1, agent)
             if self._queue_wait is not None and not handle.sync:
                 self._queue_wait.record(max(queue_s, 0.0), agent)
@@ -294,11 +350,12 @@ class Telemetry:
                 )
                 span.set_status(StatusCode.ERROR, envelope.error)
             span.end()
+        agent = {"gen_ai.agent.name": handle._spec.name}
+        if state.active_count is not None:
+            state.active_count.add(-1, agent)
+            state.active_count = None
         if self._duration is not None:
-            agent = {"gen_ai.agent.name": handle._spec.name}
             if state.running:
-                assert self._active_count is not None
-                self._active_count.add(-1, agent)
                 elapsed = perf_counter() - state.started_at
             else:
                 elapsed = envelope.duration_ms / 1000

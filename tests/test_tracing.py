@@ -1,8 +1,9 @@
 """OpenTelemetry spans: names, kinds, parentage, attributes, links, baggage, metrics.
 
 The global tracer provider can be set only once per process, so this module installs an
-SDK provider if none is set (or reuses the SDK one another module installed) and adds a
-gated in-memory exporter that only records while these tests run.
+SDK provider if none is set (and unsets it again afterwards), or reuses the SDK one another
+module installed, and adds a gated in-memory exporter that only records while these tests
+run.
 """
 
 from __future__ import annotations
@@ -57,9 +58,19 @@ class _Gate(SpanProcessor):
         return True
 
 
+def _reset_global_tracer_provider() -> None:
+    # What OpenTelemetry's own test utilities do: forget the global provider, so a later
+    # test module can install its own (the API allows setting it only once).
+    from opentelemetry.util._once import Once
+
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+
+
 @pytest.fixture(scope="module")
 def _gate() -> Iterator[_Gate]:
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    installed_here = isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    if installed_here:
         trace.set_tracer_provider(TracerProvider())
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):  # pragma: no cover - foreign provider
@@ -70,6 +81,8 @@ def _gate() -> Iterator[_Gate]:
     yield gate
     gate.open = False
     gate.exporter.clear()
+    if installed_here:
+        _reset_global_tracer_provider()
 
 
 @pytest.fixture
@@ -481,9 +494,29 @@ def test_no_sdk_installed_nothing_breaks() -> None:
                 assert (await m.execute("a", "outer")).status == "completed"
             with tool_span("wait_agent") as span:
                 assert not span.recording
-            print("ok")
+
+        async def late_provider():
+            # A provider installed after the manager was built is used by the next spawn.
+            from opentelemetry import trace
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+            from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+                InMemorySpanExporter,
+            )
+
+            m = SubagentManager([AgentSpec(name="a", description="d", runner=runner)])
+            exporter = InMemorySpanExporter()
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            trace.set_tracer_provider(provider)
+            async with m:
+                await m.spawn("a", "inner").wait()
+            names = sorted(s.name for s in exporter.get_finished_spans())
+            assert names == ["execute_tool read_file", "invoke_agent a"], names
 
         anyio.run(main)
+        anyio.run(late_provider)
+        print("ok")
         """
     )
     out = subprocess.run(
