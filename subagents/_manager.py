@@ -434,7 +434,7 @@ class SubagentManager:
                     "timeout_s": timeout,
                 },
             )
-        if self._telemetry.active:
+        if self._telemetry.enabled():
             handle._trace = self._telemetry.start(handle, parent)
         return handle
 
