@@ -66,6 +66,7 @@ SPAN_CONTEXTS_LIMIT: Final = 65_536
 _span_contexts: dict[str, SpanContext] = {}
 
 _TELEMETRY_KEY: Final = context.create_key("subagents-telemetry")
+_EMPTY_CONTEXT: Final = context.Context()
 
 
 def _is_real_tracer_provider(provider: trace.TracerProvider) -> bool:
@@ -350,6 +351,8 @@ class Telemetry:
                 )
                 span.set_status(StatusCode.ERROR, envelope.error)
             span.end()
+            state.span = None  # the manager keeps handles; do not keep ended spans alive
+        state.ctx = _EMPTY_CONTEXT
         agent = {"gen_ai.agent.name": handle._spec.name}
         if state.active_count is not None:
             state.active_count.add(-1, agent)
