@@ -82,7 +82,7 @@ def _is_real_meter_provider(provider: metrics.MeterProvider) -> bool:
 
 # The API keeps the installed providers in two module globals (None until set). Reading them
 # is much cheaper than the public getters (which consult the environment on each call); if a
-# future API version renames them, _global_marks returns None and the getters are used.
+# future API version renames them, the public getters are compared instead.
 _metrics_internal: Any = getattr(metrics, "_internal", None)
 _trace_module: Any = trace
 _FAST_MARKS: Final = hasattr(trace, "_TRACER_PROVIDER") and hasattr(
@@ -90,10 +90,10 @@ _FAST_MARKS: Final = hasattr(trace, "_TRACER_PROVIDER") and hasattr(
 )
 
 
-def _global_marks() -> tuple[object, object] | None:
-    if not _FAST_MARKS:
-        return None
-    return (_trace_module._TRACER_PROVIDER, _metrics_internal._METER_PROVIDER)
+def _global_marks() -> tuple[object, object]:
+    if _FAST_MARKS:
+        return (_trace_module._TRACER_PROVIDER, _metrics_internal._METER_PROVIDER)
+    return (trace.get_tracer_provider(), metrics.get_meter_provider())
 
 
 def span_context_of(task_id: str) -> SpanContext | None:
@@ -193,17 +193,20 @@ class Telemetry:
         if not self._tracing:
             return False
         seen = self._seen
-        if not (
-            _FAST_MARKS
-            and _trace_module._TRACER_PROVIDER is seen[0]
-            and _metrics_internal._METER_PROVIDER is seen[1]
-        ):
-            self._resolve(*self._providers())
+        if _FAST_MARKS:
+            if (
+                _trace_module._TRACER_PROVIDER is not seen[0]
+                or _metrics_internal._METER_PROVIDER is not seen[1]
+            ):
+                self._resolve(*self._providers())
+        else:
+            marks = _global_marks()
+            if marks[0] is not seen[0] or marks[1] is not seen[1]:
+                self._resolve(*self._providers())
         return self.active
 
     def _resolve(self, tp: trace.TracerProvider, mp: metrics.MeterProvider) -> None:
-        marks = _global_marks()
-        self._seen = marks if marks is not None else (None, None)
+        self._seen = _global_marks()
         self._tracer = tp.get_tracer(INSTRUMENTATION) if _is_real_tracer_provider(tp) else None
         self._duration = self._active_count = self._queue_wait = self._watchdog = None
         if _is_real_meter_provider(mp):
