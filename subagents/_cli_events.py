@@ -8,6 +8,7 @@ status and agent, p50/p95/max durations, tokens by agent, the slowest and failed
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -149,6 +150,9 @@ def _run_tail(args: argparse.Namespace) -> int:
         )
     except KeyboardInterrupt:
         return 0
+    except BrokenPipeError:  # `... | head`: the reader left; not an error
+        _silence_stdout()
+        return 0
     return 0
 
 
@@ -163,6 +167,13 @@ def _run_summary(args: argparse.Namespace) -> int:
     else:
         print(summary.format())
     return 0
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout again at exit; point it at devnull so that flush cannot fail.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _exists(path: str) -> bool:

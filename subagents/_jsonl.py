@@ -144,16 +144,13 @@ def read_events(path: PathLike) -> Iterator[Event]:
         OSError: the file cannot be opened.
     """
     with open(path, "rb") as file:
-        data = file.read()
-    lines = data.split(b"\n")
-    last = len(lines) - 1
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            yield parse_event_line(line)
-        except ValueError as exc:
-            _warn_skipped(path, number, partial=number - 1 == last, error=exc)
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield parse_event_line(line)
+            except ValueError as exc:
+                _warn_skipped(path, number, partial=not line.endswith(b"\n"), error=exc)
 
 
 def _warn_skipped(path: PathLike, number: int, *, partial: bool, error: Exception) -> None:

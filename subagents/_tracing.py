@@ -240,7 +240,7 @@ class Telemetry:
         if isinstance(parent_trace, _TaskTrace):
             conversation_id = parent_trace.conversation_id
         else:
-            conversation_id = handle.session_id
+            conversation_id = _root_session(handle)
         span: trace.Span | None = None
         ctx = captured
         if self._tracer is not None:
@@ -375,6 +375,17 @@ class Telemetry:
             if status == "timeout" and self._watchdog is not None:
                 self._watchdog.add(1, agent)
         state.running = False
+
+
+def _root_session(handle: SpawnHandle) -> str:
+    """The session at the top of ``handle``'s tree (a child's session is its task id)."""
+    tasks = handle._manager._tasks
+    session = handle.session_id
+    owner = tasks.get(session)
+    while owner is not None and owner.session_id != session:
+        session = owner.session_id
+        owner = tasks.get(session)
+    return session
 
 
 def _content_attributes(attributes: dict[str, AttributeValue], request: Request) -> None:

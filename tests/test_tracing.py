@@ -203,6 +203,7 @@ async def test_nested_spawn_three_levels(exporter: InMemorySpanExporter) -> None
             seen["span"] = trace.get_current_span().get_span_context().span_id
             seen["task"] = ctx.task_id
             seen["path"] = str(ctx.agent_path)
+            seen["root"] = _tracing._root_session(ctx._handle)
         # Child usage never leaks into the parent's span.
         return Result(output="ok", usage=Usage(input_tokens=depth, output_tokens=10 * depth))
 
@@ -227,6 +228,7 @@ async def test_nested_spawn_three_levels(exporter: InMemorySpanExporter) -> None
         assert attrs["gen_ai.usage.output_tokens"] == 10 * i
     assert dict(l3.attributes or {})["subagents.agent_path"] == "/root/l1/l2/l3"
     assert seen["span"] == span_id(l3)
+    assert seen["root"] == "conv-7"
     assert seen["baggage"] == {
         "gen_ai.conversation.id": "conv-7",
         "subagents.agent_path": seen["path"],
