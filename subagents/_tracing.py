@@ -18,6 +18,7 @@ group (whose inherited context belongs to whoever started the worker).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from time import perf_counter
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 INSTRUMENTATION: Final = "subagents"
+logger = logging.getLogger("subagents.tracing")
 
 BAGGAGE_CONVERSATION_ID: Final = "gen_ai.conversation.id"
 """Baggage key: the root session id shared by the whole delegation tree."""
@@ -233,8 +235,20 @@ class Telemetry:
 
     # ----------------------------------------------------------------- manager hooks
 
-    def start(self, handle: SpawnHandle, parent: SpawnHandle | None) -> _TaskTrace:
-        """At spawn time, in the caller's task: capture its context and open the span."""
+    def start(self, handle: SpawnHandle, parent: SpawnHandle | None) -> _TaskTrace | None:
+        """At spawn time, in the caller's task: capture its context and open the span.
+
+        Never raises: if the tracing machinery fails, the task runs untraced.
+        """
+        try:
+            return self._start(handle, parent)
+        except Exception:
+            logger.exception(
+                "tracing the spawn of task %s failed; it runs untraced", handle.task_id
+            )
+            return None
+
+    def _start(self, handle: SpawnHandle, parent: SpawnHandle | None) -> _TaskTrace:
         captured = context.get_current()
         parent_trace = parent._trace if parent is not None else None
         if isinstance(parent_trace, _TaskTrace):
@@ -280,10 +294,15 @@ class Telemetry:
         return _TaskTrace(span, ctx, conversation_id)
 
     def queued(self, handle: SpawnHandle) -> None:
-        """A spawn entered the queue."""
+        """A spawn entered the queue. Never raises."""
         state = handle._trace
         if isinstance(state, _TaskTrace) and state.span is not None:
-            state.span.add_event(EVENT_QUEUED, {"subagents.queue_position": handle.queue_position})
+            try:
+                state.span.add_event(
+                    EVENT_QUEUED, {"subagents.queue_position": handle.queue_position}
+                )
+            except Exception:
+                logger.exception("tracing the queueing of task %s failed", handle.task_id)
 
     async def run(
         self,
@@ -294,6 +313,17 @@ class Telemetry:
         """Run ``backend`` for ``handle`` with the spawn-time context attached."""
         state = handle._trace
         assert isinstance(state, _TaskTrace)
+        try:
+            self._started(handle, state)
+        except Exception:
+            logger.exception("tracing the start of task %s failed", handle.task_id)
+        token = context.attach(state.ctx)
+        try:
+            return await backend(handle._spec, handle._request, ctx)
+        finally:
+            context.detach(token)
+
+    def _started(self, handle: SpawnHandle, state: _TaskTrace) -> None:
         state.running = True
         state.started_at = perf_counter()
         queue_s = 0.0 if handle._started_at is None else handle._started_at - handle._spawned_at
@@ -306,17 +336,21 @@ class Telemetry:
             self._active_count.add(1, agent)
             if self._queue_wait is not None and not handle.sync:
                 self._queue_wait.record(max(queue_s, 0.0), agent)
-        token = context.attach(state.ctx)
-        try:
-            return await backend(handle._spec, handle._request, ctx)
-        finally:
-            context.detach(token)
 
     def finish(self, handle: SpawnHandle, envelope: DelegateResult) -> None:
-        """The one envelope of ``handle`` exists: close the span, record the metrics."""
+        """The one envelope of ``handle`` exists: close the span, record the metrics.
+
+        Never raises (it runs on the delivery path of the envelope).
+        """
         state = handle._trace
         if not isinstance(state, _TaskTrace):
             return
+        try:
+            self._finish(handle, state, envelope)
+        except Exception:
+            logger.exception("tracing the end of task %s failed", handle.task_id)
+
+    def _finish(self, handle: SpawnHandle, state: _TaskTrace, envelope: DelegateResult) -> None:
         status = envelope.status.value
         failed = status != "completed"
         error_type = (envelope.error_type or status) if failed else ""

@@ -526,3 +526,36 @@ def test_no_sdk_installed_nothing_breaks() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+class _Exploding(SpanProcessor):
+    """A span processor with a bug, at span start or at span end."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def on_start(self, span: object, parent_context: Context | None = None) -> None:
+        if self.where == "start":
+            raise RuntimeError("processor bug at start")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.where == "end":
+            raise RuntimeError("processor bug at end")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("where", ["start", "end"])
+async def test_broken_tracing_never_loses_an_envelope(
+    where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(_Exploding(where))
+    manager = SubagentManager([spec("general")])
+    manager._telemetry = Telemetry(tracer_provider=provider)
+    async with manager:
+        handle = manager.spawn("general", "x")
+        with anyio.fail_after(5):
+            envelope = await handle.wait()
+        assert (await manager.execute("general")).status == "completed"
+    assert envelope.status == "completed"
+    assert f"processor bug at {where}" in caplog.text
