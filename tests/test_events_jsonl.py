@@ -62,7 +62,7 @@ def test_sink_appends_and_stops_after_close(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_bytes(line(1) + b"\n")
     bus = EventBus()
-    sink = JsonlSink(path)
+    sink = JsonlSink(path, fsync=True)
     sink.attach(bus)
     bus.publish(PROGRESS, session_id="s", task_id="t", agent_path="/root/a")
     sink.close()
