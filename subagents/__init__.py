@@ -17,8 +17,9 @@ from ._errors import (
     UnknownAgent,
     UnknownTask,
 )
-from ._events import Event, EventBus
+from ._events import Event, EventBus, EventStream
 from ._handle import SpawnHandle
+from ._jsonl import JsonlSink, read_events
 from ._mailbox import BaseMailbox, Mailbox, MailboxStatistics
 from ._manager import DEFAULT_SESSION, ManagerStatistics, SubagentManager
 from ._notifier import CompletionNotifier
@@ -38,7 +39,9 @@ __all__ = [
     "DelegateResult",
     "Event",
     "EventBus",
+    "EventStream",
     "InvalidName",
+    "JsonlSink",
     "Mailbox",
     "MailboxFull",
     "MailboxStatistics",
@@ -61,5 +64,6 @@ __all__ = [
     "UnknownAgent",
     "UnknownTask",
     "Usage",
+    "read_events",
     "run_local",
 ]

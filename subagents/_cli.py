@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from . import _demo
+from . import _cli_events, _demo
 
 __all__ = ["main"]
 
@@ -17,6 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _demo.register(commands)
+    _cli_events.register(commands)
     args = parser.parse_args(argv)
     status: int = args.func(args)
     return status

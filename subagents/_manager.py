@@ -36,6 +36,7 @@ from ._mailbox import BaseMailbox, Mailbox
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator
 from ._spec import AgentSpec, Request, Result, SpawnOptions, SubagentConfig
+from ._tracing import Telemetry
 
 __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
 
@@ -109,6 +110,7 @@ class SubagentManager:
     ) -> None:
         self.config = config if config is not None else SubagentConfig()
         self.events = events if events is not None else EventBus()
+        self._telemetry = Telemetry.from_config(self.config)
         self._specs: dict[str, AgentSpec] = {}
         for spec in agents:
             self.register(spec)
@@ -296,6 +298,8 @@ class SubagentManager:
         handle.queue_position = 0 if ahead < free else ahead - free + 1
         self._queue.append(handle)
         self._queued += 1
+        if handle._trace is not None:
+            self._telemetry.queued(handle)
         self._pump()
         return handle
 
@@ -437,6 +441,8 @@ class SubagentManager:
                     "timeout_s": timeout,
                 },
             )
+        if self._telemetry.enabled():
+            handle._trace = self._telemetry.start(handle, parent)
         return handle
 
     # ------------------------------------------------------------------ workers
@@ -565,7 +571,10 @@ class SubagentManager:
                 if handle._cancel_requested:
                     scope.cancel()
                 try:
-                    result = await self._backend(handle._spec, handle._request, ctx)
+                    if handle._trace is None:
+                        result = await self._backend(handle._spec, handle._request, ctx)
+                    else:
+                        result = await self._telemetry.run(self._backend, handle, ctx)
                 except Exception as exc:
                     error = exc
             # Decided now, before cleanup awaits: a cancel arriving during cleanup is too
@@ -691,6 +700,8 @@ class SubagentManager:
         else:
             self._notifier.notify(handle.session_id, handle.task_id, envelope)
         handle._traceback = None
+        if handle._trace is not None:
+            self._telemetry.finish(handle, envelope)
         if handle._done is not None:
             handle._done.set()
 

@@ -179,3 +179,9 @@ class SubagentConfig:
     """How long cleanup waits for cancelled children to settle before moving on."""
     permissions: Ruleset = attrs.field(factory=Ruleset.allow_all)
     """The root agent's ruleset; every child's effective ruleset lies within it."""
+    tracing: bool = True
+    """Record OpenTelemetry spans and metrics (``invoke_agent``, ``execute_tool``) when the
+    application has installed an SDK; without one this costs nothing either way."""
+    capture_content: bool = False
+    """Also record prompts and outputs on spans (``gen_ai.input.messages``,
+    ``gen_ai.output.messages``); off by default, as content may be sensitive."""

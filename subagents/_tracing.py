@@ -1,25 +1,495 @@
-"""OpenTelemetry spans and metrics: the only module that imports opentelemetry.
+"""OpenTelemetry spans, baggage and metrics: the only module that imports opentelemetry.
 
-(Stub: the observability work fills this in; the signatures below are the seam the
-manager and the tools call.)
+Only ``opentelemetry-api`` is used; the SDK and exporters belong to the application. The
+conventions are the OpenTelemetry GenAI agent spans (``invoke_agent {agent}``,
+``execute_tool {tool}``, ``gen_ai.agent.*``, ``gen_ai.usage.*``); the deprecated
+``gen_ai.system`` is never written. See ``design/observability.md``.
+
+Cost: a :class:`Telemetry` decides once, when the manager is built, whether a real
+tracer or meter provider is installed (anything but the API's proxy/no-op providers). When
+none is, or ``SubagentConfig.tracing`` is off, :meth:`Telemetry.start` is never called and a
+spawn pays one attribute check; no span, context or dict is created.
+
+Context: the caller's OpenTelemetry context is captured when ``spawn`` is called and
+attached around the child's runner, so the child's ``invoke_agent`` span is a child of the
+span that was current at spawn time, although the child runs in the manager's worker task
+group (whose inherited context belongs to whoever started the worker).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Final
 
-__all__ = ["ToolSpan", "tool_span"]
+from opentelemetry import baggage, context, metrics, trace
+from opentelemetry.trace import SpanContext, SpanKind, StatusCode
+
+from ._json import dumps_str
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.util.types import AttributeValue
+
+    from ._context import RunContext
+    from ._envelope import DelegateResult
+    from ._handle import SpawnHandle
+    from ._spec import AgentSpec, Request, Result, SubagentConfig
+
+__all__ = [
+    "BAGGAGE_AGENT_PATH",
+    "BAGGAGE_CONVERSATION_ID",
+    "BAGGAGE_TASK_ID",
+    "Telemetry",
+    "ToolSpan",
+    "span_context_of",
+    "tool_span",
+]
+
+INSTRUMENTATION: Final = "subagents"
+logger = logging.getLogger("subagents.tracing")
+
+BAGGAGE_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+"""Baggage key: the root session id shared by the whole delegation tree."""
+BAGGAGE_AGENT_PATH: Final = "subagents.agent_path"
+"""Baggage key: the running child's agent path."""
+BAGGAGE_TASK_ID: Final = "subagents.task_id"
+"""Baggage key: the running child's task id."""
+
+EVENT_QUEUED: Final = "queued"
+EVENT_STARTED: Final = "started"
+EVENT_WATCHDOG: Final = "watchdog.fired"
+
+# Bounded map task id -> the span context of its invoke_agent span, for the links of
+# wait_agent's execute_tool span. Oldest entries are evicted first.
+SPAN_CONTEXTS_LIMIT: Final = 65_536
+_span_contexts: dict[str, SpanContext] = {}
+
+_TELEMETRY_KEY: Final = context.create_key("subagents-telemetry")
+_EMPTY_CONTEXT: Final = context.Context()
+
+
+def _is_real_tracer_provider(provider: trace.TracerProvider) -> bool:
+    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
+def _is_real_meter_provider(provider: metrics.MeterProvider) -> bool:
+    if isinstance(provider, metrics.NoOpMeterProvider):
+        return False
+    # The API's placeholder before the application installs one (a private class).
+    return type(provider).__name__ != "_ProxyMeterProvider"
+
+
+# The API keeps the installed providers in two module globals (None until set). Reading them
+# is much cheaper than the public getters (which consult the environment on each call); if a
+# future API version renames them, the public getters are compared instead.
+_metrics_internal: Any = getattr(metrics, "_internal", None)
+_trace_module: Any = trace
+_FAST_MARKS: Final = hasattr(trace, "_TRACER_PROVIDER") and hasattr(
+    _metrics_internal, "_METER_PROVIDER"
+)
+
+
+def _global_marks() -> tuple[object, object]:
+    if _FAST_MARKS:
+        return (_trace_module._TRACER_PROVIDER, _metrics_internal._METER_PROVIDER)
+    return (trace.get_tracer_provider(), metrics.get_meter_provider())
+
+
+def span_context_of(task_id: str) -> SpanContext | None:
+    """The span context of ``task_id``'s ``invoke_agent`` span, if still remembered."""
+    return _span_contexts.get(task_id)
+
+
+def _remember(task_id: str, span_context: SpanContext) -> None:
+    contexts = _span_contexts
+    if len(contexts) >= SPAN_CONTEXTS_LIMIT:
+        with suppress(StopIteration, KeyError, RuntimeError):  # racing threads
+            del contexts[next(iter(contexts))]
+    contexts[task_id] = span_context
+
+
+class _TaskTrace:
+    """Per-task tracing state, kept in ``SpawnHandle._trace``."""
+
+    __slots__ = ("active_count", "conversation_id", "ctx", "running", "span", "started_at")
+
+    def __init__(self, span: trace.Span | None, ctx: Context, conversation_id: str) -> None:
+        self.span = span
+        self.ctx = ctx
+        self.conversation_id = conversation_id
+        self.running = False
+        self.started_at = 0.0
+        self.active_count: metrics.UpDownCounter | None = None  # incremented at start
+
+
+class Telemetry:
+    """One manager's tracer and metric instruments, and the hooks it calls.
+
+    Args:
+        tracing: ``False`` turns spans and metrics off entirely.
+        capture_content: record prompts and outputs on spans (off by default).
+        tracer_provider: default: the global one (``opentelemetry.trace``).
+        meter_provider: default: the global one (``opentelemetry.metrics``).
+    """
+
+    __slots__ = (
+        "_active_count",
+        "_duration",
+        "_fixed_meter_provider",
+        "_fixed_tracer_provider",
+        "_queue_wait",
+        "_seen",
+        "_tracer",
+        "_tracing",
+        "_watchdog",
+        "active",
+        "capture_content",
+    )
+
+    def __init__(
+        self,
+        *,
+        tracing: bool = True,
+        capture_content: bool = False,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        self.capture_content = capture_content
+        self._tracing = tracing
+        self._fixed_tracer_provider = tracer_provider
+        self._fixed_meter_provider = meter_provider
+        self._seen: tuple[object, object] = (None, None)
+        self._tracer: trace.Tracer | None = None
+        self._duration: metrics.Histogram | None = None
+        self._active_count: metrics.UpDownCounter | None = None
+        self._queue_wait: metrics.Histogram | None = None
+        self._watchdog: metrics.Counter | None = None
+        self.active = False
+        """True when spans or metrics are recorded (the manager skips every hook otherwise)."""
+        if tracing:
+            self._resolve(*self._providers())
+
+    @classmethod
+    def from_config(cls, config: SubagentConfig) -> Telemetry:
+        """Build from ``config.tracing`` / ``config.capture_content`` and global providers."""
+        return cls(tracing=config.tracing, capture_content=config.capture_content)
+
+    def _providers(self) -> tuple[trace.TracerProvider, metrics.MeterProvider]:
+        tp = self._fixed_tracer_provider
+        mp = self._fixed_meter_provider
+        return (
+            tp if tp is not None else trace.get_tracer_provider(),
+            mp if mp is not None else metrics.get_meter_provider(),
+        )
+
+    def enabled(self) -> bool:
+        """Whether to trace a new spawn: tracing is on and a real provider is installed.
+
+        Called once per spawn, so it only compares the API's two global slots with what
+        it saw last time; a provider the application installs later is picked up by the
+        next spawn.
+        """
+        if not self._tracing:
+            return False
+        seen = self._seen
+        if _FAST_MARKS:
+            if (
+                _trace_module._TRACER_PROVIDER is not seen[0]
+                or _metrics_internal._METER_PROVIDER is not seen[1]
+            ):
+                self._resolve(*self._providers())
+        else:
+            marks = _global_marks()
+            if marks[0] is not seen[0] or marks[1] is not seen[1]:
+                self._resolve(*self._providers())
+        return self.active
+
+    def _resolve(self, tp: trace.TracerProvider, mp: metrics.MeterProvider) -> None:
+        self._seen = _global_marks()
+        self._tracer = tp.get_tracer(INSTRUMENTATION) if _is_real_tracer_provider(tp) else None
+        self._duration = self._active_count = self._queue_wait = self._watchdog = None
+        if _is_real_meter_provider(mp):
+            meter = mp.get_meter(INSTRUMENTATION)
+            self._duration = meter.create_histogram(
+                "gen_ai.invoke_agent.duration",
+                unit="s",
+                description="Run time of a subagent (from its start, queue excluded).",
+            )
+            self._active_count = meter.create_up_down_counter(
+                "subagents.active", unit="{agent}", description="Subagents running now."
+            )
+            self._queue_wait = meter.create_histogram(
+                "subagents.queue.wait",
+                unit="s",
+                description="Time a spawned subagent waited for a concurrency slot.",
+            )
+            self._watchdog = meter.create_counter(
+                "subagents.watchdog.fired",
+                unit="{agent}",
+                description="Subagents stopped by their watchdog.",
+            )
+        self.active = self._tracer is not None or self._duration is not None
+
+    # ----------------------------------------------------------------- manager hooks
+
+    def start(self, handle: SpawnHandle, parent: SpawnHandle | None) -> _TaskTrace | None:
+        """At spawn time, in the caller's task: capture its context and open the span.
+
+        Never raises: if the tracing machinery fails, the task runs untraced.
+        """
+        try:
+            return self._start(handle, parent)
+        except Exception:
+            logger.exception(
+                "tracing the spawn of task %s failed; it runs untraced", handle.task_id
+            )
+            return None
+
+    def _start(self, handle: SpawnHandle, parent: SpawnHandle | None) -> _TaskTrace:
+        captured = context.get_current()
+        parent_trace = parent._trace if parent is not None else None
+        if isinstance(parent_trace, _TaskTrace):
+            conversation_id = parent_trace.conversation_id
+        else:
+            conversation_id = _root_session(handle)
+        span: trace.Span | None = None
+        ctx = captured
+        if self._tracer is not None:
+            spec = handle._spec
+            request = handle._request
+            attributes: dict[str, AttributeValue] = {
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": spec.name,
+                "gen_ai.agent.id": handle.task_id,
+                "gen_ai.agent.description": spec.description,
+                "gen_ai.conversation.id": conversation_id,
+                "subagents.task_id": handle.task_id,
+                "subagents.agent_path": str(handle.agent_path),
+                "subagents.parent_path": str(handle.parent_path),
+                "subagents.session_id": handle.session_id,
+                "subagents.mode": "execute" if handle.sync else "spawn",
+            }
+            model = request.model if request.model is not None else spec.model
+            if model:
+                attributes["gen_ai.request.model"] = model
+            if spec.provider:
+                attributes["gen_ai.provider.name"] = spec.provider
+            if self.capture_content:
+                _content_attributes(attributes, request)
+            span = self._tracer.start_span(
+                f"invoke_agent {spec.name}",
+                context=captured,
+                kind=SpanKind.INTERNAL,
+                attributes=attributes,
+            )
+            _remember(handle.task_id, span.get_span_context())
+            ctx = trace.set_span_in_context(span, captured)
+        ctx = baggage.set_baggage(BAGGAGE_CONVERSATION_ID, conversation_id, ctx)
+        ctx = baggage.set_baggage(BAGGAGE_AGENT_PATH, str(handle.agent_path), ctx)
+        ctx = baggage.set_baggage(BAGGAGE_TASK_ID, handle.task_id, ctx)
+        ctx = context.set_value(_TELEMETRY_KEY, self, ctx)
+        return _TaskTrace(span, ctx, conversation_id)
+
+    def queued(self, handle: SpawnHandle) -> None:
+        """A spawn entered the queue. Never raises."""
+        state = handle._trace
+        if isinstance(state, _TaskTrace) and state.span is not None:
+            try:
+                state.span.add_event(
+                    EVENT_QUEUED, {"subagents.queue_position": handle.queue_position}
+                )
+            except Exception:
+                logger.exception("tracing the queueing of task %s failed", handle.task_id)
+
+    async def run(
+        self,
+        backend: Callable[[AgentSpec, Request, RunContext], Awaitable[Result]],
+        handle: SpawnHandle,
+        ctx: RunContext,
+    ) -> Result:
+        """Run ``backend`` for ``handle`` with the spawn-time context attached."""
+        state = handle._trace
+        assert isinstance(state, _TaskTrace)
+        try:
+            self._started(handle, state)
+        except Exception:
+            logger.exception("tracing the start of task %s failed", handle.task_id)
+        token = context.attach(state.ctx)
+        try:
+            return await backend(handle._spec, handle._request, ctx)
+        finally:
+            context.detach(token)
+
+    def _started(self, handle: SpawnHandle, state: _TaskTrace) -> None:
+        state.running = True
+        state.started_at = perf_counter()
+        queue_s = 0.0 if handle._started_at is None else handle._started_at - handle._spawned_at
+        if state.span is not None:
+            state.span.add_event(EVENT_STARTED)
+            state.span.set_attribute("subagents.queue_ms", int(queue_s * 1000))
+        if self._active_count is not None:
+            agent = {"gen_ai.agent.name": handle._spec.name}
+            state.active_count = self._active_count
+            self._active_count.add(1, agent)
+            if self._queue_wait is not None and not handle.sync:
+                self._queue_wait.record(max(queue_s, 0.0), agent)
+
+    def finish(self, handle: SpawnHandle, envelope: DelegateResult) -> None:
+        """The one envelope of ``handle`` exists: close the span, record the metrics.
+
+        Never raises (it runs on the delivery path of the envelope).
+        """
+        state = handle._trace
+        if not isinstance(state, _TaskTrace):
+            return
+        try:
+            self._finish(handle, state, envelope)
+        except Exception:
+            logger.exception("tracing the end of task %s failed", handle.task_id)
+
+    def _finish(self, handle: SpawnHandle, state: _TaskTrace, envelope: DelegateResult) -> None:
+        status = envelope.status.value
+        failed = status != "completed"
+        error_type = (envelope.error_type or status) if failed else ""
+        span = state.span
+        if span is not None:
+            usage = envelope.usage
+            attributes: dict[str, AttributeValue] = {
+                "gen_ai.usage.input_tokens": usage.input_tokens,
+                "gen_ai.usage.output_tokens": usage.output_tokens,
+                "subagents.status": status,
+                "subagents.iterations": envelope.iterations,
+                "subagents.queue_ms": envelope.queue_ms,
+            }
+            if envelope.attempts != 1:
+                attributes["subagents.attempts"] = envelope.attempts
+            if failed:
+                attributes["error.type"] = error_type
+            if self.capture_content and envelope.output:
+                attributes["gen_ai.output.messages"] = dumps_str(
+                    [
+                        {
+                            "role": "assistant",
+                            "parts": [{"type": "text", "content": envelope.output}],
+                        }
+                    ]
+                )
+            span.set_attributes(attributes)
+            if status == "timeout":
+                span.add_event(EVENT_WATCHDOG, {"subagents.timeout_s": handle._timeout or 0.0})
+                span.set_status(StatusCode.ERROR, envelope.error)
+            elif status == "error":
+                span.add_event(
+                    "exception",
+                    {"exception.type": error_type, "exception.message": envelope.error},
+                )
+                span.set_status(StatusCode.ERROR, envelope.error)
+            span.end()
+            state.span = None  # the manager keeps handles; do not keep ended spans alive
+        state.ctx = _EMPTY_CONTEXT
+        agent = {"gen_ai.agent.name": handle._spec.name}
+        if state.active_count is not None:
+            state.active_count.add(-1, agent)
+            state.active_count = None
+        if self._duration is not None:
+            if state.running:
+                elapsed = perf_counter() - state.started_at
+            else:
+                elapsed = envelope.duration_ms / 1000
+            attrs: dict[str, AttributeValue] = {
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": handle._spec.name,
+            }
+            if failed:
+                attrs["error.type"] = error_type
+            self._duration.record(elapsed, attrs)
+            if status == "timeout" and self._watchdog is not None:
+                self._watchdog.add(1, agent)
+        state.running = False
+
+
+def _root_session(handle: SpawnHandle) -> str:
+    """The session at the top of ``handle``'s tree (a child's session is its task id)."""
+    tasks = handle._manager._tasks
+    session = handle.session_id
+    owner = tasks.get(session)
+    while owner is not None and owner.session_id != session:
+        session = owner.session_id
+        owner = tasks.get(session)
+    return session
+
+
+def _content_attributes(attributes: dict[str, AttributeValue], request: Request) -> None:
+    if request.prompt:
+        attributes["gen_ai.system_instructions"] = dumps_str(
+            [{"type": "text", "content": request.prompt}]
+        )
+    attributes["gen_ai.input.messages"] = dumps_str(
+        [{"role": "user", "parts": [{"type": "text", "content": request.input}]}]
+    )
+
+
+# --------------------------------------------------------------------- tool spans
+
+_global_tracer_cache: list[object] = [None, None]  # [provider, tracer]
+
+
+def _global_tracer() -> trace.Tracer | None:
+    provider = trace.get_tracer_provider()
+    cache = _global_tracer_cache
+    if cache[0] is provider:
+        tracer = cache[1]
+        return tracer if isinstance(tracer, trace.Tracer) else None
+    tracer = provider.get_tracer(INSTRUMENTATION) if _is_real_tracer_provider(provider) else None
+    cache[0], cache[1] = provider, tracer
+    return tracer
 
 
 class ToolSpan:
-    """The span of one tool call, as the tools see it."""
+    """The span of one tool call, as the tools see it.
+
+    Without tracing every method is a no-op, so tools call them unconditionally.
+    """
+
+    __slots__ = ("_span",)
+
+    def __init__(self, span: trace.Span | None = None) -> None:
+        self._span = span
+
+    @property
+    def recording(self) -> bool:
+        """True when a real span records what is set on it."""
+        return self._span is not None and self._span.is_recording()
 
     def set_attribute(self, key: str, value: str | int | float | bool) -> None:
         """Attach an attribute to the span (no-op without tracing)."""
+        if self._span is not None:
+            self._span.set_attribute(key, value)
+
+    def set_error(self, error_type: str, message: str = "") -> None:
+        """Mark the call failed (an error returned to the model as data)."""
+        if self._span is not None:
+            self._span.set_attribute("error.type", error_type)
+            self._span.set_status(StatusCode.ERROR, message or None)
 
     def link_tasks(self, task_ids: Iterable[str]) -> None:
-        """Link this span to the ``invoke_agent`` spans of the given tasks."""
+        """Link this span to the ``invoke_agent`` spans of the given tasks.
+
+        Unknown task ids (or ones evicted from the bounded map) are skipped.
+        """
+        span = self._span
+        if span is None:
+            return
+        for task_id in task_ids:
+            span_context = _span_contexts.get(task_id)
+            if span_context is not None:
+                span.add_link(span_context, {"subagents.task_id": task_id})
+
+
+_NO_TOOL_SPAN: Final = ToolSpan()
 
 
 @contextmanager
@@ -29,11 +499,56 @@ def tool_span(
     call_id: str | None = None,
     transfer_target: str | None = None,
 ) -> Iterator[ToolSpan]:
-    """Wrap one tool execution in an ``execute_tool {tool}`` span.
+    """Wrap one tool execution in an ``execute_tool {tool}`` span (kind INTERNAL).
+
+    The span is current inside the block, so a child spawned there is its child. Inside a
+    subagent the tracer is its manager's (honouring ``SubagentConfig.tracing``); elsewhere
+    the global provider's. An exception escaping the block is recorded and sets status
+    ERROR; cancellation is not an error.
 
     Args:
         tool: the tool's name.
         call_id: the host's tool-call id, when it passes one.
         transfer_target: for spawn/delegate, the target agent's name.
     """
-    yield ToolSpan()
+    current = context.get_current()
+    telemetry = context.get_value(_TELEMETRY_KEY, current)
+    tracer = telemetry._tracer if isinstance(telemetry, Telemetry) else _global_tracer()
+    if tracer is None:
+        yield _NO_TOOL_SPAN
+        return
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.type": "function",
+    }
+    if call_id:
+        attributes["gen_ai.tool.call.id"] = call_id
+    if transfer_target:
+        attributes["gen_ai.transfer.mode"] = "return_to_caller"
+        attributes["gen_ai.transfer.target.name"] = transfer_target
+        attributes["gen_ai.transfer.target.type"] = "agent"
+    conversation_id = baggage.get_baggage(BAGGAGE_CONVERSATION_ID, current)
+    if isinstance(conversation_id, str):
+        attributes["gen_ai.conversation.id"] = conversation_id
+    with tracer.start_as_current_span(
+        f"execute_tool {tool}",
+        kind=SpanKind.INTERNAL,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield ToolSpan(span)
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_attribute("error.type", _qualified_name(exc))
+            span.set_status(StatusCode.ERROR, str(exc) or None)
+            raise
+
+
+def _qualified_name(exc: BaseException) -> str:
+    cls = type(exc)
+    if cls.__module__ in ("builtins", "__main__"):
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"

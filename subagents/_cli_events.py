@@ -1,0 +1,184 @@
+"""``subagents events tail FILE`` and ``subagents events summary FILE``.
+
+Both read the JSONL event log a :class:`JsonlSink` writes. ``tail`` prints one
+human-readable line per event and keeps following the file; ``summary`` prints counts by
+status and agent, p50/p95/max durations, tokens by agent, the slowest and failed tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from ._event_summary import summarize_events
+from ._events import COMPLETED, MISSED, PROGRESS, SPAWNED, STARTED, Event
+from ._json import dumps_str
+from ._jsonl import EventFollower, read_events
+
+__all__ = ["format_event", "register", "tail"]
+
+
+def register(commands: Any) -> None:
+    """Add the ``events`` command (``tail``, ``summary``) to an argparse subparsers object."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "events", help="read a JSONL lifecycle event log (tail, summary)"
+    )
+    sub = parser.add_subparsers(dest="events_command", required=True, metavar="SUBCOMMAND")
+
+    tail_parser = sub.add_parser("tail", help="print one line per event and follow the file")
+    tail_parser.add_argument("file", help="the JSONL event log")
+    tail_parser.add_argument(
+        "--no-follow", action="store_true", help="print what the file holds, then exit"
+    )
+    tail_parser.add_argument(
+        "--from-end", action="store_true", help="skip what the file already holds"
+    )
+    tail_parser.add_argument(
+        "--interval", type=float, default=0.25, help="seconds between polls (default 0.25)"
+    )
+    tail_parser.add_argument(
+        "--max-events", type=int, default=None, help="exit after printing this many events"
+    )
+    tail_parser.set_defaults(func=_run_tail)
+
+    summary_parser = sub.add_parser(
+        "summary", help="counts, durations, tokens, slowest and failed tasks"
+    )
+    summary_parser.add_argument("file", help="the JSONL event log")
+    summary_parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    summary_parser.add_argument(
+        "--slowest", type=int, default=5, help="how many slowest tasks to list (default 5)"
+    )
+    summary_parser.set_defaults(func=_run_summary)
+
+
+def _when(timestamp_ms: int) -> str:
+    moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    return moment.strftime("%H:%M:%S.") + f"{timestamp_ms % 1000:03d}"
+
+
+def format_event(event: Event) -> str:
+    """One human-readable line for an event."""
+    data = event.data
+    head = f"{_when(event.timestamp_ms)} #{event.seq:<5} {event.type.removeprefix('subagent.'):<9}"
+    where = f"{event.agent_path or '-'} [{event.task_id}]"
+    if event.type == SPAWNED:
+        detail = f"agent={data.get('agent')} mode={data.get('mode')}"
+        timeout = data.get("timeout_s")
+        if timeout is not None:
+            detail += f" timeout={timeout}s"
+    elif event.type == STARTED:
+        detail = f"queued {data.get('queue_ms', 0)} ms"
+    elif event.type == PROGRESS:
+        usage = data.get("usage")
+        tokens = (
+            f" tokens {usage.get('input_tokens', 0)}/{usage.get('output_tokens', 0)}"
+            if isinstance(usage, dict)
+            else ""
+        )
+        detail = (
+            f"iterations={data.get('iterations', 0)} output={data.get('output_chars', 0)} chars"
+            + tokens
+        )
+    elif event.type == COMPLETED:
+        usage = data.get("usage")
+        detail = f"{data.get('status')} in {data.get('duration_ms', 0)} ms"
+        if isinstance(usage, dict) and (usage.get("input_tokens") or usage.get("output_tokens")):
+            detail += f" tokens {usage.get('input_tokens', 0)}/{usage.get('output_tokens', 0)}"
+        if data.get("error"):
+            error = str(data.get("error")).replace("\n", " ")
+            detail += f" · {error[:200]}"
+    elif event.type == MISSED:
+        where = "-"
+        detail = (
+            f"{data.get('missed')} events dropped (seq {data.get('first_seq')}"
+            f"..{data.get('last_seq')})"
+        )
+    else:
+        detail = dumps_str(data)[:200]
+    return f"{head} {where}  {detail}"
+
+
+def tail(
+    path: str,
+    *,
+    out: TextIO,
+    follow: bool = True,
+    from_end: bool = False,
+    interval: float = 0.25,
+    max_events: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Print the log's events as lines to ``out``; returns how many were printed.
+
+    With ``follow``, keeps polling every ``interval`` seconds (blocking the thread) until
+    ``max_events`` were printed or the process is interrupted.
+    """
+    follower = EventFollower(path, from_start=not from_end)
+    printed = 0
+    while True:
+        batch = follower.poll() if follow else follower.finish()
+        for event in batch:
+            out.write(format_event(event) + "\n")
+            printed += 1
+            if max_events is not None and printed >= max_events:
+                out.flush()
+                return printed
+        out.flush()
+        if not follow:
+            return printed
+        sleep(interval)
+
+
+def _run_tail(args: argparse.Namespace) -> int:
+    if args.no_follow and not _exists(args.file):
+        print(f"subagents events tail: no such file: {args.file}", file=sys.stderr)
+        return 1
+    try:
+        tail(
+            args.file,
+            out=sys.stdout,
+            follow=not args.no_follow,
+            from_end=args.from_end,
+            interval=max(args.interval, 0.01),
+            max_events=args.max_events,
+        )
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `... | head`: the reader left; not an error
+        _silence_stdout()
+        return 0
+    return 0
+
+
+def _run_summary(args: argparse.Namespace) -> int:
+    try:
+        summary = summarize_events(read_events(args.file), slowest=max(args.slowest, 0))
+    except OSError as exc:
+        print(f"subagents events summary: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(dumps_str(summary.to_dict()))
+    else:
+        print(summary.format())
+    return 0
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout again at exit; point it at devnull so that flush cannot fail.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _exists(path: str) -> bool:
+    try:
+        with open(path, "rb"):
+            return True
+    except OSError:
+        return False

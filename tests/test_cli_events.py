@@ -1,0 +1,174 @@
+"""``subagents events tail`` and ``subagents events summary``."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from subagents import DelegateResult, Event, Status, Usage
+from subagents._cli import main
+from subagents._cli_events import format_event, tail
+from subagents._event_summary import percentile, summarize_events
+from subagents._events import COMPLETED, MISSED, SPAWNED, STARTED
+from subagents._json import loads
+
+_seq = iter(range(1, 10_000))
+
+
+def ev(type: str, task: str, data: dict[str, object] | None = None, path: str = "") -> Event:
+    return Event(
+        type=type,
+        seq=next(_seq),
+        timestamp_ms=1_700_000_000_000,
+        session_id="root",
+        task_id=task,
+        agent_path=path or f"/root/{task}",
+        data=data or {},  # type: ignore[arg-type]
+    )
+
+
+def done(task: str, agent: str, status: Status, ms: int, tokens: int = 0) -> Event:
+    envelope = DelegateResult(
+        agent=agent,
+        task_id=task,
+        status=status,
+        output="out",
+        error="" if status is Status.COMPLETED else f"{status.value} happened\nsecond line",
+        error_type="" if status is Status.COMPLETED else f"{status.value}-type",
+        duration_ms=ms,
+        usage=Usage(input_tokens=tokens, output_tokens=2 * tokens),
+        agent_path=f"/root/{task}",
+        parent_path="/root",
+    )
+    return ev(COMPLETED, task, envelope.to_dict())
+
+
+def write_log(path: Path, events: list[Event], tail_bytes: bytes = b"") -> None:
+    path.write_bytes(b"".join(e.to_json() + b"\n" for e in events) + tail_bytes)
+
+
+def sample() -> list[Event]:
+    events = [ev(SPAWNED, f"a{i}", {"agent": "alpha", "mode": "spawn"}) for i in range(10)]
+    events.append(ev(SPAWNED, "b0", {"agent": "beta", "mode": "spawn"}))
+    events.append(ev(SPAWNED, "lost", {"agent": "beta", "mode": "spawn"}))
+    events.append(ev(STARTED, "a0", {"queue_ms": 3}))
+    for i in range(10):
+        status = Status.COMPLETED if i < 8 else Status.ERROR
+        events.append(done(f"a{i}", "alpha", status, ms=10 * (i + 1), tokens=i))
+    events.append(done("b0", "beta", Status.TIMEOUT, ms=500, tokens=100))
+    events.append(ev(MISSED, "", {"missed": 4, "first_seq": 1, "last_seq": 4}, path="-"))
+    return events
+
+
+def test_percentile_nearest_rank() -> None:
+    assert percentile([], 50) == 0
+    assert percentile([7], 95) == 7
+    values = list(range(10, 101, 10))
+    assert percentile(values, 50) == 50
+    assert percentile(values, 95) == 100
+    assert percentile(list(range(1, 101)), 95) == 95
+
+
+def test_summary_numbers() -> None:
+    summary = summarize_events(sample(), slowest=3)
+    assert summary.completed == 11
+    assert summary.unfinished == ["lost"]
+    assert summary.missed == 4
+    assert summary.by_status == {"completed": 8, "error": 2, "timeout": 1}
+    assert summary.by_agent == {"alpha": {"completed": 8, "error": 2}, "beta": {"timeout": 1}}
+    alpha = summary.latency_by_agent["alpha"]
+    assert (alpha.p50_ms, alpha.p95_ms, alpha.max_ms, alpha.count) == (50, 100, 100, 10)
+    assert summary.latency.max_ms == 500
+    assert summary.tokens_by_agent["alpha"] == {"input_tokens": 45, "output_tokens": 90}
+    assert summary.tokens_by_agent["beta"] == {"input_tokens": 100, "output_tokens": 200}
+    assert [t.task_id for t in summary.slowest] == ["b0", "a9", "a8"]
+    assert [(t.task_id, t.status) for t in summary.failed] == [
+        ("a8", "error"),
+        ("a9", "error"),
+        ("b0", "timeout"),
+    ]
+    assert summary.failed[2].error_type == "timeout-type"
+
+
+def test_cli_summary_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "events.jsonl"
+    write_log(path, sample(), tail_bytes=b'{"type": "subagent.comp')
+    assert main(["events", "summary", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "completed 8, error 2, timeout 1" in text
+    assert "alpha: completed 8, error 2 · p50 50 ms · p95 100 ms · max 100 ms" in text
+    assert "tokens in 45 / out 90" in text
+    assert "b0  /root/b0  timeout (timeout-type)  timeout happened second line" in text
+    assert "unfinished: lost" in text
+    assert main(["events", "summary", str(path), "--json", "--slowest", "1"]) == 0
+    data = loads(capsys.readouterr().out)
+    assert isinstance(data, dict)
+    assert data["by_status"] == {"completed": 8, "error": 2, "timeout": 1}
+    assert data["latency"] == {"count": 11, "p50_ms": 60, "p95_ms": 500, "max_ms": 500}
+    assert data["slowest"] == [
+        {
+            "task_id": "b0",
+            "agent": "beta",
+            "agent_path": "/root/b0",
+            "status": "timeout",
+            "duration_ms": 500,
+            "error_type": "timeout-type",
+            "error": "timeout happened\nsecond line",
+        }
+    ]
+
+
+def test_cli_summary_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["events", "summary", str(tmp_path / "nope.jsonl")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_cli_tail_no_follow(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "events.jsonl"
+    events = sample()
+    write_log(path, events, tail_bytes=b'{"type"')
+    assert main(["events", "tail", str(path), "--no-follow"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(events)
+    assert "spawned" in lines[0]
+    assert "/root/a0 [a0]" in lines[0]
+    assert "agent=alpha" in lines[0]
+    assert "queued 3 ms" in lines[12]
+    assert "completed in 10 ms" in lines[13]
+    last_done = lines[-2]
+    assert "timeout in 500 ms tokens 100/200" in last_done
+    assert "timeout happened second line" in last_done
+    assert "4 events dropped" in lines[-1]
+    assert main(["events", "tail", str(tmp_path / "nope"), "--no-follow"]) == 1
+
+
+def test_tail_follows_appended_lines(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    first = ev(SPAWNED, "x", {"agent": "alpha", "mode": "spawn"})
+    later = [ev(STARTED, "x", {"queue_ms": 0}), done("x", "alpha", Status.COMPLETED, 5)]
+    write_log(path, [first])
+    pending = later[1].to_json() + b"\n"
+    polls: list[float] = []
+
+    def fake_sleep(seconds: float) -> None:
+        # Each poll interval, the "runtime" appends a little more: a line, then half a line.
+        polls.append(seconds)
+        with path.open("ab") as f:
+            if len(polls) == 1:
+                f.write(later[0].to_json() + b"\n" + pending[:8])
+            elif len(polls) == 2:
+                f.write(pending[8:])
+
+    out = io.StringIO()
+    printed = tail(str(path), out=out, follow=True, interval=0.5, max_events=3, sleep=fake_sleep)
+    assert printed == 3
+    assert polls == [0.5, 0.5]
+    lines = out.getvalue().splitlines()
+    assert [line.split()[2] for line in lines] == ["spawned", "started", "completed"]
+
+
+def test_format_event_unknown_type() -> None:
+    text = format_event(ev("custom.kind", "z", {"k": 1}))
+    assert '{"k":1}' in text

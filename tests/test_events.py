@@ -1,0 +1,179 @@
+"""Lifecycle events: the schema, the bus, and bounded async streams that report overflow."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from subagents import (
+    AgentSpec,
+    Event,
+    EventBus,
+    EventStream,
+    Request,
+    Result,
+    RunContext,
+    SubagentConfig,
+    SubagentManager,
+    Usage,
+)
+from subagents._events import COMPLETED, MISSED, PROGRESS, SPAWNED, STARTED
+
+LONG = "x" * 5000
+
+
+async def work(request: Request, ctx: RunContext) -> Result:
+    ctx.report(append="partial", iterations=1)
+    return Result(output=LONG, usage=Usage(input_tokens=1, output_tokens=2), iterations=2)
+
+
+def publish(bus: EventBus, n: int, task: str = "t") -> None:
+    for _ in range(n):
+        bus.publish(PROGRESS, session_id="root", task_id=task, agent_path="/root/a")
+
+
+def test_event_round_trip() -> None:
+    event = Event(
+        type=COMPLETED,
+        seq=3,
+        timestamp_ms=1700000000123,
+        session_id="root",
+        task_id="abc",
+        agent_path="/root/a",
+        data={"status": "completed", "usage": {"input_tokens": 1}},
+    )
+    assert Event.from_dict(event.to_dict()) == event
+    with pytest.raises(ValueError, match="seq"):
+        Event.from_dict({**event.to_dict(), "seq": "3"})
+    with pytest.raises(ValueError, match="task_id"):
+        Event.from_dict({k: v for k, v in event.to_dict().items() if k != "task_id"})
+    with pytest.raises(ValueError, match="data"):
+        Event.from_dict({**event.to_dict(), "data": [1]})
+    with pytest.raises(ValueError, match="seq"):
+        Event.from_dict({**event.to_dict(), "seq": True})
+
+
+@pytest.mark.anyio
+async def test_stream_sees_lifecycle_with_full_envelope() -> None:
+    agents = [AgentSpec(name="worker", description="d", runner=work)]
+    async with SubagentManager(agents) as manager, manager.events.stream() as events:
+        handle = manager.spawn("worker", "go")
+        await handle.wait()
+        received = []
+        while True:
+            try:
+                received.append(events.receive_nowait())
+            except anyio.WouldBlock:
+                break
+    assert [e.type for e in received] == [SPAWNED, STARTED, PROGRESS, COMPLETED]
+    assert [e.seq for e in received] == sorted({e.seq for e in received})
+    for e in received:
+        assert e.task_id == handle.task_id
+        assert e.session_id == "root"
+        assert e.agent_path == "/root/worker"
+        assert e.timestamp_ms > 0
+    completed = received[-1].data
+    envelope = await handle.wait()
+    assert completed == envelope.to_dict()
+    assert completed["output"] == LONG  # untruncated
+    assert completed["usage"] == {"input_tokens": 1, "output_tokens": 2}
+
+
+def test_stream_overflow_reports_missed_count() -> None:
+    bus = EventBus()
+    stream = bus.stream(max_buffer=2)
+    publish(bus, 5)
+    first, second, marker = (stream.receive_nowait() for _ in range(3))
+    assert (first.seq, second.seq) == (1, 2)
+    assert marker.type == MISSED
+    assert marker.data == {"missed": 3, "first_seq": 3, "last_seq": 5}
+    assert stream.missed == 3
+    with pytest.raises(anyio.WouldBlock):
+        stream.receive_nowait()
+    publish(bus, 1)
+    assert stream.receive_nowait().seq == 6
+    stream.close()
+    with pytest.raises(anyio.EndOfStream):
+        stream.receive_nowait()
+
+
+def test_marker_sits_at_the_gap() -> None:
+    bus = EventBus()
+    stream = bus.stream(max_buffer=2)
+    publish(bus, 3)  # 3 is dropped
+    assert stream.receive_nowait().seq == 1
+    publish(bus, 1)  # room again: marker for 3, then 4
+    got = [stream.receive_nowait() for _ in range(3)]
+    assert [(e.type, e.seq) for e in got] == [(PROGRESS, 2), (MISSED, 3), (PROGRESS, 4)]
+    assert got[1].data["missed"] == 1
+
+
+def test_stream_rejects_bad_buffer() -> None:
+    bus = EventBus()
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="max_buffer"):
+            bus.stream(max_buffer=bad)  # type: ignore[arg-type]
+    assert not bus.active
+
+
+@pytest.mark.anyio
+async def test_async_iteration_wakes_and_ends_on_close() -> None:
+    bus = EventBus()
+    stream: EventStream = bus.stream()
+    seen: list[int] = []
+
+    async def consume() -> None:
+        async for event in stream:
+            seen.append(event.seq)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        await anyio.wait_all_tasks_blocked()
+        publish(bus, 2)
+        await anyio.wait_all_tasks_blocked()
+        assert seen == [1, 2]
+        publish(bus, 1)
+        await anyio.wait_all_tasks_blocked()
+        await stream.aclose()
+    assert seen == [1, 2, 3]
+    assert stream.closed
+    assert not bus.active  # unsubscribed
+
+
+@pytest.mark.anyio
+async def test_slow_consumer_never_blocks_the_runtime() -> None:
+    agents = [AgentSpec(name="worker", description="d", runner=work)]
+    config = SubagentConfig(max_concurrent_spawns=8)
+    manager = SubagentManager(agents, config=config)
+    async with manager, manager.events.stream(max_buffer=4) as events:
+        handles = [manager.spawn("worker") for _ in range(50)]
+        for handle in handles:
+            await handle.wait()  # nobody reads the stream meanwhile
+        got = [events.receive_nowait() for _ in range(5)]
+        assert [e.type for e in got[:4]] == [SPAWNED] * 4
+        assert got[4].type == MISSED
+        assert got[4].data["missed"] == 200 - 4
+        assert events.missed == 196
+
+
+@pytest.mark.anyio
+async def test_cancelled_receive_loses_nothing() -> None:
+    bus = EventBus()
+    async with bus.stream() as stream:
+        with anyio.move_on_after(0.01):
+            await stream.receive()
+        publish(bus, 1)
+        assert (await stream.receive()).seq == 1
+
+
+def test_raising_subscriber_does_not_stop_others(caplog: pytest.LogCaptureFixture) -> None:
+    bus = EventBus()
+
+    def boom(event: Event) -> None:
+        raise RuntimeError("subscriber bug")
+
+    bus.subscribe(boom)
+    stream = bus.stream()
+    publish(bus, 1)
+    assert stream.receive_nowait().seq == 1
+    assert "subscriber" in caplog.text

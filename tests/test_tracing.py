@@ -1,0 +1,561 @@
+"""OpenTelemetry spans: names, kinds, parentage, attributes, links, baggage, metrics.
+
+The global tracer provider can be set only once per process, so this module installs an
+SDK provider if none is set (and unsets it again afterwards), or reuses the SDK one another
+module installed, and adds a gated in-memory exporter that only records while these tests
+run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator, Sequence
+
+import anyio
+import pytest
+from opentelemetry import baggage, trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from subagents import (
+    AgentSpec,
+    Request,
+    Result,
+    RunContext,
+    SpawnOptions,
+    SubagentConfig,
+    SubagentManager,
+    Usage,
+    _tracing,
+)
+from subagents._tracing import Telemetry, tool_span
+
+
+class _Gate(SpanProcessor):
+    """Forwards ended spans to the exporter only while open."""
+
+    def __init__(self, exporter: InMemorySpanExporter) -> None:
+        self.exporter = exporter
+        self.open = False
+
+    def on_start(self, span: object, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.open:
+            self.exporter.export([span])
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _reset_global_tracer_provider() -> None:
+    # What OpenTelemetry's own test utilities do: forget the global provider, so a later
+    # test module can install its own (the API allows setting it only once).
+    from opentelemetry.util._once import Once
+
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def _gate() -> Iterator[_Gate]:
+    installed_here = isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    if installed_here:
+        trace.set_tracer_provider(TracerProvider())
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):  # pragma: no cover - foreign provider
+        pytest.skip("a non-SDK tracer provider is installed globally")
+    gate = _Gate(InMemorySpanExporter())
+    provider.add_span_processor(gate)
+    gate.open = True
+    yield gate
+    gate.open = False
+    gate.exporter.clear()
+    if installed_here:
+        _reset_global_tracer_provider()
+
+
+@pytest.fixture
+def exporter(_gate: _Gate) -> InMemorySpanExporter:
+    _gate.exporter.clear()
+    return _gate.exporter
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer("tests")
+
+
+def spans_named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name == name]
+
+
+def one(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:
+    found = spans_named(exporter, name)
+    assert len(found) == 1, [s.name for s in exporter.get_finished_spans()]
+    return found[0]
+
+
+def parent_id(span: ReadableSpan) -> int | None:
+    return span.parent.span_id if span.parent is not None else None
+
+
+def span_id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.span_id
+
+
+def event_names(span: ReadableSpan) -> list[str]:
+    return [e.name for e in span.events]
+
+
+async def echo(request: Request, ctx: RunContext) -> Result:
+    return Result(output=f"echo {request.input}", usage=Usage(input_tokens=3, output_tokens=5))
+
+
+def spec(name: str, runner: object = echo, **kw: object) -> AgentSpec:
+    return AgentSpec(name=name, description=f"{name} agent", runner=runner, **kw)  # type: ignore[arg-type]
+
+
+def no_gen_ai_system(spans: Sequence[ReadableSpan]) -> None:
+    for s in spans:
+        assert s.attributes is not None
+        assert "gen_ai.system" not in s.attributes
+
+
+# --------------------------------------------------------------------------- spawn
+
+
+@pytest.mark.anyio
+async def test_spawn_span_is_child_of_spawn_time_span(exporter: InMemorySpanExporter) -> None:
+    # The worker that runs B was started while span "x" was current (by A's spawn); B was
+    # spawned under "y". B's span must hang under "y", not under whatever the worker inherited.
+    release = anyio.Event()
+
+    async def blocker(request: Request, ctx: RunContext) -> str:
+        await release.wait()
+        return "a"
+
+    agents = [spec("blocker", blocker), spec("general", model="m-1", provider="acme")]
+    async with SubagentManager(agents, config=SubagentConfig(max_concurrent_spawns=1)) as manager:
+        with tracer().start_as_current_span("x"):
+            a = manager.spawn("blocker", "first")
+        with tracer().start_as_current_span("y"):
+            b = manager.spawn("general", "second")
+        assert b.queue_position == 1
+        await anyio.wait_all_tasks_blocked()
+        release.set()
+        await b.wait()
+        await a.wait()
+
+    x, y = one(exporter, "x"), one(exporter, "y")
+    span_a = one(exporter, "invoke_agent blocker")
+    span_b = one(exporter, "invoke_agent general")
+    assert parent_id(span_a) == span_id(x)
+    assert parent_id(span_b) == span_id(y)
+    assert span_b.context is not None
+    assert y.context is not None
+    assert span_b.context.trace_id == y.context.trace_id
+    assert span_b.kind is SpanKind.INTERNAL
+    attrs = dict(span_b.attributes or {})
+    assert attrs["gen_ai.operation.name"] == "invoke_agent"
+    assert attrs["gen_ai.agent.name"] == "general"
+    assert attrs["gen_ai.agent.id"] == b.task_id
+    assert attrs["gen_ai.agent.description"] == "general agent"
+    assert attrs["gen_ai.conversation.id"] == "root"
+    assert attrs["gen_ai.request.model"] == "m-1"
+    assert attrs["gen_ai.provider.name"] == "acme"
+    assert attrs["gen_ai.usage.input_tokens"] == 3
+    assert attrs["gen_ai.usage.output_tokens"] == 5
+    assert attrs["subagents.task_id"] == b.task_id
+    assert attrs["subagents.agent_path"] == "/root/general"
+    assert attrs["subagents.parent_path"] == "/root"
+    assert attrs["subagents.status"] == "completed"
+    assert attrs["subagents.mode"] == "spawn"
+    assert isinstance(attrs["subagents.queue_ms"], int)
+    assert "error.type" not in attrs
+    assert span_b.status.status_code is StatusCode.UNSET
+    assert event_names(span_b) == ["queued", "started"]
+    assert span_b.events[0].attributes == {"subagents.queue_position": 1}
+    no_gen_ai_system(exporter.get_finished_spans())
+
+
+@pytest.mark.anyio
+async def test_nested_spawn_three_levels(exporter: InMemorySpanExporter) -> None:
+    seen: dict[str, object] = {}
+
+    async def level(request: Request, ctx: RunContext) -> Result:
+        depth = int(request.input)
+        if depth < 3:
+            child = ctx.spawn(f"l{depth + 1}", str(depth + 1))
+            await child.wait()
+        else:
+            seen["baggage"] = dict(baggage.get_all())
+            seen["span"] = trace.get_current_span().get_span_context().span_id
+            seen["task"] = ctx.task_id
+            seen["path"] = str(ctx.agent_path)
+            seen["root"] = _tracing._root_session(ctx._handle)
+        # Child usage never leaks into the parent's span.
+        return Result(output="ok", usage=Usage(input_tokens=depth, output_tokens=10 * depth))
+
+    agents = [spec("l1", level), spec("l2", level), spec("l3", level)]
+    async with SubagentManager(agents) as manager:
+        with tracer().start_as_current_span("caller"):
+            handle = manager.spawn("l1", "1", session_id="conv-7")
+        await handle.wait()
+
+    caller = one(exporter, "caller")
+    l1, l2, l3 = (one(exporter, f"invoke_agent l{i}") for i in (1, 2, 3))
+    assert parent_id(l1) == span_id(caller)
+    assert parent_id(l2) == span_id(l1)
+    assert parent_id(l3) == span_id(l2)
+    assert {s.context.trace_id for s in (caller, l1, l2, l3) if s.context} == {
+        caller.context.trace_id if caller.context else 0
+    }
+    for i, s in enumerate((l1, l2, l3), start=1):
+        attrs = dict(s.attributes or {})
+        assert attrs["gen_ai.conversation.id"] == "conv-7"
+        assert attrs["gen_ai.usage.input_tokens"] == i
+        assert attrs["gen_ai.usage.output_tokens"] == 10 * i
+    assert dict(l3.attributes or {})["subagents.agent_path"] == "/root/l1/l2/l3"
+    assert seen["span"] == span_id(l3)
+    assert seen["root"] == "conv-7"
+    assert seen["baggage"] == {
+        "gen_ai.conversation.id": "conv-7",
+        "subagents.agent_path": seen["path"],
+        "subagents.task_id": seen["task"],
+    }
+
+
+# --------------------------------------------------------------------------- delegate
+
+
+@pytest.mark.anyio
+async def test_execute_span(exporter: InMemorySpanExporter) -> None:
+    async with SubagentManager([spec("general")]) as manager:
+        with tracer().start_as_current_span("turn"):
+            envelope = await manager.execute("general", "hi", options=SpawnOptions(model="m-2"))
+    turn = one(exporter, "turn")
+    span = one(exporter, "invoke_agent general")
+    assert parent_id(span) == span_id(turn)
+    attrs = dict(span.attributes or {})
+    assert attrs["subagents.mode"] == "execute"
+    assert attrs["gen_ai.agent.id"] == envelope.task_id
+    assert attrs["gen_ai.request.model"] == "m-2"
+    assert "gen_ai.provider.name" not in attrs
+    assert event_names(span) == ["started"]
+    # Content is not captured by default.
+    assert not any(k.startswith(("gen_ai.input", "gen_ai.output", "gen_ai.system")) for k in attrs)
+
+
+@pytest.mark.anyio
+async def test_capture_content_flag(exporter: InMemorySpanExporter) -> None:
+    config = SubagentConfig(capture_content=True)
+    async with SubagentManager([spec("general", prompt="be brief")], config=config) as manager:
+        await manager.execute("general", "secret prompt")
+    attrs = dict(one(exporter, "invoke_agent general").attributes or {})
+    assert "secret prompt" in str(attrs["gen_ai.input.messages"])
+    assert "echo secret prompt" in str(attrs["gen_ai.output.messages"])
+    assert "be brief" in str(attrs["gen_ai.system_instructions"])
+    assert "gen_ai.system" not in attrs
+
+
+@pytest.mark.anyio
+async def test_tracing_disabled_by_config(exporter: InMemorySpanExporter) -> None:
+    async with SubagentManager([spec("general")], config=SubagentConfig(tracing=False)) as manager:
+        handle = manager.spawn("general")
+        await handle.wait()
+        assert handle._trace is None
+    assert spans_named(exporter, "invoke_agent general") == []
+
+
+# --------------------------------------------------------------------------- failures
+
+
+@pytest.mark.anyio
+async def test_timeout_span(exporter: InMemorySpanExporter) -> None:
+    async def stuck(request: Request, ctx: RunContext) -> str:
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async with SubagentManager([spec("stuck", stuck)]) as manager:
+        envelope = await manager.spawn("stuck", timeout=0.02).wait()
+    assert envelope.status == "timeout"
+    span = one(exporter, "invoke_agent stuck")
+    attrs = dict(span.attributes or {})
+    assert attrs["error.type"] == "timeout"
+    assert attrs["subagents.status"] == "timeout"
+    assert span.status.status_code is StatusCode.ERROR
+    assert event_names(span) == ["queued", "started", "watchdog.fired"]
+
+
+@pytest.mark.anyio
+async def test_error_span(exporter: InMemorySpanExporter) -> None:
+    async def broken(request: Request, ctx: RunContext) -> str:
+        raise ValueError("bad input")
+
+    async with SubagentManager([spec("broken", broken)]) as manager:
+        envelope = await manager.execute("broken")
+    assert envelope.status == "error"
+    span = one(exporter, "invoke_agent broken")
+    attrs = dict(span.attributes or {})
+    assert attrs["error.type"] == "ValueError"
+    assert span.status.status_code is StatusCode.ERROR
+    assert "bad input" in (span.status.description or "")
+    exc = [e for e in span.events if e.name == "exception"]
+    assert exc
+    assert dict(exc[0].attributes or {})["exception.type"] == "ValueError"
+
+
+@pytest.mark.anyio
+async def test_cancel_running_and_queued(exporter: InMemorySpanExporter) -> None:
+    started = anyio.Event()
+
+    async def waiting(request: Request, ctx: RunContext) -> str:
+        started.set()
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    config = SubagentConfig(max_concurrent_spawns=1)
+    async with SubagentManager([spec("waiting", waiting)], config=config) as manager:
+        running = manager.spawn("waiting", name="running")
+        queued = manager.spawn("waiting", name="queued")
+        await started.wait()
+        assert queued.cancel()
+        assert running.cancel()
+        assert (await running.wait()).status == "cancelled"
+        assert (await queued.wait()).status == "cancelled"
+
+    by_path = {
+        dict(s.attributes or {})["subagents.agent_path"]: s
+        for s in spans_named(exporter, "invoke_agent waiting")
+    }
+    assert set(by_path) == {"/root/running", "/root/queued"}
+    for s in by_path.values():
+        attrs = dict(s.attributes or {})
+        assert attrs["error.type"] == "cancelled"
+        assert attrs["subagents.status"] == "cancelled"
+        assert s.status.status_code is StatusCode.UNSET
+    assert event_names(by_path["/root/running"]) == ["queued", "started"]
+    assert event_names(by_path["/root/queued"]) == ["queued"]
+
+
+# --------------------------------------------------------------------------- tool spans
+
+
+@pytest.mark.anyio
+async def test_tool_spans_parent_and_links(exporter: InMemorySpanExporter) -> None:
+    async with SubagentManager([spec("general")]) as manager:
+        with tracer().start_as_current_span("agent turn"):
+            with tool_span("spawn_agent", call_id="call-1", transfer_target="general"):
+                first = manager.spawn("general", "a")
+            with tool_span("spawn_agent", call_id="call-2", transfer_target="general"):
+                second = manager.spawn("general", "b")
+            await first.wait()
+            await second.wait()
+            with tool_span("wait_agent", call_id="call-3") as span:
+                assert span.recording
+                span.link_tasks([first.task_id, second.task_id, "no-such-task"])
+                span.set_attribute("subagents.collected", 2)
+
+    spawns = spans_named(exporter, "execute_tool spawn_agent")
+    assert len(spawns) == 2
+    turn = one(exporter, "agent turn")
+    children = spans_named(exporter, "invoke_agent general")
+    assert {parent_id(c) for c in children} == {span_id(s) for s in spawns}
+    for s in spawns:
+        assert parent_id(s) == span_id(turn)
+        assert s.kind is SpanKind.INTERNAL
+        attrs = dict(s.attributes or {})
+        assert attrs["gen_ai.operation.name"] == "execute_tool"
+        assert attrs["gen_ai.tool.name"] == "spawn_agent"
+        assert attrs["gen_ai.tool.type"] == "function"
+        assert attrs["gen_ai.transfer.mode"] == "return_to_caller"
+        assert attrs["gen_ai.transfer.target.name"] == "general"
+        assert attrs["gen_ai.transfer.target.type"] == "agent"
+    assert {dict(s.attributes or {})["gen_ai.tool.call.id"] for s in spawns} == {
+        "call-1",
+        "call-2",
+    }
+    wait = one(exporter, "execute_tool wait_agent")
+    attrs = dict(wait.attributes or {})
+    assert "gen_ai.transfer.mode" not in attrs
+    assert attrs["subagents.collected"] == 2
+    linked = {link.context.span_id for link in wait.links}
+    assert linked == {span_id(c) for c in children}
+    no_gen_ai_system(exporter.get_finished_spans())
+
+
+@pytest.mark.anyio
+async def test_tool_span_inside_child_and_on_error(exporter: InMemorySpanExporter) -> None:
+    async def with_tool(request: Request, ctx: RunContext) -> str:
+        with tool_span("read_file", call_id="t1") as span:
+            span.set_error("FileNotFound", "no such file")
+        with pytest.raises(KeyError), tool_span("crash"):
+            raise KeyError("x")
+        return "done"
+
+    async with SubagentManager([spec("tooled", with_tool)]) as manager:
+        await manager.execute("tooled", session_id="conv-9")
+    child = one(exporter, "invoke_agent tooled")
+    read = one(exporter, "execute_tool read_file")
+    crash = one(exporter, "execute_tool crash")
+    assert parent_id(read) == span_id(child)
+    assert parent_id(crash) == span_id(child)
+    assert dict(read.attributes or {})["gen_ai.conversation.id"] == "conv-9"
+    assert dict(read.attributes or {})["error.type"] == "FileNotFound"
+    assert read.status.status_code is StatusCode.ERROR
+    assert crash.status.status_code is StatusCode.ERROR
+    assert dict(crash.attributes or {})["error.type"] == "KeyError"
+
+
+def test_span_context_map_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_tracing, "_span_contexts", {})
+    monkeypatch.setattr(_tracing, "SPAN_CONTEXTS_LIMIT", 3)
+    ctx = trace.INVALID_SPAN_CONTEXT
+    for i in range(5):
+        _tracing._remember(f"t{i}", ctx)
+    assert list(_tracing._span_contexts) == ["t2", "t3", "t4"]
+    assert _tracing.span_context_of("t0") is None
+    assert _tracing.span_context_of("t4") is ctx
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+@pytest.mark.anyio
+async def test_metrics(exporter: InMemorySpanExporter) -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+
+    async def stuck(request: Request, ctx: RunContext) -> str:
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    manager = SubagentManager([spec("general"), spec("stuck", stuck)])
+    manager._telemetry = Telemetry(meter_provider=provider)
+    async with manager:
+        await manager.spawn("general").wait()
+        await manager.execute("general")
+        await manager.spawn("stuck", timeout=0.02).wait()
+
+    data = reader.get_metrics_data()
+    assert data is not None
+    points: dict[str, list[object]] = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                points[metric.name] = list(metric.data.data_points)
+    durations = points["gen_ai.invoke_agent.duration"]
+    by_error = {dict(p.attributes).get("error.type"): p for p in durations}  # type: ignore[attr-defined]
+    assert by_error[None].count == 2  # type: ignore[attr-defined]
+    assert by_error["timeout"].count == 1  # type: ignore[attr-defined]
+    assert all(p.value == 0 for p in points["subagents.active"])  # type: ignore[attr-defined]
+    assert sum(p.count for p in points["subagents.queue.wait"]) == 2  # type: ignore[attr-defined]
+    (fired,) = points["subagents.watchdog.fired"]
+    assert fired.value == 1  # type: ignore[attr-defined]
+    provider.shutdown()
+
+
+# --------------------------------------------------------------------------- no SDK
+
+
+def test_no_sdk_installed_nothing_breaks() -> None:
+    script = textwrap.dedent(
+        """
+        import anyio
+        from subagents import AgentSpec, SubagentManager, Result, Usage
+        from subagents._tracing import tool_span
+
+        async def runner(request, ctx):
+            with tool_span("read_file", call_id="x") as span:
+                span.set_attribute("k", 1)
+                span.link_tasks(["nope"])
+                span.set_error("E")
+            h = None
+            if request.input == "outer":
+                h = ctx.spawn("a", "inner")
+                await h.wait()
+            return Result(output="ok", usage=Usage(input_tokens=1))
+
+        async def main():
+            async with SubagentManager([AgentSpec(name="a", description="d", runner=runner)]) as m:
+                assert not m._telemetry.active
+                h = m.spawn("a", "outer")
+                assert h._trace is None
+                assert (await h.wait()).status == "completed"
+                assert (await m.execute("a", "outer")).status == "completed"
+            with tool_span("wait_agent") as span:
+                assert not span.recording
+
+        async def late_provider():
+            # A provider installed after the manager was built is used by the next spawn.
+            from opentelemetry import trace
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+            from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+                InMemorySpanExporter,
+            )
+
+            m = SubagentManager([AgentSpec(name="a", description="d", runner=runner)])
+            exporter = InMemorySpanExporter()
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            trace.set_tracer_provider(provider)
+            async with m:
+                await m.spawn("a", "inner").wait()
+            names = sorted(s.name for s in exporter.get_finished_spans())
+            assert names == ["execute_tool read_file", "invoke_agent a"], names
+
+        anyio.run(main)
+        anyio.run(late_provider)
+        print("ok")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+class _Exploding(SpanProcessor):
+    """A span processor with a bug, at span start or at span end."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def on_start(self, span: object, parent_context: Context | None = None) -> None:
+        if self.where == "start":
+            raise RuntimeError("processor bug at start")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.where == "end":
+            raise RuntimeError("processor bug at end")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("where", ["start", "end"])
+async def test_broken_tracing_never_loses_an_envelope(
+    where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(_Exploding(where))
+    manager = SubagentManager([spec("general")])
+    manager._telemetry = Telemetry(tracer_provider=provider)
+    async with manager:
+        handle = manager.spawn("general", "x")
+        with anyio.fail_after(5):
+            envelope = await handle.wait()
+        assert (await manager.execute("general")).status == "completed"
+    assert envelope.status == "completed"
+    assert f"processor bug at {where}" in caplog.text
