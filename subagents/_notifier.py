@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 
 from ._envelope import DelegateResult
@@ -42,18 +43,31 @@ class CompletionNotifier:
         self._get_mailbox = get_mailbox
         self._publish = publish
         self.enabled = enabled
+        # One warning per full mailbox, not one per envelope: a fan-out of 10,000 children
+        # nobody reads would otherwise flood the log (and cost time).
+        self._warned: weakref.WeakSet[BaseMailbox] = weakref.WeakSet()
 
     def notify(self, parent_session_id: str, task_id: str, envelope: DelegateResult) -> bool:
         """Deliver ``envelope``; returns True when it landed in the parent's mailbox."""
         if not self.enabled:
             return False
         delivered = False
+        mailbox = None
         try:
             mailbox = self._get_mailbox(parent_session_id)
             if mailbox is not None:
                 delivered = mailbox.put(task_id, envelope)
         except MailboxFull as exc:
-            logger.warning("%s; degraded to the completion event", exc)
+            if mailbox is not None and mailbox not in self._warned:
+                self._warned.add(mailbox)
+                logger.warning(
+                    "session %r: %s; degrading to the completion event (the manager keeps "
+                    "every envelope; further overflows of this mailbox are logged at DEBUG)",
+                    parent_session_id,
+                    exc,
+                )
+            else:
+                logger.debug("%s; degraded to the completion event", exc)
         except Exception:
             logger.exception("mailbox put for task %s failed; degraded to the event", task_id)
         if self._publish is not None:
