@@ -23,6 +23,10 @@ __all__ = [
 DEFAULT_TRUNCATE_CHARS: Final = 2000
 # An error message is a summary, not a traceback: the full text belongs to the event log.
 _ERROR_MESSAGE_CHARS: Final = 500
+# Below this many characters left for the output, truncated() drops the output for a marker.
+_MIN_CUT_BODY: Final = 64
+# The least header text worth keeping (the agent name and task id) before giving up the hint.
+_MIN_HEADER_CHARS: Final = 24
 
 _HINTS: Final = {
     "error": "hint: the subagent failed; fix the cause named above and spawn it again, "
@@ -216,22 +220,28 @@ class DelegateResult:
         A few header lines (agent, task id, path, status, duration, usage, error), then the
         output. When it does not fit, the middle of the output is cut by code points and
         replaced by a marker saying how many characters were left out. Error, timeout and
-        cancelled views end with a one-line hint of what to do next.
+        cancelled views end with a one-line hint of what to do next. When ``max_chars`` is
+        too small for all of that, the output is replaced by the marker alone and the header
+        is shortened, so the marker and the hint stay visible down to about 200 characters.
         """
         if max_chars < 1:
             raise ValueError(f"max_chars must be an integer >= 1, got {max_chars!r}")
-        header = self._header_lines()
         hint = _HINTS.get(self.status.value, "")
-        head = "\n".join(header) + "\n"
+        head = "\n".join(self._header_lines()) + "\n"
         tail = ("\n" + hint) if hint else ""
         body = self.output if self.output else "(no output)"
+        if len(head) + len(body) + len(tail) <= max_chars:
+            return head + body + tail
         budget = max_chars - len(head) - len(tail)
-        if len(body) > budget:
-            body = _cut_middle(body, budget)
-        text = head + body + tail
-        if len(text) > max_chars:  # only when max_chars is smaller than the header
-            text = text[: max_chars - 1] + "…" if max_chars > 1 else text[:max_chars]
-        return text
+        if budget >= _MIN_CUT_BODY:
+            return head + _cut_middle(body, budget) + tail
+        # Too tight for the header, some output and the hint: the output gives way to a
+        # marker, then the header is shortened, so the hint and the marker stay visible.
+        marker = f"[… {len(self.output)} characters truncated …]" if self.output else body
+        room = max_chars - len(marker) - len(tail)
+        if room >= _MIN_HEADER_CHARS:
+            return bound_text(head.rstrip("\n"), room - 1) + "\n" + marker + tail
+        return bound_text(head + marker + tail, max_chars)  # only for absurdly small bounds
 
     def _header_lines(self) -> list[str]:
         where = f" · {self.agent_path}" if self.agent_path else ""
