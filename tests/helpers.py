@@ -1,0 +1,66 @@
+"""Shared helpers for the core runtime tests: agent specs, a manager factory, a tracker."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from subagents import AgentSpec, Request, RunContext, SubagentConfig, SubagentManager
+
+RunnerFn = Callable[[Request, RunContext], Awaitable[Any]]
+
+
+def spec(name: str, runner: RunnerFn, **kw: Any) -> AgentSpec:
+    """An AgentSpec with a throwaway description."""
+    return AgentSpec(name=name, description=f"test agent {name}", runner=runner, **kw)
+
+
+def manager_with(*specs: AgentSpec, **config: Any) -> SubagentManager:
+    """A manager registering ``specs`` with ``SubagentConfig(**config)``."""
+    return SubagentManager(specs, config=SubagentConfig(**config))
+
+
+async def echo(request: Request, ctx: RunContext) -> str:
+    """Returns its input."""
+    return request.input
+
+
+class Tracker:
+    """Counts runners alive at once (entered and not yet left, whatever the exit).
+
+    ``gate`` holds every tracked runner until it is set; ``started`` is the start order
+    (the request inputs) and ``high_water`` the most runners alive at once.
+    """
+
+    def __init__(self, manager_limit: Callable[[], int] | None = None) -> None:
+        self.alive = 0
+        self.high_water = 0
+        self.started: list[str] = []
+        self.finished: list[str] = []
+        self.gate = anyio.Event()
+        self.over_limit: list[tuple[int, int]] = []
+        self._limit = manager_limit
+        self.entered = anyio.Event()
+
+    def attach(self, manager: SubagentManager) -> None:
+        """Check every start against ``manager.max_concurrent_spawns`` at that moment."""
+        self._limit = lambda: manager.max_concurrent_spawns
+
+    async def runner(self, request: Request, ctx: RunContext) -> str:
+        self.alive += 1
+        self.high_water = max(self.high_water, self.alive)
+        if self._limit is not None and self.alive > self._limit():
+            self.over_limit.append((self.alive, self._limit()))
+        self.started.append(request.input)
+        self.entered.set()
+        try:
+            await self.gate.wait()
+            return f"done {request.input}"
+        finally:
+            self.alive -= 1
+            self.finished.append(request.input)
+
+    def open(self) -> None:
+        self.gate.set()
