@@ -33,7 +33,7 @@ from ._handle import QUEUED, RUNNING, SETTLED, SpawnHandle
 from ._mailbox import BaseMailbox, Mailbox
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator
-from ._spec import AgentSpec, Request, Result, SpawnOptions, SubagentConfig
+from ._spec import UNSET_TIMEOUT, AgentSpec, Request, Result, SpawnOptions, SubagentConfig
 
 __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
 
@@ -41,7 +41,7 @@ DEFAULT_SESSION: Final = "root"
 MAX_OUTPUT_CHARS: Final = 1_000_000
 logger = logging.getLogger("subagents")
 
-_UNSET: Final = float("nan")
+_UNSET: Final = UNSET_TIMEOUT
 _ROOT: Final = AgentPath.root()
 
 
@@ -369,16 +369,14 @@ class SubagentManager:
             )
         if options is None:
             options = _NO_OPTIONS
-        if timeout is _UNSET or (isinstance(timeout, float) and math.isnan(timeout)):
+        if timeout is _UNSET:
             if options.timeout is not None:
                 timeout = options.timeout
             elif spec.timeout is not None:
                 timeout = spec.timeout
             else:
                 timeout = self.config.execute_timeout if sync else self.config.spawn_timeout
-        elif timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-        ):
+        elif timeout is not None and not _positive_seconds(timeout):
             raise ConfigError("timeout", "a number of seconds > 0 or None", timeout)
         allocator = self._names.get(session_id)
         if allocator is None:
