@@ -56,7 +56,7 @@ class MailboxModel(RuleBasedStateMachine):
         assert self.box.put(key, envelope) is True
         self.entries.pop(key, None)
         self.entries[key] = (envelope, self.now + TTL)
-        if key in self.once_expected:
+        if key in self.once_pending:
             self.once_expected[key] += 1
             self.once_pending.discard(key)
         if self.all_sub is not None:
