@@ -502,7 +502,17 @@ class SubagentManager:
             timed_out = not handle._cancel_requested and (
                 scope.cancel_called or anyio.current_time() >= deadline
             )
-        except BaseException:
+        except BaseException as exc:
+            if not handle.sync and _stray_cancellation(exc):
+                # The runner raised a cancellation exception though nothing cancelled it
+                # (on asyncio: it awaited a future cancelled elsewhere). That is the
+                # runner's failure; re-raising would kill this worker and cancel the host.
+                await self._end_session_of(handle)
+                stray = RuntimeError(
+                    f"the runner raised {type(exc).__qualname__} without being cancelled"
+                )
+                self._finalize(handle, self._ended(handle, Status.ERROR, ctx, error=stray))
+                return
             # Cancelled from outside (manager shutdown, or the caller of execute): the
             # envelope is still produced, then the cancellation goes on.
             if handle._cancel_requested is None:
@@ -827,6 +837,14 @@ class SubagentManager:
 
 
 _NO_OPTIONS: Final = SpawnOptions()
+
+
+def _stray_cancellation(exc: BaseException) -> bool:
+    """A cancellation exception while no enclosing cancel scope is cancelled."""
+    return (
+        isinstance(exc, anyio.get_cancelled_exc_class())
+        and anyio.current_effective_deadline() != -math.inf
+    )
 
 
 def _positive_seconds(value: object) -> bool:
