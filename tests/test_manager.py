@@ -555,3 +555,34 @@ async def test_full_mailbox_loses_nothing() -> None:
         assert manager.mailbox().peek(late.task_id) is None  # it degraded to the event...
         assert await manager.wait_result(late.task_id, timeout=0) == late.result  # ...not lost
     assert sorted(events) == sorted(h.task_id for h in handles)
+
+
+# ---------------------------------------------------------------- misbehaving runners
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_stray_cancelled_error_from_a_runner_is_its_own_failure() -> None:
+    """On asyncio a runner can raise CancelledError without being cancelled (it awaited a
+    future someone else cancelled). That is the runner's failure: it must end in an error
+    envelope and must not kill the worker, the queue behind it, or the manager's host."""
+    import asyncio
+
+    async def stray(request: Request, ctx: RunContext) -> str:
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+        return "unreachable"
+
+    async with manager_with(spec("stray", stray), spec("e", echo), max_concurrent_spawns=1) as m:
+        bad = m.spawn("stray")
+        good = m.spawn("e", "after")
+        with anyio.fail_after(5):
+            bad_env = await bad.wait()
+            good_env = await good.wait()
+        assert bad_env.status is Status.ERROR
+        assert "CancelledError" in bad_env.error
+        assert good_env.status is Status.COMPLETED
+        # the manager still works
+        assert (await m.spawn("e", "again").wait()).output == "again"
+    assert m.statistics().workers == 0
