@@ -629,6 +629,7 @@ class SubagentManager:
         else:
             self._notifier.notify(handle.session_id, handle.task_id, envelope)
         handle._traceback = None
+        handle._delivered = True
         if handle._done is not None:
             handle._done.set()
 
