@@ -12,9 +12,11 @@ import pytest
 from subagents import (
     ConfigError,
     DelegateResult,
+    Event,
     Mailbox,
     Request,
     RunContext,
+    SpawnHandle,
     SpawnRejected,
     Status,
     SubagentConfig,
@@ -586,3 +588,28 @@ async def test_stray_cancelled_error_from_a_runner_is_its_own_failure() -> None:
         # the manager still works
         assert (await m.spawn("e", "again").wait()).output == "again"
     assert m.statistics().workers == 0
+
+
+@pytest.mark.anyio
+async def test_done_first_looked_at_during_delivery_is_not_yet_set() -> None:
+    """``done`` is created lazily; looking at it for the first time from a mailbox or event
+    subscriber (during delivery) must not report it set before delivery has finished."""
+    seen: list[tuple[str, bool]] = []
+    handles: list[SpawnHandle] = []
+    delivered = anyio.Event()
+
+    def on_event(event: Event) -> None:
+        if event.type == "subagent.completed":
+            seen.append(("event", handles[0].done.is_set()))
+            delivered.set()
+
+    async with manager_with(spec("w", echo)) as manager:
+        handle = manager.spawn("w", "x")
+        handles.append(handle)
+        manager.mailbox().subscribe_once(
+            handle.task_id, lambda: seen.append(("put", handles[0].done.is_set()))
+        )
+        manager.events.subscribe(on_event)
+        await delivered.wait()  # handle.done itself is never touched before delivery
+        assert handle.done.is_set()
+        assert seen == [("put", False), ("event", False)]
