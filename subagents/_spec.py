@@ -74,7 +74,7 @@ class Result:
     """Paths the agent changed."""
     error: str = ""
     """A failure reported without raising; makes the status ``error``."""
-    status: Status | None = None
+    status: Status | None = attrs.field(default=None, converter=attrs.converters.optional(Status))
     """Explicit status; ``None`` means ``error`` if ``error`` is set, else ``completed``."""
 
 
