@@ -39,7 +39,19 @@ _HINTS: Final = {
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(value)
+    items = (value,) if isinstance(value, str) else tuple(value)
+    return tuple(_utf8(item) for item in items)
+
+
+def _utf8(value: str) -> str:
+    """Replace lone surrogates (undecodable bytes smuggled into a str) so JSON never fails."""
+    if not isinstance(value, str):
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "replace").decode("utf-8")
+    return value
 
 
 def now_ms() -> int:
@@ -110,11 +122,11 @@ class DelegateResult:
     """The task id given at spawn time; the mailbox key."""
     status: Status
     """``completed``, ``error``, ``timeout`` or ``cancelled``."""
-    output: str = ""
+    output: str = attrs.field(default="", converter=_utf8)
     """Final output; on timeout or cancellation the partial output reported so far."""
     files_changed: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     """Paths the runner reported as changed."""
-    error: str = ""
+    error: str = attrs.field(default="", converter=_utf8)
     """A short, bounded summary of what went wrong (no traceback)."""
     error_type: str = ""
     """``timeout``, ``cancelled`` or the exception's qualified class name."""
