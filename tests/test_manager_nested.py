@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import orjson
 import pytest
 
 from subagents import (
@@ -337,3 +338,48 @@ async def test_run_context_exposes_identity_and_deadline() -> None:
         await manager.spawn("w", timeout=None).wait()
         assert seen["deadline"] is None
         assert seen["remaining"] is None
+
+
+@pytest.mark.anyio
+async def test_result_status_given_as_text_is_accepted_or_an_error() -> None:
+    async def as_text(request: Request, ctx: RunContext) -> Result:
+        return Result(output="fine", status=request.input)  # type: ignore[arg-type]
+
+    async with manager_with(spec("w", as_text)) as manager:
+        with anyio.fail_after(5):
+            ok = await manager.spawn("w", "completed").wait()
+            bogus = await manager.spawn("w", "bogus").wait()
+            # the manager survived both
+            again = await manager.spawn("w", "completed").wait()
+    assert (ok.status, ok.output) == (Status.COMPLETED, "fine")
+    assert bogus.status is Status.ERROR
+    assert "bogus" in bogus.error
+    assert again.status is Status.COMPLETED
+
+
+@pytest.mark.anyio
+async def test_undecodable_text_never_breaks_the_envelope_json() -> None:
+    async def raises(request: Request, ctx: RunContext) -> str:
+        raise ValueError("bad byte \udcff")
+
+    async def returns(request: Request, ctx: RunContext) -> Result:
+        return Result(output="x\udcff", error="bad \udcff", files_changed=("f\udcff",))
+
+    async def reports(request: Request, ctx: RunContext) -> str:
+        ctx.report(output="partial \udcff")
+        await anyio.sleep_forever()
+        return ""
+
+    async with manager_with(
+        spec("raises", raises), spec("returns", returns), spec("reports", reports)
+    ) as manager:
+        envs = [
+            await manager.spawn(name, timeout=0.05).wait()
+            for name in ("raises", "returns", "reports")
+        ]
+    for env in envs:
+        data = env.to_json()  # never raises
+        assert DelegateResult.from_dict(orjson.loads(data)) == env
+    assert "bad byte" in envs[0].error
+    assert envs[1].files_changed[0].startswith("f")
+    assert envs[2].output.startswith("partial ")
