@@ -204,19 +204,21 @@ async def test_many_concurrent_put_wait_pairs_lose_nothing() -> None:
     async def waiter(key: str, delay: int) -> None:
         for _ in range(delay):
             await anyio.lowlevel.checkpoint()
-        results[key] = await box.wait(key, timeout=10)
+        # a missed wake-up would sit out the 30 s timeout; fail_after below catches that
+        results[key] = await box.wait(key, timeout=30)
 
     async def putter(key: str, delay: int) -> None:
         for _ in range(delay):
             await anyio.lowlevel.checkpoint()
         box.put(key, env(key))
 
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            key = f"t{i}"
-            # the put lands before, during or after the waiter registers
-            tg.start_soon(waiter, key, rng.randrange(4))
-            tg.start_soon(putter, key, rng.randrange(4))
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                key = f"t{i}"
+                # the put lands before, during or after the waiter registers
+                tg.start_soon(waiter, key, rng.randrange(4))
+                tg.start_soon(putter, key, rng.randrange(4))
     assert len(results) == n
     assert all(results[f"t{i}"] == env(f"t{i}") for i in range(n))
     assert len(box) == 0  # every result consumed exactly once
