@@ -604,7 +604,8 @@ class SubagentManager:
             error=message,
             error_type=error_type,
             duration_ms=int((end - handle._spawned_at) * 1000),
-            queue_ms=0 if started is None else int((started - handle._spawned_at) * 1000),
+            # never started (cancelled in the queue): all of its time was queue wait
+            queue_ms=int(((end if started is None else started) - handle._spawned_at) * 1000),
             iterations=iterations,
             attempts=ctx.attempt if ctx is not None else 1,
             usage=usage,
