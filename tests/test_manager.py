@@ -345,6 +345,8 @@ async def test_cancel_by_task_id() -> None:
 async def test_close_session_cancels_waits_releases_and_rejects() -> None:
     tracker = Tracker()
     cleaned: list[str] = []
+    released_early: list[bool] = []
+    boxes: list[Mailbox] = []
 
     async def slow_cleanup(request: Request, ctx: RunContext) -> str:
         try:
@@ -353,6 +355,7 @@ async def test_close_session_cancels_waits_releases_and_rejects() -> None:
             with anyio.CancelScope(shield=True):
                 await anyio.sleep(0.02)  # settling takes a moment
             cleaned.append(request.input)
+            released_early.append(boxes[0].closed if boxes else False)
         return ""
 
     async with manager_with(
@@ -362,7 +365,9 @@ async def test_close_session_cancels_waits_releases_and_rejects() -> None:
         keeper = manager.spawn("w", "other", session_id="other")
         await anyio.wait_all_tasks_blocked()
         box = manager.mailbox("s")
+        boxes.append(box)  # type: ignore[arg-type]
         await manager.close_session("s")
+        assert released_early == [False, False, False]  # released only once all settled
         # every child has settled by the time close_session returns
         assert all(h.done.is_set() for h in doomed)
         assert {h.result.status for h in doomed} == {Status.CANCELLED}  # type: ignore[union-attr]
@@ -613,3 +618,42 @@ async def test_done_first_looked_at_during_delivery_is_not_yet_set() -> None:
         await delivered.wait()  # handle.done itself is never touched before delivery
         assert handle.done.is_set()
         assert seen == [("put", False), ("event", False)]
+
+
+@pytest.mark.anyio
+async def test_queue_ms_of_a_child_cancelled_in_the_queue_is_its_whole_wait() -> None:
+    tracker = Tracker()
+    async with manager_with(spec("w", tracker.runner), max_concurrent_spawns=1) as manager:
+        manager.spawn("w", "runs")
+        queued = manager.spawn("w", "waits")
+        await anyio.sleep(0.1)
+        queued.cancel()
+        env = await queued.wait()
+        tracker.open()
+    assert env.status is Status.CANCELLED
+    assert env.duration_ms >= 80
+    assert env.queue_ms == env.duration_ms  # all of it was spent waiting for a slot
+
+
+@pytest.mark.anyio
+async def test_aclose_ends_a_whole_nested_tree() -> None:
+    tracker = Tracker()
+    handles: list[SpawnHandle] = []
+
+    async def level(request: Request, ctx: RunContext) -> str:
+        depth = int(request.input)
+        if depth < 3:
+            handles.append(ctx.spawn("level", str(depth + 1)))
+        return await tracker.runner(request, ctx)
+
+    manager = manager_with(spec("level", level), max_concurrent_spawns=10)
+    async with manager:
+        handles.append(manager.spawn("level", "1"))
+        await anyio.wait_all_tasks_blocked()
+        assert tracker.alive == 3
+    paths = sorted(str(h.agent_path) for h in handles)
+    assert paths == ["/root/level", "/root/level/level", "/root/level/level/level"]
+    assert [h.result.status for h in handles] == [Status.CANCELLED] * 3  # type: ignore[union-attr]
+    assert tracker.alive == 0
+    assert manager.statistics().workers == 0
+    assert manager.statistics().settled == 3
