@@ -657,3 +657,35 @@ async def test_aclose_ends_a_whole_nested_tree() -> None:
     assert tracker.alive == 0
     assert manager.statistics().workers == 0
     assert manager.statistics().settled == 3
+
+
+@pytest.mark.anyio
+async def test_exception_or_cancel_in_the_async_with_body_still_ends_every_child() -> None:
+    tracker = Tracker()
+    manager = manager_with(spec("w", tracker.runner))
+    handles: list[SpawnHandle] = []
+
+    async def body() -> None:
+        async with manager:
+            handles.append(manager.spawn("w"))
+            await tracker.entered.wait()
+            raise KeyError("body failed")
+
+    with pytest.raises(KeyError, match="body failed"):
+        await body()
+    (handle,) = handles
+    assert handle.result is not None
+    assert handle.result.status is Status.CANCELLED
+    assert tracker.alive == 0
+
+    tracker2 = Tracker()
+    manager2 = manager_with(spec("w", tracker2.runner))
+    with anyio.move_on_after(0.05) as scope:
+        async with manager2:
+            handle2 = manager2.spawn("w")
+            await anyio.sleep_forever()
+    assert scope.cancelled_caught
+    assert handle2.result is not None
+    assert handle2.result.status is Status.CANCELLED
+    assert tracker2.alive == 0
+    assert manager2.statistics().workers == 0
