@@ -367,3 +367,15 @@ async def test_consumed_results_are_never_returned_again() -> None:
         assert box.drain(key) is None
         assert await box.wait(key, timeout=0) is None
     assert box.drain_all() == []
+
+
+@pytest.mark.anyio
+async def test_subscribe_all_after_drop_signals_at_once() -> None:
+    """A reader that subscribes to a mailbox already released must not sleep forever."""
+    box = Mailbox()
+    box.drop()
+    woke = anyio.Event()
+    box.subscribe_all(woke.set)
+    with anyio.fail_after(1):
+        await woke.wait()
+    assert box.statistics().all_subscribers == 0
