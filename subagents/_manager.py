@@ -520,8 +520,11 @@ class SubagentManager:
             await self._end_session_of(handle)
             self._finalize(handle, self._ended(handle, Status.CANCELLED, ctx))
             raise
+        # Decided now: a cancel arriving while this child's own children settle comes
+        # after the runner ended and must not throw its result away.
+        cancelled = handle._cancel_requested
         await self._end_session_of(handle)
-        if handle._cancel_requested:
+        if cancelled:
             envelope = self._ended(handle, Status.CANCELLED, ctx)
         elif timed_out:
             envelope = self._ended(handle, Status.TIMEOUT, ctx)
