@@ -383,3 +383,32 @@ async def test_undecodable_text_never_breaks_the_envelope_json() -> None:
     assert "bad byte" in envs[0].error
     assert envs[1].files_changed[0].startswith("f")
     assert envs[2].output.startswith("partial ")
+
+
+@pytest.mark.anyio
+async def test_cancel_after_the_runner_returned_keeps_its_result() -> None:
+    """While a finished child waits for its own children to settle, a late cancel must not
+    throw its result away."""
+    settling = anyio.Event()
+
+    async def slow_to_settle(request: Request, ctx: RunContext) -> str:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            settling.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.05)
+        return ""
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        ctx.spawn("g")
+        await anyio.wait_all_tasks_blocked()
+        return "the parent's result"
+
+    async with manager_with(spec("p", parent), spec("g", slow_to_settle)) as manager:
+        handle = manager.spawn("p")
+        await settling.wait()  # the parent's runner has returned; its child is settling
+        handle.cancel()
+        env = await handle.wait()
+    assert env.status is Status.COMPLETED
+    assert env.output == "the parent's result"
