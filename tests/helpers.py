@@ -34,25 +34,17 @@ class Tracker:
     (the request inputs) and ``high_water`` the most runners alive at once.
     """
 
-    def __init__(self, manager_limit: Callable[[], int] | None = None) -> None:
+    def __init__(self) -> None:
         self.alive = 0
         self.high_water = 0
         self.started: list[str] = []
         self.finished: list[str] = []
         self.gate = anyio.Event()
-        self.over_limit: list[tuple[int, int]] = []
-        self._limit = manager_limit
         self.entered = anyio.Event()
-
-    def attach(self, manager: SubagentManager) -> None:
-        """Check every start against ``manager.max_concurrent_spawns`` at that moment."""
-        self._limit = lambda: manager.max_concurrent_spawns
 
     async def runner(self, request: Request, ctx: RunContext) -> str:
         self.alive += 1
         self.high_water = max(self.high_water, self.alive)
-        if self._limit is not None and self.alive > self._limit():
-            self.over_limit.append((self.alive, self._limit()))
         self.started.append(request.input)
         self.entered.set()
         try:
