@@ -120,7 +120,7 @@ class DelegateResult:
     """Name of the agent type that ran."""
     task_id: str
     """The task id given at spawn time; the mailbox key."""
-    status: Status
+    status: Status = attrs.field(converter=Status)
     """``completed``, ``error``, ``timeout`` or ``cancelled``."""
     output: str = attrs.field(default="", converter=_utf8)
     """Final output; on timeout or cancellation the partial output reported so far."""
