@@ -293,3 +293,13 @@ def test_agent_spec_helper_is_agentspec() -> None:
         return ""
 
     assert isinstance(spec("a", runner), AgentSpec)
+
+
+def test_status_given_as_text_is_converted() -> None:
+    env = DelegateResult(agent="a", task_id="t", status="completed")  # type: ignore[arg-type]
+    assert env.status is Status.COMPLETED
+    assert env.ok
+    assert env.to_dict()["status"] == "completed"
+    assert "completed" in env.truncated()
+    with pytest.raises(ValueError, match="bogus"):
+        DelegateResult(agent="a", task_id="t", status="bogus")  # type: ignore[arg-type]
