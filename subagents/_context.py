@@ -11,6 +11,7 @@ from ._envelope import DelegateResult, Usage
 from ._events import PROGRESS
 from ._paths import AgentPath
 from ._permissions import Ruleset
+from ._spec import UNSET_TIMEOUT
 
 if TYPE_CHECKING:
     from ._handle import SpawnHandle
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RunContext"]
 
-_UNSET: float = float("nan")
+_UNSET: float = UNSET_TIMEOUT
 
 
 class RunContext:

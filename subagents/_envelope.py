@@ -23,6 +23,10 @@ __all__ = [
 DEFAULT_TRUNCATE_CHARS: Final = 2000
 # An error message is a summary, not a traceback: the full text belongs to the event log.
 _ERROR_MESSAGE_CHARS: Final = 500
+# Below this many characters left for the output, truncated() drops the output for a marker.
+_MIN_CUT_BODY: Final = 64
+# The least header text worth keeping (the agent name and task id) before giving up the hint.
+_MIN_HEADER_CHARS: Final = 24
 
 _HINTS: Final = {
     "error": "hint: the subagent failed; fix the cause named above and spawn it again, "
@@ -35,7 +39,19 @@ _HINTS: Final = {
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(value)
+    items = (value,) if isinstance(value, str) else tuple(value)
+    return tuple(_utf8(item) for item in items)
+
+
+def _utf8(value: str) -> str:
+    """Replace lone surrogates (undecodable bytes smuggled into a str) so JSON never fails."""
+    if not isinstance(value, str):
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "replace").decode("utf-8")
+    return value
 
 
 def now_ms() -> int:
@@ -106,11 +122,11 @@ class DelegateResult:
     """The task id given at spawn time; the mailbox key."""
     status: Status = attrs.field(converter=Status)
     """``completed``, ``error``, ``timeout`` or ``cancelled`` (a plain string is converted)."""
-    output: str = ""
+    output: str = attrs.field(default="", converter=_utf8)
     """Final output; on timeout or cancellation the partial output reported so far."""
     files_changed: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     """Paths the runner reported as changed."""
-    error: str = ""
+    error: str = attrs.field(default="", converter=_utf8)
     """A short, bounded summary of what went wrong (no traceback)."""
     error_type: str = ""
     """``timeout``, ``cancelled`` or the exception's qualified class name."""
@@ -216,22 +232,28 @@ class DelegateResult:
         A few header lines (agent, task id, path, status, duration, usage, error), then the
         output. When it does not fit, the middle of the output is cut by code points and
         replaced by a marker saying how many characters were left out. Error, timeout and
-        cancelled views end with a one-line hint of what to do next.
+        cancelled views end with a one-line hint of what to do next. When ``max_chars`` is
+        too small for all of that, the output is replaced by the marker alone and the header
+        is shortened, so the marker and the hint stay visible down to about 200 characters.
         """
         if max_chars < 1:
             raise ValueError(f"max_chars must be an integer >= 1, got {max_chars!r}")
-        header = self._header_lines()
         hint = _HINTS.get(self.status.value, "")
-        head = "\n".join(header) + "\n"
+        head = "\n".join(self._header_lines()) + "\n"
         tail = ("\n" + hint) if hint else ""
         body = self.output if self.output else "(no output)"
+        if len(head) + len(body) + len(tail) <= max_chars:
+            return head + body + tail
         budget = max_chars - len(head) - len(tail)
-        if len(body) > budget:
-            body = _cut_middle(body, budget)
-        text = head + body + tail
-        if len(text) > max_chars:  # only when max_chars is smaller than the header
-            text = text[: max_chars - 1] + "…" if max_chars > 1 else text[:max_chars]
-        return text
+        if budget >= _MIN_CUT_BODY:
+            return head + _cut_middle(body, budget) + tail
+        # Too tight for the header, some output and the hint: the output gives way to a
+        # marker, then the header is shortened, so the hint and the marker stay visible.
+        marker = f"[… {len(self.output)} characters truncated …]" if self.output else body
+        room = max_chars - len(marker) - len(tail)
+        if room >= _MIN_HEADER_CHARS:
+            return bound_text(head.rstrip("\n"), room - 1) + "\n" + marker + tail
+        return bound_text(head + marker + tail, max_chars)  # only for absurdly small bounds
 
     def _header_lines(self) -> list[str]:
         where = f" · {self.agent_path}" if self.agent_path else ""

@@ -33,6 +33,7 @@ class SpawnHandle:
     __slots__ = (
         "_cancel_requested",
         "_collected",
+        "_delivered",
         "_done",
         "_ending",
         "_envelope",
@@ -101,6 +102,7 @@ class SpawnHandle:
         self._cancel_requested: str | None = None
         self._envelope: DelegateResult | None = None
         self._done: anyio.Event | None = None
+        self._delivered = False
         self._collected = False
         self._partial_output = ""
         self._usage = _NO_USAGE
@@ -132,7 +134,7 @@ class SpawnHandle:
         """Set once the child has ended and its envelope has been delivered."""
         if self._done is None:
             self._done = anyio.Event()
-            if self._envelope is not None:
+            if self._delivered:  # not merely ended: first read during delivery stays unset
                 self._done.set()
         return self._done
 

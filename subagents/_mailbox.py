@@ -128,7 +128,9 @@ class BaseMailbox(ABC):
     def subscribe_all(self, callback: Signal) -> str:
         """Call ``callback()`` after every ``put`` (and once on ``drop``) until unsubscribed.
 
-        It only signals and never consumes. Returns the subscription id.
+        It only signals and never consumes. On a mailbox already dropped the callback runs
+        once at once (so a reader never sleeps on a released mailbox). Returns the
+        subscription id.
         """
 
     @abstractmethod
@@ -283,7 +285,9 @@ class Mailbox(BaseMailbox):
 
     def subscribe_all(self, callback: Signal) -> str:
         sub_id = f"a{next(self._ids)}"
-        if not self._closed:
+        if self._closed:
+            _fire((callback,))  # the drop signal, as subscribe_once gives it
+        else:
             self._all_subs[sub_id] = callback
         return sub_id
 

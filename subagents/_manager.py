@@ -35,7 +35,7 @@ from ._handle import QUEUED, RUNNING, SETTLED, SpawnHandle
 from ._mailbox import BaseMailbox, Mailbox
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator
-from ._spec import AgentSpec, Request, Result, SpawnOptions, SubagentConfig
+from ._spec import UNSET_TIMEOUT, AgentSpec, Request, Result, SpawnOptions, SubagentConfig
 from ._tracing import Telemetry
 
 __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
@@ -44,7 +44,7 @@ DEFAULT_SESSION: Final = "root"
 MAX_OUTPUT_CHARS: Final = 1_000_000
 logger = logging.getLogger("subagents")
 
-_UNSET: Final = float("nan")
+_UNSET: Final = UNSET_TIMEOUT
 # The spawned child whose slot the current task runs on (None outside worker runs).
 _SLOT_OWNER: ContextVar[SpawnHandle | None] = ContextVar("subagents_slot_owner", default=None)
 _ROOT: Final = AgentPath.root()
@@ -353,6 +353,11 @@ class SubagentManager:
             raise UnknownAgent(agent, self._specs)
         if not isinstance(input, str):
             raise ConfigError("input", "a string", input)
+        if session_id in self._closed_sessions:
+            raise SpawnRejected(
+                "session_closed",
+                f"session {session_id!r} is closed; spawn into an open session",
+            )
         parent = self._tasks.get(session_id)
         if parent is not None:
             if parent.state != RUNNING or parent._scope is None:
@@ -363,11 +368,6 @@ class SubagentManager:
             parent_path = parent.agent_path
             permissions = spec.permissions.intersect(parent._permissions)
         else:
-            if session_id in self._closed_sessions:
-                raise SpawnRejected(
-                    "session_closed",
-                    f"session {session_id!r} is closed; spawn into an open session",
-                )
             parent_path = _ROOT
             permissions = spec.permissions.intersect(self.config.permissions)
         depth = parent_path.depth + 1
@@ -380,16 +380,14 @@ class SubagentManager:
             )
         if options is None:
             options = _NO_OPTIONS
-        if timeout is _UNSET or (isinstance(timeout, float) and math.isnan(timeout)):
+        if timeout is _UNSET:
             if options.timeout is not None:
                 timeout = options.timeout
             elif spec.timeout is not None:
                 timeout = spec.timeout
             else:
                 timeout = self.config.execute_timeout if sync else self.config.spawn_timeout
-        elif timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-        ):
+        elif timeout is not None and not _positive_seconds(timeout):
             raise ConfigError("timeout", "a number of seconds > 0 or None", timeout)
         allocator = self._names.get(session_id)
         if allocator is None:
@@ -582,10 +580,20 @@ class SubagentManager:
             handle._ending = True
             cancelled = handle._cancel_requested is not None
             timed_out = not cancelled and (scope.cancel_called or anyio.current_time() >= deadline)
-        except BaseException:
+        except BaseException as exc:
+            handle._ending = True
+            if not handle.sync and _stray_cancellation(exc):
+                # The runner raised a cancellation exception though nothing cancelled it
+                # (on asyncio: it awaited a future cancelled elsewhere). That is the
+                # runner's failure; re-raising would kill this worker and cancel the host.
+                await self._end_session_of(handle)
+                stray = RuntimeError(
+                    f"the runner raised {type(exc).__qualname__} without being cancelled"
+                )
+                self._finalize(handle, self._ended(handle, Status.ERROR, ctx, error=stray))
+                return
             # Cancelled from outside (manager shutdown, or the caller of execute): the
             # envelope is still produced, then the cancellation goes on.
-            handle._ending = True
             if handle._cancel_requested is None:
                 handle._cancel_requested = "the caller was cancelled"
             await self._end_session_of(handle)
@@ -675,7 +683,8 @@ class SubagentManager:
             error=message,
             error_type=error_type,
             duration_ms=int((end - handle._spawned_at) * 1000),
-            queue_ms=0 if started is None else int((started - handle._spawned_at) * 1000),
+            # never started (cancelled in the queue): all of its time was queue wait
+            queue_ms=int(((end if started is None else started) - handle._spawned_at) * 1000),
             iterations=iterations,
             attempts=ctx.attempt if ctx is not None else 1,
             usage=usage,
@@ -702,6 +711,7 @@ class SubagentManager:
         handle._traceback = None
         if handle._trace is not None:
             self._telemetry.finish(handle, envelope)
+        handle._delivered = True
         if handle._done is not None:
             handle._done.set()
 
@@ -911,6 +921,14 @@ class SubagentManager:
 
 
 _NO_OPTIONS: Final = SpawnOptions()
+
+
+def _stray_cancellation(exc: BaseException) -> bool:
+    """A cancellation exception while no enclosing cancel scope is cancelled."""
+    return (
+        isinstance(exc, anyio.get_cancelled_exc_class())
+        and anyio.current_effective_deadline() != -math.inf
+    )
 
 
 def _positive_seconds(value: object) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -65,6 +66,24 @@ class RetryPolicy:
                 raise ConfigError(field, "a number >= 0", value)
 
 
+def _backoff(policy: RetryPolicy) -> Callable[[tenacity.RetryCallState], float]:
+    """Exponential backoff with additive jitter, capped at ``policy.maximum``.
+
+    Written out rather than using ``tenacity.wait_exponential_jitter``, whose ``initial``
+    argument is deprecated in tenacity 9 (a DeprecationWarning on every run) while its
+    replacement ``multiplier`` does not exist in tenacity 8.
+    """
+
+    def wait(retry_state: tenacity.RetryCallState) -> float:
+        try:
+            delay = policy.initial * policy.multiplier ** (retry_state.attempt_number - 1)
+        except OverflowError:
+            delay = policy.maximum
+        return min(delay + random.uniform(0, policy.jitter), policy.maximum)
+
+    return wait
+
+
 class _StopAtDeadline(tenacity.stop.stop_base):
     """Stop when the next backoff would reach the watchdog deadline (anyio clock)."""
 
@@ -91,12 +110,7 @@ async def run_with_retries(
 
     retrying = tenacity.AsyncRetrying(
         stop=tenacity.stop_after_attempt(policy.attempts) | _StopAtDeadline(deadline),
-        wait=tenacity.wait_exponential_jitter(
-            initial=policy.initial,
-            max=policy.maximum,
-            exp_base=policy.multiplier,
-            jitter=policy.jitter,
-        ),
+        wait=_backoff(policy),
         retry=tenacity.retry_if_exception_type(policy.retry_on),
         sleep=anyio.sleep,
         reraise=True,

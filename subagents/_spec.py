@@ -33,6 +33,9 @@ __all__ = [
 DEFAULT_MAX_CONCURRENT_SPAWNS: Final = 4
 DEFAULT_SPAWN_TIMEOUT: Final = 180.0
 DEFAULT_MAX_DEPTH: Final = 3
+UNSET_TIMEOUT: Final[float] = float("nan")
+"""Default of ``timeout`` arguments meaning "not given"; recognised by identity only, so an
+explicit ``float("nan")`` from a caller is rejected as malformed rather than taken as unset."""
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
@@ -71,7 +74,7 @@ class Result:
     """Paths the agent changed."""
     error: str = ""
     """A failure reported without raising; makes the status ``error``."""
-    status: Status | None = None
+    status: Status | None = attrs.field(default=None, converter=attrs.converters.optional(Status))
     """Explicit status; ``None`` means ``error`` if ``error`` is set, else ``completed``."""
 
 

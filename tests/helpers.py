@@ -1,0 +1,58 @@
+"""Shared helpers for the core runtime tests: agent specs, a manager factory, a tracker."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from subagents import AgentSpec, Request, RunContext, SubagentConfig, SubagentManager
+
+RunnerFn = Callable[[Request, RunContext], Awaitable[Any]]
+
+
+def spec(name: str, runner: RunnerFn, **kw: Any) -> AgentSpec:
+    """An AgentSpec with a throwaway description."""
+    return AgentSpec(name=name, description=f"test agent {name}", runner=runner, **kw)
+
+
+def manager_with(*specs: AgentSpec, **config: Any) -> SubagentManager:
+    """A manager registering ``specs`` with ``SubagentConfig(**config)``."""
+    return SubagentManager(specs, config=SubagentConfig(**config))
+
+
+async def echo(request: Request, ctx: RunContext) -> str:
+    """Returns its input."""
+    return request.input
+
+
+class Tracker:
+    """Counts runners alive at once (entered and not yet left, whatever the exit).
+
+    ``gate`` holds every tracked runner until it is set; ``started`` is the start order
+    (the request inputs) and ``high_water`` the most runners alive at once.
+    """
+
+    def __init__(self) -> None:
+        self.alive = 0
+        self.high_water = 0
+        self.started: list[str] = []
+        self.finished: list[str] = []
+        self.gate = anyio.Event()
+        self.entered = anyio.Event()
+
+    async def runner(self, request: Request, ctx: RunContext) -> str:
+        self.alive += 1
+        self.high_water = max(self.high_water, self.alive)
+        self.started.append(request.input)
+        self.entered.set()
+        try:
+            await self.gate.wait()
+            return f"done {request.input}"
+        finally:
+            self.alive -= 1
+            self.finished.append(request.input)
+
+    def open(self) -> None:
+        self.gate.set()

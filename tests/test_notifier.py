@@ -1,0 +1,143 @@
+"""CompletionNotifier: mailbox put plus a full-envelope event; degrades, never blocks."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import anyio
+import pytest
+
+from subagents import (
+    CompletionNotifier,
+    DelegateResult,
+    Mailbox,
+    Request,
+    RunContext,
+    Status,
+)
+from tests.helpers import manager_with, spec
+
+Published = list[tuple[str, str, DelegateResult]]
+
+
+def env(task_id: str) -> DelegateResult:
+    return DelegateResult(
+        agent="w",
+        task_id=task_id,
+        status=Status.ERROR,
+        output="x" * 5000,  # full, untruncated
+        error="boom",
+        timestamp_ms=1,
+    )
+
+
+def make(
+    mailboxes: dict[str, Mailbox], *, enabled: bool = True
+) -> tuple[CompletionNotifier, Published]:
+    published: Published = []
+    notifier = CompletionNotifier(
+        mailboxes.get, lambda *args: published.append(args), enabled=enabled
+    )
+    return notifier, published
+
+
+def test_puts_and_publishes_full_envelope() -> None:
+    box = Mailbox()
+    notifier, published = make({"s": box})
+    assert notifier.notify("s", "t1", env("t1")) is True
+    assert box.peek("t1") == env("t1")
+    assert published == [("subagent.completed", "s", env("t1"))]
+    assert len(published[0][2].output) == 5000
+
+
+def test_disabled_does_neither() -> None:
+    box = Mailbox()
+    notifier, published = make({"s": box}, enabled=False)
+    assert notifier.notify("s", "t1", env("t1")) is False
+    assert len(box) == 0
+    assert published == []
+
+
+def test_full_mailbox_degrades_to_event(caplog: pytest.LogCaptureFixture) -> None:
+    box = Mailbox(capacity=1)
+    box.put("old", env("old"))
+    notifier, published = make({"s": box})
+    with caplog.at_level(logging.WARNING, logger="subagents.notifier"):
+        assert notifier.notify("s", "t1", env("t1")) is False
+    assert box.peek("old") == env("old")
+    assert box.peek("t1") is None
+    assert published == [("subagent.completed", "s", env("t1"))]
+    assert any("mailbox full" in r.getMessage() for r in caplog.records)
+
+
+def test_missing_or_dropped_mailbox_still_publishes() -> None:
+    dropped = Mailbox()
+    dropped.drop()
+    notifier, published = make({"gone": dropped})
+    assert notifier.notify("nobody", "t1", env("t1")) is False
+    assert notifier.notify("gone", "t2", env("t2")) is False
+    assert [p[2].task_id for p in published] == ["t1", "t2"]
+
+
+def test_failing_publish_or_mailbox_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+    def bad_publish(*args: object) -> None:
+        raise RuntimeError("bus down")
+
+    def bad_lookup(session: str) -> Mailbox:
+        raise RuntimeError("store down")
+
+    box = Mailbox()
+    with caplog.at_level(logging.ERROR):
+        assert CompletionNotifier(lambda s: box, bad_publish).notify("s", "t", env("t"))
+        assert CompletionNotifier(bad_lookup, None).notify("s", "t", env("t")) is False
+    assert box.peek("t") == env("t")
+
+
+@pytest.mark.anyio
+async def test_notify_never_blocks_the_child() -> None:
+    """notify is synchronous (it cannot await) and a full mailbox nobody reads does not
+    hold the child: every child settles though no room is ever made."""
+    assert not inspect.iscoroutinefunction(CompletionNotifier.notify)
+
+    async def runner(request: Request, ctx: RunContext) -> str:
+        return request.input
+
+    async with manager_with(spec("w", runner), mailbox_capacity=1) as manager:
+        handles = [manager.spawn("w", str(i)) for i in range(5)]
+        with anyio.fail_after(5):
+            for h in handles:
+                assert (await h.wait()).output == h.request.input
+        assert len(manager.mailbox()) == 1
+
+
+@pytest.mark.anyio
+async def test_manager_notifier_delivers_to_session_mailbox_and_event() -> None:
+    async def runner(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    events: list[object] = []
+    async with manager_with(spec("w", runner)) as manager:
+        manager.events.subscribe(lambda e: events.append(e) if e.type.endswith("ed") else None)
+        handle = manager.spawn("w")
+        await handle.wait()
+        assert manager.mailbox().peek(handle.task_id) == handle.result
+    completed = [e for e in events if getattr(e, "type", "") == "subagent.completed"]
+    assert len(completed) == 1
+    assert completed[0].data == handle.result.to_dict()  # type: ignore[attr-defined, union-attr]
+
+
+@pytest.mark.anyio
+async def test_manager_with_notify_disabled_neither_puts_nor_publishes() -> None:
+    async def runner(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    events: list[str] = []
+    async with manager_with(spec("w", runner), notify_completion=False) as manager:
+        manager.events.subscribe(lambda e: events.append(e.type))
+        handle = manager.spawn("w")
+        env_ = await handle.wait()
+        assert env_.output == "ok"
+        assert len(manager.mailbox()) == 0
+        assert manager.result(handle.task_id) == env_  # still retrievable
+    assert "subagent.completed" not in events

@@ -1,0 +1,116 @@
+"""AgentPath (the delegation tree) and unique child naming (-2, -3 suffixes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from subagents import AgentPath, InvalidName, Request, RunContext
+from subagents._paths import MAX_NAME_LENGTH, NameAllocator
+from tests.helpers import Tracker, echo, manager_with, spec
+
+
+def test_root_is_slash_root() -> None:
+    root = AgentPath.root()
+    assert root == "/root"
+    assert str(root) == "/root"
+    assert root.depth == 0
+    assert root.parent() is None
+    assert root.name == "root"
+
+
+def test_join_parent_depth_str() -> None:
+    a = AgentPath.root().join("a")
+    b = a.join("b-2")
+    assert isinstance(b, AgentPath)
+    assert str(a) == "/root/a"
+    assert str(b) == "/root/a/b-2"
+    assert b.depth == 2
+    assert a.depth == 1
+    assert b.parent() == a
+    assert b.parent().parent() == AgentPath.root()  # type: ignore[union-attr]
+    assert b.segments == ("root", "a", "b-2")
+    assert b.name == "b-2"
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("", "empty"),
+        ("a/b", "/"),
+        ("x" * (MAX_NAME_LENGTH + 1), "at most"),
+        ("-lead", "letters"),
+        ("has space", "letters"),
+        ("ünï", "letters"),
+        (".", "letters"),
+    ],
+)
+def test_join_rejects_bad_segments(name: str, reason: str) -> None:
+    with pytest.raises(InvalidName, match=reason) as info:
+        AgentPath.root().join(name)
+    assert isinstance(info.value, ValueError)
+    assert info.value.name == name
+
+
+def test_join_accepts_documented_charset() -> None:
+    for name in ("a", "A9", "x_y", "x-y", "v1.2", "x" * MAX_NAME_LENGTH):
+        assert AgentPath.root().join(name).name == name
+
+
+def test_parse_validates_every_segment() -> None:
+    assert AgentPath("/root/a/b").depth == 2
+    for bad in ("root/a", "/root//a", "/root/a/", "/root/a b"):
+        with pytest.raises(InvalidName):
+            AgentPath(bad)
+
+
+def test_name_allocator_suffixes_case_insensitive() -> None:
+    names = NameAllocator()
+    assert names.allocate("worker") == "worker"
+    assert names.allocate("worker") == "worker-2"
+    assert names.allocate("Worker") == "Worker-3"
+    assert names.allocate("WORKER") == "WORKER-4"
+    assert names.allocate("other") == "other"
+
+
+def test_name_allocator_skips_taken_suffixes_and_stays_bounded() -> None:
+    names = NameAllocator()
+    assert names.allocate("a-2") == "a-2"
+    assert names.allocate("a") == "a"
+    assert names.allocate("a") == "a-3"  # a-2 is taken literally
+    long = "n" * MAX_NAME_LENGTH
+    assert names.allocate(long) == long
+    second = names.allocate(long)
+    assert second.endswith("-2")
+    assert len(second) <= MAX_NAME_LENGTH
+    AgentPath.root().join(second)
+
+
+@pytest.mark.anyio
+async def test_spawned_names_get_suffixes_under_one_parent() -> None:
+    tracker = Tracker()
+    async with manager_with(spec("general", tracker.runner), spec("echo", echo)) as manager:
+        h1 = manager.spawn("general", "1")
+        h2 = manager.spawn("general", "2")
+        h3 = manager.spawn("general", "3", name="GENERAL")
+        h4 = manager.spawn("echo", "4", name="General")
+        other = manager.spawn("general", "5", session_id="other")
+        assert h1.agent_path == "/root/general"
+        assert h2.agent_path == "/root/general-2"
+        assert h3.agent_path == "/root/GENERAL-3"
+        assert h4.agent_path == "/root/General-4"
+        assert other.agent_path == "/root/general"  # another parent: its own namespace
+        tracker.open()
+        for h in (h1, h2, h3, h4, other):
+            assert (await h.wait()).agent_path == h.agent_path
+
+
+@pytest.mark.anyio
+async def test_nested_children_have_their_own_namespace() -> None:
+    async def parent(request: Request, ctx: RunContext) -> str:
+        a = await ctx.execute("echo", "x")
+        b = await ctx.execute("echo", "y")
+        return f"{a.agent_path} {b.agent_path}"
+
+    async with manager_with(spec("parent", parent), spec("echo", echo)) as manager:
+        env = await manager.spawn("parent").wait()
+    assert env.output == "/root/parent/echo /root/parent/echo-2"
