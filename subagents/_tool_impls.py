@@ -329,6 +329,8 @@ class SessionTools:
                 f"answers in time{why}; call wait_agent again to keep waiting."
             )
         tail = self._pending_lines(pending, limit // 4)
+        # Fresh results first: a repeat of an already collected one never crowds them out.
+        finished = [h for h in finished if not h.collected] + [h for h in finished if h.collected]
         # Decide how many finished results fit: each gets at least MIN_SHARE characters
         # (or its full length if shorter); the rest stay uncollected for the next call.
         texts_full = [
@@ -342,7 +344,11 @@ class SessionTools:
             if count and need > avail:
                 break
             count += 1
-        delivered, deferred = finished[:count], finished[count:]
+        delivered, skipped = finished[:count], finished[count:]
+        deferred = [h for h in skipped if not h.collected]
+        repeats = [h.task_id for h in skipped if h.collected]
+        if repeats:
+            tail.insert(0, "already collected earlier (not repeated): " + ", ".join(repeats[:20]))
         shares = _water_fill([len(t) + 2 for t in texts_full[:count]], avail)
         blocks: list[str] = []
         results: list[JSONValue] = []

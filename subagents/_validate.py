@@ -150,8 +150,9 @@ def parse_args(tool: str, params: Sequence[Param], args: object) -> dict[str, ob
                 close = difflib.get_close_matches(key, list(by_name), n=1, cutoff=0.6)
                 if close:
                     hint = f" (did you mean {close[0]!r}?)"
+            shown = repr(key[:_SHOW_CHARS]) if isinstance(key, str) else show(key)
             raise ArgumentError(
-                f"unknown field {show(key)} for {tool}{hint}; allowed fields: {allowed}",
+                f"unknown field {shown} for {tool}{hint}; allowed fields: {allowed}",
                 str(key),
             )
     out: dict[str, object] = {}

@@ -184,7 +184,7 @@ VALIDATION_CASES = [
     (
         "wait_agent",
         {"task_id": "x"},
-        "unknown field \"task_id\" (a string) for wait_agent (did you mean 'task_ids'?); "
+        "unknown field 'task_id' for wait_agent (did you mean 'task_ids'?); "
         "allowed fields: task_ids, mode, timeout_ms",
     ),
     ("spawn_agent", {"agent": "echo"}, "input is required"),
