@@ -394,3 +394,73 @@ async def test_layering_rule_is_enforced() -> None:
             build_tools(manager, "", wait_timeout=1)
         with pytest.raises(ConfigError):
             build_tools(manager, "root", wait_timeout=0)
+
+
+# ---------------------------------------------------------------- public names, tracing, nesting
+
+
+def test_public_names() -> None:
+    import subagents
+
+    for name in ("Tool", "ToolResult", "Toolset", "ToolLimits", "build_tools", "Completions"):
+        assert name in subagents.__all__
+    assert subagents.wait_margin(60.0) == pytest.approx(6.0)
+    assert subagents.wait_margin(0.1) == subagents.WAIT_MARGIN_MIN
+
+
+@pytest.mark.anyio
+async def test_every_call_runs_in_a_tool_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextlib import contextmanager
+
+    from subagents import _tools
+
+    calls: list[tuple[str, str | None, str | None]] = []
+    links: list[list[str]] = []
+
+    class Span:
+        def set_attribute(self, key: str, value: object) -> None:
+            pass
+
+        def link_tasks(self, task_ids: object) -> None:
+            links.append(list(task_ids))  # type: ignore[call-overload]
+
+    @contextmanager
+    def recording_span(
+        tool: str, *, call_id: str | None = None, transfer_target: str | None = None
+    ):  # type: ignore[no-untyped-def]
+        calls.append((tool, call_id, transfer_target))
+        yield Span()
+
+    monkeypatch.setattr(_tools, "tool_span", recording_span)
+    async with toolset() as tools:
+        spawned = await tools.call("spawn_agent", {"agent": "echo", "input": "x"}, call_id="c1")
+        await tools.call("wait_agent", {"task_ids": spawned.details["task_id"]}, call_id="c2")
+        await tools.call("delegate_to_agent", {"agent": "echo", "input": "y"})
+        await tools.call("list_agents", {"bad": 1})
+        await tools.call("no_such_tool", {})
+    assert calls == [
+        ("spawn_agent", "c1", "echo"),
+        ("wait_agent", "c2", None),
+        ("delegate_to_agent", None, "echo"),
+        ("list_agents", None, None),
+        ("no_such_tool", None, None),
+    ]
+    assert links == [[spawned.details["task_id"]]]
+
+
+@pytest.mark.anyio
+async def test_a_runner_uses_the_tools_for_its_own_children() -> None:
+    async def lead(request: Request, ctx: RunContext) -> str:
+        tools = build_tools(ctx.manager, ctx.session_id, engine_tool_timeout=10, wait_timeout=5)
+        spawned = await tools.call("spawn_agent", {"agent": "echo", "input": request.input})
+        waited = await tools.call("wait_agent", {"task_ids": spawned.details["task_id"]})
+        results = waited.details["results"]
+        assert isinstance(results, list)
+        return str(results[0]["output"])  # type: ignore[index,call-overload]
+
+    spec = AgentSpec(name="lead", description="Delegates.", runner=lead)
+    async with toolset(spec, echo_agent()) as tools:
+        result = await tools.call("delegate_to_agent", {"agent": "lead", "input": "deep"})
+        envelope = result.details["envelope"]
+        assert isinstance(envelope, dict)
+        assert envelope["output"] == "echo: deep"
