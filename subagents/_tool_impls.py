@@ -84,8 +84,8 @@ class SessionTools:
         )
         content = (
             f"spawned {agent} as task {handle.task_id} ({handle.agent_path}): {where}; "
-            f"at most {stats.limit} subagents run at once. Keep working; when you need the "
-            f'result call wait_agent with task_ids ["{handle.task_id}"].'
+            f"concurrency limit {stats.limit}. Keep working; when you need the result call "
+            f'wait_agent with task_ids ["{handle.task_id}"].'
         )
         return ToolResult(
             content=content,

@@ -127,9 +127,14 @@ class Completions:
     def _live(self) -> list[SpawnHandle]:
         return [h for h in self._manager.tasks(self._session_id) if h.result is None]
 
+    def _closed(self) -> bool:
+        manager = self._manager
+        return manager.session_closed(self._session_id) or not manager.running
+
     async def _wait_change(self, live: list[SpawnHandle]) -> None:
         with session_signal(self._manager, self._session_id, on_put=True) as wake:
             await wait_handles(live, "any", wake)
+        await anyio.lowlevel.checkpoint()  # never spin without yielding
 
     async def wait(self) -> list[DelegateResult]:
         """See the class docstring (the awaitable form). Blocks; never consumes."""
@@ -138,7 +143,7 @@ class Completions:
             if ready:
                 return ready
             live = self._live()
-            if not live or self._manager.session_closed(self._session_id):
+            if not live or self._closed():
                 return []
             await self._wait_change(live)
 
@@ -155,6 +160,6 @@ class Completions:
                 self._seen.add(ready[0].task_id)
                 return ready[0]
             live = self._live()
-            if not live or self._manager.session_closed(self._session_id):
+            if not live or self._closed():
                 raise StopAsyncIteration
             await self._wait_change(live)

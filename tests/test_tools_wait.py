@@ -349,3 +349,39 @@ async def test_completions_end_when_the_session_closes() -> None:
         with anyio.fail_after(1):
             assert await manager.completions("s2") == ready  # peeked, still there
         release("a")
+
+
+@pytest.mark.anyio
+async def test_completions_see_a_child_spawned_during_the_wait() -> None:
+    spec, release = gated()
+    async with toolset(spec, echo_agent()) as tools:
+        manager = tools.manager
+        await spawn(tools, "gated", "slow")
+        ready: list[str] = []
+
+        async def sleeper() -> None:
+            ready.extend(e.task_id for e in await manager.completions("root"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sleeper)
+            await anyio.wait_all_tasks_blocked()
+            quick = await spawn(tools, "echo", "x")
+        assert ready == [quick]
+        release("slow")
+
+
+@pytest.mark.anyio
+async def test_completions_return_when_the_manager_closes() -> None:
+    spec, _ = gated()
+    ready: list[object] = ["sentinel"]
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg, SubagentManager([spec]) as manager:
+            manager.spawn("gated", "never")
+
+            async def sleeper() -> None:
+                ready[:] = await manager.completions("root")
+
+            tg.start_soon(sleeper)
+            await anyio.wait_all_tasks_blocked()
+    # Woken by the cancelled child's envelope (or the close), never left spinning.
+    assert all(getattr(e, "status", None) == "cancelled" for e in ready)
