@@ -8,14 +8,15 @@
 * MCP ``tools/list``: ``{"name", "title", "description", "inputSchema", "annotations"}``.
 
 ``strict=True`` (OpenAI) rewrites the schema the way OpenAI's strict mode demands: every
-property listed in ``required``, optional ones made nullable; the tools treat ``null`` as
-omitted, so both forms are accepted at execution time.
+property listed in ``required``, optional ones made nullable, keywords strict mode does
+not support (``minLength``, ``maxLength``, ``default``) dropped; the tools treat ``null``
+as omitted and still check everything, so both forms are accepted at execution time.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ._json import JSONValue
 
@@ -25,9 +26,26 @@ if TYPE_CHECKING:
 __all__ = ["to_anthropic", "to_mcp", "to_openai_chat", "to_openai_responses"]
 
 
+# Keywords OpenAI's strict mode does not document as supported (strings take only
+# ``pattern`` and ``format``); the tools still check them at execution time.
+_NOT_STRICT: Final = ("minLength", "maxLength", "default")
+
+
+def _drop_unsupported(node: JSONValue) -> None:
+    if isinstance(node, dict):
+        for key in _NOT_STRICT:
+            node.pop(key, None)
+        for value in node.values():
+            _drop_unsupported(value)
+    elif isinstance(node, list):
+        for item in node:
+            _drop_unsupported(item)
+
+
 def _strict(schema: dict[str, JSONValue]) -> dict[str, JSONValue]:
     out = copy.deepcopy(schema)
     out.pop("$schema", None)
+    _drop_unsupported(out)
     props = out.get("properties")
     required = out.get("required")
     assert isinstance(props, dict)
@@ -43,7 +61,6 @@ def _strict(schema: dict[str, JSONValue]) -> dict[str, JSONValue]:
             prop["type"] = [prop["type"], "null"]
             if isinstance(enum, list):
                 prop["enum"] = [*enum, None]
-        prop.pop("default", None)
     out["required"] = list(props)
     return out
 

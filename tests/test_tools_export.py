@@ -82,6 +82,9 @@ async def test_openai_strict_mode(tools: Toolset) -> None:
         assert strict is True
         schema = check_schema(params)
         assert "$schema" not in schema
+        text = dumps(schema).decode()
+        for keyword in ("minLength", "maxLength", "default", "allOf", "oneOf"):
+            assert f'"{keyword}"' not in text
         assert schema["required"] == list(schema["properties"])  # type: ignore[call-overload]
     wait = tools["wait_agent"].to_openai_responses(strict=True)["parameters"]
     validator = Draft202012Validator(wait)
