@@ -47,8 +47,8 @@ logger = logging.getLogger("subagents.tools")
 
 WAIT_MARGIN_RATIO: Final = 0.1
 """The safety margin is 10 % of the host's timeout for the tool ..."""
-WAIT_MARGIN_MIN: Final = 0.05
-"""... and never less than 50 ms."""
+WAIT_MARGIN_MIN: Final = 0.02
+"""... and never less than 20 ms (only sub-second, test-scaled timeouts reach it)."""
 NO_HOST_TIMEOUT_WAIT_CAP: Final = 600.0
 """Without a host timeout, no single ``wait_agent`` call blocks longer than this (s)."""
 
@@ -57,7 +57,7 @@ ReturnMode = Literal["envelope", "string"]
 
 def wait_margin(engine_timeout: float) -> float:
     """The safety margin (seconds) kept between a blocking tool's own deadline and the
-    host's timeout ``engine_timeout`` for it: ``max(0.1 * engine_timeout, 0.05)``."""
+    host's timeout ``engine_timeout`` for it: ``max(0.1 * engine_timeout, 0.02)``."""
     return max(WAIT_MARGIN_RATIO * engine_timeout, WAIT_MARGIN_MIN)
 
 

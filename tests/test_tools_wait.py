@@ -385,3 +385,23 @@ async def test_completions_return_when_the_manager_closes() -> None:
             await anyio.wait_all_tasks_blocked()
     # Woken by the cancelled child's envelope (or the close), never left spinning.
     assert all(getattr(e, "status", None) == "cancelled" for e in ready)
+
+
+@pytest.mark.anyio
+async def test_two_concurrent_waits_share_one_result_without_loss() -> None:
+    spec, release = gated()
+    async with toolset(spec) as tools:
+        a = await spawn(tools, "gated", "a")
+        answers: list[ToolResult] = []
+
+        async def waiter() -> None:
+            answers.append(await tools.call("wait_agent", {"task_ids": a, "timeout_ms": 5000}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            release("a")
+        flags = sorted(bool(results_of(r)[0]["already_collected"]) for r in answers)
+        assert flags == [False, True]  # consumed once, the other sees it marked
+        assert all(results_of(r)[0]["output"] == "gated: a" for r in answers)
