@@ -464,3 +464,19 @@ async def test_a_runner_uses_the_tools_for_its_own_children() -> None:
         envelope = result.details["envelope"]
         assert isinstance(envelope, dict)
         assert envelope["output"] == "echo: deep"
+
+
+@pytest.mark.anyio
+async def test_an_internal_failure_is_an_error_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    from subagents import _tool_impls
+
+    def broken(self: object) -> None:
+        raise KeyError("boom")
+
+    async with toolset() as tools:
+        monkeypatch.setattr(_tool_impls.SessionTools, "_wait_ms", lambda self, r: broken(self))
+        spawned = await tools.call("spawn_agent", {"agent": "echo", "input": "x"})
+        result = check(await tools.call("wait_agent", {"task_ids": spawned.details["task_id"]}))
+        assert result.is_error
+        assert result.details == {"error": "internal", "error_type": "KeyError"}
+        assert "not caused by your arguments" in result.content

@@ -115,8 +115,9 @@ async def test_cancelled_wait_consumes_nothing() -> None:
     spec, release = gated()
     async with toolset(spec) as tools:
         a = await spawn(tools, "gated", "a")
-        with anyio.move_on_after(0.05):
+        with anyio.move_on_after(0.05) as scope:
             await tools.call("wait_agent", {"task_ids": a, "timeout_ms": 10_000})
+        assert scope.cancelled_caught  # the caller's cancellation went through, not swallowed
         release("a")
         await tools.manager.handle(a).wait()
         assert not tools.manager.handle(a).collected
