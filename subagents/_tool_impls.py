@@ -3,15 +3,12 @@ cancel_agent and list_agents. Texts are written for a model; see design/tools.md
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-import anyio
-
-from ._envelope import DelegateResult, _cut_middle, bound_text
-from ._handle import QUEUED, SpawnHandle
+from ._envelope import _cut_middle, bound_text
 from ._json import JSONValue
-from ._tool_wait import WaitMode, session_signal, wait_handles
-from ._tools import Tool, ToolLimits, ToolResult, error_result, make_tool
+from ._tool_wait_agent import WaitAgent, int_arg, ms, status_of
+from ._tools import Tool, ToolLimits, ToolResult, make_tool
 from ._tracing import ToolSpan
 from ._validate import Param
 
@@ -20,9 +17,6 @@ if TYPE_CHECKING:
 
 __all__ = ["build_session_tools"]
 
-MIN_SHARE: Final = 300
-"""Characters a delivered result gets at least before others are deferred to a later call."""
-ALREADY: Final = "[already collected by an earlier wait_agent call; shown again]\n"
 
 _AGENT = Param(
     name="agent",
@@ -38,20 +32,7 @@ _INPUT = Param(
 )
 
 
-def _ms(seconds: float) -> int:
-    return int(seconds * 1000)
-
-
-def _status_of(handle: SpawnHandle) -> str:
-    envelope = handle.result
-    if envelope is not None:
-        return envelope.status.value
-    if handle._cancel_requested:
-        return "cancelling"
-    return handle.state
-
-
-class SessionTools:
+class SessionTools(WaitAgent):
     """The tool handlers bound to one manager and session."""
 
     def __init__(self, manager: SubagentManager, session_id: str, limits: ToolLimits) -> None:
@@ -66,7 +47,7 @@ class SessionTools:
         agent = str(args["agent"])
         kwargs: dict[str, object] = {}
         if "timeout_ms" in args:
-            kwargs["timeout"] = _int(args["timeout_ms"]) / 1000
+            kwargs["timeout"] = int_arg(args["timeout_ms"]) / 1000
         name = args.get("name")
         handle = manager.spawn(
             agent,
@@ -111,7 +92,7 @@ class SessionTools:
         requested = args.get("timeout_ms")
         clamped = False
         if requested is not None:
-            timeout: float | None = _int(requested) / 1000
+            timeout: float | None = int_arg(requested) / 1000
         else:
             timeout = spec.timeout if spec.timeout is not None else manager.config.execute_timeout
         if ceiling is not None and (timeout is None or timeout > ceiling):
@@ -124,11 +105,11 @@ class SessionTools:
         details: dict[str, JSONValue] = {
             "task_id": envelope.task_id,
             "status": envelope.status.value,
-            "timeout_ms": None if timeout is None else _ms(timeout),
+            "timeout_ms": None if timeout is None else ms(timeout),
             "clamped": clamped,
         }
         if requested is not None:
-            details["requested_timeout_ms"] = _int(requested)
+            details["requested_timeout_ms"] = int_arg(requested)
         if self.limits.return_mode == "string":
             if envelope.ok:
                 text = envelope.output
@@ -147,7 +128,7 @@ class SessionTools:
         note = ""
         if clamped:
             note = (
-                f"note: timeout_ms {requested} was lowered to {_ms(timeout or 0)} so the "
+                f"note: timeout_ms {requested} was lowered to {ms(timeout or 0)} so the "
                 "result arrives before this tool call itself times out.\n"
             )
         return ToolResult(content=note + envelope.truncated(limit - len(note)), details=details)
@@ -156,9 +137,9 @@ class SessionTools:
 
     async def cancel(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
         handle = self.manager.handle(str(args["task_id"]), session_id=self.session_id)
-        previous = _status_of(handle)
+        previous = status_of(handle)
         requested = handle.cancel()
-        now = _status_of(handle)
+        now = status_of(handle)
         if requested:
             if now == "cancelled":
                 content = f"task {handle.task_id} was {previous}; it is now cancelled."
@@ -207,7 +188,7 @@ class SessionTools:
         budget = limit - sum(len(line) + 1 for line in lines) - 60
         for handle in children:
             waiting = handle.result is not None and not handle.collected
-            status = _status_of(handle)
+            status = status_of(handle)
             elapsed = handle.elapsed()
             child_details.append(
                 {
@@ -215,7 +196,7 @@ class SessionTools:
                     "agent": handle.agent,
                     "agent_path": str(handle.agent_path),
                     "status": status,
-                    "elapsed_ms": _ms(elapsed),
+                    "elapsed_ms": ms(elapsed),
                     "result_waiting": waiting,
                 }
             )
@@ -234,211 +215,6 @@ class SessionTools:
             details={"agents": agent_details, "tasks": child_details},
         )
 
-    # ------------------------------------------------------------------ wait_agent
-
-    def _wait_ms(self, requested: int | None) -> tuple[int, bool]:
-        ceiling = _ms(self.limits.wait_ceiling)
-        if requested is None:
-            return min(_ms(self.limits.wait_timeout), ceiling), False
-        if requested > ceiling:
-            return ceiling, True
-        return requested, False
-
-    async def wait(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
-        manager = self.manager
-        ids = [str(i) for i in args["task_ids"]]  # type: ignore[attr-defined]
-        mode: WaitMode = "any" if args.get("mode") == "any" else "all"
-        handles: list[SpawnHandle] = []
-        unknown: list[Exception] = []
-        for task_id in ids:
-            try:
-                handles.append(manager.handle(task_id, session_id=self.session_id))
-            except LookupError as exc:
-                unknown.append(exc)
-        if unknown:
-            if len(unknown) == 1:
-                return error_result(unknown[0], "wait_agent")
-            return ToolResult(
-                content=bound_text(
-                    "; ".join(str(e) for e in unknown)
-                    + ". Nothing was collected; call again with valid ids.",
-                    self.limits.truncate_chars,
-                ),
-                details={"error": "unknown_task", "task_ids": [str(e.args[0]) for e in unknown]},
-                is_error=True,
-            )
-        requested = None if args.get("timeout_ms") is None else _int(args["timeout_ms"])
-        timeout_ms, clamped = self._wait_ms(requested)
-        waited_from = anyio.current_time()
-        with session_signal(manager, self.session_id) as closed:
-            if timeout_ms > 0 and not closed.is_set():
-                with anyio.move_on_after(timeout_ms / 1000):
-                    await wait_handles(handles, mode, closed)
-        waited_ms = _ms(anyio.current_time() - waited_from)
-        # Read the record after the deadline: a result that landed at the deadline counts.
-        finished = [h for h in handles if h.result is not None]
-        pending = [h for h in handles if h.result is None]
-        completed = bool(finished) if mode == "any" else not pending
-        session_closed = manager.session_closed(self.session_id) or not manager.running
-        timed_out = not completed and not session_closed
-        return self._wait_result(
-            span,
-            ids=ids,
-            mode=mode,
-            finished=finished,
-            pending=pending,
-            completed=completed,
-            timed_out=timed_out,
-            session_closed=session_closed,
-            timeout_ms=timeout_ms,
-            requested=requested,
-            clamped=clamped,
-            waited_ms=waited_ms,
-        )
-
-    def _wait_result(
-        self,
-        span: ToolSpan,
-        *,
-        ids: list[str],
-        mode: WaitMode,
-        finished: list[SpawnHandle],
-        pending: list[SpawnHandle],
-        completed: bool,
-        timed_out: bool,
-        session_closed: bool,
-        timeout_ms: int,
-        requested: int | None,
-        clamped: bool,
-        waited_ms: int,
-    ) -> ToolResult:
-        limit = self.limits.truncate_chars
-        head = [f"wait_agent ({mode}): {len(finished)} of {len(ids)} finished"]
-        if timed_out:
-            head[0] += f"; timed_out after {timeout_ms} ms (the subagents keep running)"
-        if session_closed and not completed:
-            head.append(
-                "the session was closed: its unfinished subagents are cancelled and no more "
-                "results will come; do the remaining work yourself."
-            )
-        if clamped:
-            host = self.limits.engine_timeouts.get("wait_agent")
-            why = "" if host is None else f" before its {host:g} s tool timeout"
-            head.append(
-                f"note: timeout_ms {requested} was clamped to {timeout_ms} so this call "
-                f"answers in time{why}; call wait_agent again to keep waiting."
-            )
-        tail = self._pending_lines(pending, limit // 4)
-        # Fresh results first: a repeat of an already collected one never crowds them out.
-        finished = [h for h in finished if not h.collected] + [h for h in finished if h.collected]
-        # Decide how many finished results fit: each gets at least MIN_SHARE characters
-        # (or its full length if shorter); the rest stay uncollected for the next call.
-        texts_full = [
-            (ALREADY if h.collected else "") + _envelope(h).truncated(limit) for h in finished
-        ]
-        fixed = sum(len(x) + 1 for x in head) + sum(len(x) + 1 for x in tail) + 200
-        avail = max(limit - fixed, MIN_SHARE // 2)
-        count, need = 0, 0
-        for text in texts_full:
-            need += min(len(text), MIN_SHARE) + 2
-            if count and need > avail:
-                break
-            count += 1
-        delivered, skipped = finished[:count], finished[count:]
-        deferred = [h for h in skipped if not h.collected]
-        repeats = [h.task_id for h in skipped if h.collected]
-        if repeats:
-            tail.insert(0, "already collected earlier (not repeated): " + ", ".join(repeats[:20]))
-        shares = _water_fill([len(t) + 2 for t in texts_full[:count]], avail)
-        blocks: list[str] = []
-        results: list[JSONValue] = []
-        for handle, share in zip(delivered, shares, strict=True):
-            already = handle.collected
-            envelope = self.manager.collect(handle)
-            assert envelope is not None
-            prefix = ALREADY if already else ""
-            blocks.append(prefix + envelope.truncated(max(share - 2 - len(prefix), 1)))
-            results.append(
-                {"task_id": handle.task_id, "already_collected": already, **envelope.to_dict()}
-            )
-        if deferred:
-            ids_text = ", ".join(f'"{h.task_id}"' for h in deferred[:20])
-            tail.insert(
-                0,
-                f"{len(deferred)} more finished result(s) did not fit in this answer and are "
-                f"kept for you: call wait_agent again with task_ids [{ids_text}].",
-            )
-        span.link_tasks([h.task_id for h in delivered])
-        content = "\n\n".join(["\n".join(head), *blocks, *(["\n".join(tail)] if tail else [])])
-        details: dict[str, JSONValue] = {
-            "completed": completed,
-            "timed_out": timed_out,
-            "session_closed": session_closed,
-            "mode": mode,
-            "timeout_ms": timeout_ms,
-            "clamped": clamped,
-            "waited_ms": waited_ms,
-            "results": results,
-            "pending": [self._pending_detail(h) for h in pending],
-            "deferred": [h.task_id for h in deferred],
-        }
-        if requested is not None:
-            details["requested_timeout_ms"] = requested
-        if len(ids) == 1:
-            details["task_id"] = ids[0]
-        return ToolResult(content=bound_text(content, limit), details=details)
-
-    def _pending_detail(self, handle: SpawnHandle) -> JSONValue:
-        return {
-            "task_id": handle.task_id,
-            "agent": handle.agent,
-            "agent_path": str(handle.agent_path),
-            "status": _status_of(handle),
-            "elapsed_ms": _ms(handle.elapsed()),
-        }
-
-    def _pending_lines(self, pending: list[SpawnHandle], budget: int) -> list[str]:
-        if not pending:
-            return []
-        lines = ["still pending:"]
-        used = len(lines[0])
-        for i, handle in enumerate(pending):
-            status = _status_of(handle)
-            elapsed = handle.elapsed()
-            line = f"- {handle.task_id} ({handle.agent_path}): {status} for {elapsed:.1f} s"
-            if handle.state == QUEUED:
-                line += " (waiting for a free slot)"
-            if used + len(line) + 1 > budget:
-                lines.append(f"(+{len(pending) - i} more pending)")
-                break
-            lines.append(line)
-            used += len(line) + 1
-        lines.append("keep working and call wait_agent again later; do not poll in a tight loop.")
-        return lines
-
-
-def _int(value: object) -> int:
-    assert isinstance(value, int)  # _validate normalised it
-    return value
-
-
-def _envelope(handle: SpawnHandle) -> DelegateResult:
-    envelope = handle.result
-    assert envelope is not None
-    return envelope
-
-
-def _water_fill(needs: list[int], budget: int) -> list[int]:
-    """Share ``budget`` among items needing ``needs``: short ones get all they need, the
-    rest split what is left evenly."""
-    shares = [0] * len(needs)
-    left = budget
-    for rank, i in enumerate(sorted(range(len(needs)), key=lambda j: needs[j])):
-        share = left // (len(needs) - rank)
-        shares[i] = min(needs[i], share)
-        left -= shares[i]
-    return shares
-
 
 _TIMEOUT_SPAWN = Param(
     name="timeout_ms",
@@ -456,8 +232,8 @@ def build_session_tools(
     """The five tools bound to ``session_id``."""
     impl = SessionTools(manager, session_id, limits)
     engine = limits.engine_timeouts
-    wait_default = _ms(limits.wait_timeout)
-    wait_max = _ms(limits.wait_ceiling)
+    wait_default = ms(limits.wait_timeout)
+    wait_max = ms(limits.wait_ceiling)
     return [
         make_tool(
             name="spawn_agent",

@@ -2,7 +2,7 @@
 
 A host agent loop hands the toolset's definitions to its model (OpenAI, Anthropic or MCP
 shapes) and runs each call through :meth:`Toolset.call` under its own per-tool timeout.
-The tool implementations live in ``_tool_impls.py`` and ``_tool_wait.py``; the timeout
+The tool implementations live in ``_tool_impls.py`` and ``_tool_wait_agent.py``; the timeout
 layering rule (``wait_agent`` answers before the host would kill it) is enforced here.
 """
 

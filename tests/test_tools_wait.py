@@ -15,7 +15,7 @@ from subagents import (
     SubagentManager,
     ToolResult,
     Toolset,
-    _tool_impls,
+    _tool_wait_agent,
     build_tools,
 )
 from subagents._handle import SpawnHandle
@@ -137,7 +137,7 @@ async def test_result_landing_at_the_deadline_counts(monkeypatch: pytest.MonkeyP
 
     async with toolset(spec) as tools:
         a = await spawn(tools, "gated", "a")
-        monkeypatch.setattr(_tool_impls, "wait_handles", wake_lost)
+        monkeypatch.setattr(_tool_wait_agent, "wait_handles", wake_lost)
         result = await tools.call("wait_agent", {"task_ids": a, "timeout_ms": 50})
         assert result.details["completed"] is True
         assert result.details["timed_out"] is False
