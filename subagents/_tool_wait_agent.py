@@ -80,7 +80,10 @@ class WaitAgent:
                     + ". Nothing was collected; call again with valid ids.",
                     self.limits.truncate_chars,
                 ),
-                details={"error": "unknown_task", "task_ids": [str(e.args[0]) for e in unknown]},
+                details={
+                    "error": "unknown_task",
+                    "task_ids": [str(getattr(e, "task_id", e)) for e in unknown],
+                },
                 is_error=True,
             )
         requested = None if args.get("timeout_ms") is None else int_arg(args["timeout_ms"])

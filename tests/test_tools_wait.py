@@ -165,6 +165,7 @@ async def test_unknown_ids_are_errors_not_empty_answers() -> None:
         assert "nope1" in both.content
         assert "nope2" in both.content
         assert "Nothing was collected" in both.content
+        assert both.details == {"error": "unknown_task", "task_ids": ["nope1", "nope2"]}
         assert not tools.manager.handle(a).collected
         release("a")
         release("b")
