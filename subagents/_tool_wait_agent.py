@@ -147,7 +147,8 @@ class WaitAgent:
                 f"note: timeout_ms {requested} was clamped to {timeout_ms} so this call "
                 f"answers in time{why}; call wait_agent again to keep waiting."
             )
-        tail = self._pending_lines(pending, limit // 4)
+        pending_lines = self._pending_lines(pending, limit // 4)
+        tail = pending_lines
         # Fresh results first: a repeat of an already collected one never crowds them out.
         finished = [h for h in finished if not h.collected] + [h for h in finished if h.collected]
         # Decide how many finished results fit: each gets at least MIN_SHARE characters
@@ -155,7 +156,7 @@ class WaitAgent:
         texts_full = [
             (ALREADY if h.collected else "") + _envelope(h).truncated(limit) for h in finished
         ]
-        fixed = sum(len(x) + 1 for x in head) + sum(len(x) + 1 for x in tail) + 200
+        fixed = sum(len(x) + 1 for x in head) + sum(len(x) + 1 for x in pending_lines) + 200
         avail = max(limit - fixed, MIN_SHARE // 2)
         count, need = 0, 0
         for text in texts_full:
@@ -166,29 +167,39 @@ class WaitAgent:
         delivered, skipped = finished[:count], finished[count:]
         deferred = [h for h in skipped if not h.collected]
         repeats = [h.task_id for h in skipped if h.collected]
+        notes: list[str] = []
+        if deferred:
+            ids_text = ", ".join(f'"{h.task_id}"' for h in deferred[:5])
+            more = f" (+{len(deferred) - 5} more)" if len(deferred) > 5 else ""
+            notes.append(
+                f"{len(deferred)} more finished result(s) did not fit in this answer and are "
+                f"kept for you: call wait_agent again with task_ids [{ids_text}]{more}."
+            )
         if repeats:
-            tail.insert(0, "already collected earlier (not repeated): " + ", ".join(repeats[:20]))
-        shares = _water_fill([len(t) + 2 for t in texts_full[:count]], avail)
+            notes.append("already collected earlier (not repeated): " + ", ".join(repeats[:10]))
+        tail = notes + pending_lines
+        # Exact budget now that the notes are known: head, blocks and tail joined by "\n\n".
+        head_text, tail_text = "\n".join(head), "\n".join(tail)
+        exact = limit - len(head_text) - (len(tail_text) + 2 if tail else 0)
+        if pending and count and exact < count * MIN_SHARE:
+            # Results matter more than the pending list: shrink it to one line.
+            tail = [*notes, f"{len(pending)} still pending; keep working and wait again later."]
+            tail_text = "\n".join(tail)
+            exact = limit - len(head_text) - len(tail_text) - 2
+        shares = _water_fill([len(t) + 2 for t in texts_full[:count]], max(exact, count * 3))
         blocks: list[str] = []
         results: list[JSONValue] = []
         for handle, share in zip(delivered, shares, strict=True):
             already = handle.collected
             envelope = self.manager.collect(handle)
             assert envelope is not None
-            prefix = ALREADY if already else ""
+            prefix = ALREADY if already and share - 2 > 2 * len(ALREADY) else ""
             blocks.append(prefix + envelope.truncated(max(share - 2 - len(prefix), 1)))
             results.append(
                 {"task_id": handle.task_id, "already_collected": already, **envelope.to_dict()}
             )
-        if deferred:
-            ids_text = ", ".join(f'"{h.task_id}"' for h in deferred[:20])
-            tail.insert(
-                0,
-                f"{len(deferred)} more finished result(s) did not fit in this answer and are "
-                f"kept for you: call wait_agent again with task_ids [{ids_text}].",
-            )
         span.link_tasks([h.task_id for h in delivered])
-        content = "\n\n".join(["\n".join(head), *blocks, *(["\n".join(tail)] if tail else [])])
+        content = "\n\n".join([head_text, *blocks, *([tail_text] if tail else [])])
         details: dict[str, JSONValue] = {
             "completed": completed,
             "timed_out": timed_out,

@@ -407,3 +407,22 @@ async def test_two_concurrent_waits_share_one_result_without_loss() -> None:
         flags = sorted(bool(results_of(r)[0]["already_collected"]) for r in answers)
         assert flags == [False, True]  # consumed once, the other sees it marked
         assert all(results_of(r)[0]["output"] == "gated: a" for r in answers)
+
+
+@pytest.mark.anyio
+async def test_small_budget_keeps_the_notes() -> None:
+    long = AgentSpec(name="long", description="Writes a lot.", runner=long_output)
+    spec, release = gated()
+    config = SubagentConfig(max_concurrent_spawns=40)
+    async with toolset(long, spec, config=config, truncate_chars=600) as tools:
+        done = [await spawn(tools, "long", str(i % 10)) for i in range(30)]
+        live = [await spawn(tools, "gated", str(i)) for i in range(5)]
+        for task_id in done:
+            await tools.manager.handle(task_id).wait()
+        result = await tools.call("wait_agent", {"task_ids": done + live, "mode": "any"})
+        assert len(result.content) <= 600
+        assert "did not fit" in result.content
+        assert "still pending" in result.content
+        assert len(results_of(result)) >= 1
+        for i in range(5):
+            release(str(i))
