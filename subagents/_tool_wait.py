@@ -106,7 +106,7 @@ class Completions:
       counts, so no completion is missed between turns.
     * ``async for envelope in manager.completions(sid)``: yields each uncollected
       envelope once, in completion order, until no child of the session is unfinished
-      (or the session is closed).
+      (or the session is closed). ``async with manager.completions(sid) as c:`` works too.
 
     Cancellation: cancelling the waiter consumes and changes nothing.
     """
@@ -149,6 +149,12 @@ class Completions:
 
     def __await__(self) -> Generator[object, None, list[DelegateResult]]:
         return self.wait().__await__()
+
+    async def __aenter__(self) -> Completions:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
     def __aiter__(self) -> AsyncIterator[DelegateResult]:
         return self

@@ -313,6 +313,15 @@ class Toolset:
         """The tool names, in definition order."""
         return list(self._tools)
 
+    @property
+    def tools(self) -> list[Tool]:
+        """The tools, in definition order."""
+        return list(self._tools.values())
+
+    def get(self, name: str) -> Tool | None:
+        """The tool called ``name``, or ``None``."""
+        return self._tools.get(name)
+
     def timeout_for(self, name: str) -> float | None:
         """The host's per-tool timeout for ``name`` as given to :func:`build_tools`."""
         return self.limits.engine_timeouts.get(name)

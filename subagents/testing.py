@@ -131,15 +131,16 @@ class Model(Protocol):
         ...
 
 
-ScriptItem: TypeAlias = "ModelTurn | ToolCall | Sequence[ToolCall] | str"
+ScriptItem: TypeAlias = "ModelTurn | ToolCall | Sequence[ToolCall] | str | object"
 
 
 class ScriptedModel:
     """A model that plays canned turns in order.
 
-    Each item is a :class:`ModelTurn`, a :class:`ToolCall` (a turn with that one call), a
-    list of calls (one turn calling them all) or a string (a text turn that ends the
-    model's turn). Asking for a turn after the script ran out, or scripting a call to a
+    Each item is a :class:`ModelTurn`, a call (a turn with that one call), a list of calls
+    (one turn calling them all) or a string (a text turn that ends the model's turn). A
+    call is a :class:`ToolCall`, a ``(name, arguments)`` tuple or a ``{"name": ...,
+    "arguments": ...}`` dict. Asking for a turn after the script ran out, or scripting a call to a
     tool the loop does not offer, raises :class:`ScriptError`; so does
     :meth:`assert_done` (and leaving ``with ScriptedModel(...)``) while turns are left.
     """
@@ -181,17 +182,29 @@ class ScriptedModel:
             self.assert_done()
 
 
-def _as_turn(item: ScriptItem) -> ModelTurn:
+def _as_call(item: object) -> ToolCall | None:
+    if isinstance(item, ToolCall):
+        return item
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+        return ToolCall(item[0], item[1])
+    if isinstance(item, dict) and isinstance(item.get("name"), str):
+        args = item.get("arguments", item.get("input", item.get("args", {})))
+        return ToolCall(item["name"], args)
+    return None
+
+
+def _as_turn(item: object) -> ModelTurn:
     if isinstance(item, ModelTurn):
         return item
     if isinstance(item, str):
         return ModelTurn(text=item)
-    if isinstance(item, ToolCall):
-        return ModelTurn(tool_calls=(item,))
-    calls = tuple(item)
-    if not calls or not all(isinstance(c, ToolCall) for c in calls):
+    single = _as_call(item)
+    if single is not None:
+        return ModelTurn(tool_calls=(single,))
+    calls = tuple(_as_call(c) for c in item) if isinstance(item, (list, tuple)) else ()
+    if not calls or any(c is None for c in calls):
         raise TypeError(f"a script item must be a turn, a call, calls or text, got {item!r}")
-    return ModelTurn(tool_calls=calls)
+    return ModelTurn(tool_calls=tuple(c for c in calls if c is not None))
 
 
 async def call_with_host_timeout(

@@ -43,11 +43,28 @@ async def test_scripted_model_fails_on_a_tool_not_offered() -> None:
         await model(Transcript(), ["spawn_agent"])
 
 
-def test_script_items() -> None:
+@pytest.mark.anyio
+async def test_script_items() -> None:
     with pytest.raises(TypeError):
-        ScriptedModel([42])  # type: ignore[list-item]
-    model = ScriptedModel([ModelTurn(text="x"), [ToolCall("a"), ToolCall("b")]])
-    assert model.remaining == 2
+        ScriptedModel([42])
+    with pytest.raises(TypeError):
+        ScriptedModel([[ToolCall("a"), 42]])
+    model = ScriptedModel(
+        [
+            ModelTurn(text="x"),
+            [ToolCall("a"), ("b", {"k": 1})],
+            ("c", {}),
+            {"name": "d", "arguments": {"k": 2}},
+        ]
+    )
+    assert model.remaining == 4
+    transcript = Transcript()
+    assert (await model(transcript)).text == "x"
+    turn = await model(transcript)
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == [("a", {}), ("b", {"k": 1})]
+    assert (await model(transcript)).tool_calls[0].name == "c"
+    assert (await model(transcript)).tool_calls[0].arguments == {"k": 2}
+    model.assert_done()
 
 
 @pytest.mark.anyio

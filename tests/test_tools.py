@@ -70,6 +70,9 @@ async def test_toolset_shape() -> None:
         ]
         assert len(tools) == 5
         assert "wait_agent" in tools
+        assert tools.tools == list(tools)
+        assert tools.get("wait_agent") is tools["wait_agent"]
+        assert tools.get("nope") is None
         for tool in tools:
             assert isinstance(tool, Tool)
             assert tool.cacheable is False

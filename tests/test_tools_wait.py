@@ -328,7 +328,8 @@ async def test_completions_peek_without_consuming() -> None:
         result = await tools.call("wait_agent", {"task_ids": b})
         assert results_of(result)[0]["already_collected"] is False
         release("a")
-        seen = [envelope.task_id async for envelope in manager.completions("root")]
+        async with manager.completions("root") as completions:
+            seen = [envelope.task_id async for envelope in completions]
         assert seen == [a]
 
 
