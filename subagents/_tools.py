@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Final, Literal
 
 import attrs
@@ -145,14 +146,29 @@ class Tool:
         target = None
         if self._transfers and parsed is not None and isinstance(parsed.get("agent"), str):
             target = str(parsed["agent"])
-        with tool_span(self.name, call_id=call_id, transfer_target=target) as span:
-            if problem is not None or parsed is None:
-                assert problem is not None
-                return _invalid(problem)
-            try:
-                return await self._handler(parsed, span)
-            except Exception as exc:
-                return error_result(exc, self.name)
+        result: ToolResult | None = None
+        try:
+            with ExitStack() as stack:
+                try:
+                    span = stack.enter_context(
+                        tool_span(self.name, call_id=call_id, transfer_target=target)
+                    )
+                except Exception:  # tracing must never break a tool call
+                    logger.exception("could not open the span of tool %s", self.name)
+                    span = ToolSpan()
+                if problem is not None or parsed is None:
+                    assert problem is not None
+                    result = _invalid(problem)
+                else:
+                    try:
+                        result = await self._handler(parsed, span)
+                    except Exception as exc:
+                        result = error_result(exc, self.name)
+        except Exception as exc:  # raised by the span's exit
+            logger.exception("could not close the span of tool %s", self.name)
+            if result is None:
+                result = error_result(exc, self.name)
+        return result
 
     def to_openai_chat(self, *, strict: bool = False) -> dict[str, JSONValue]:
         """This tool as an OpenAI Chat Completions function tool."""

@@ -483,3 +483,27 @@ async def test_an_internal_failure_is_an_error_result(monkeypatch: pytest.Monkey
         assert result.is_error
         assert result.details == {"error": "internal", "error_type": "KeyError"}
         assert "not caused by your arguments" in result.content
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("where", ["enter", "exit"])
+async def test_a_broken_tracer_never_breaks_a_call(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    from contextlib import contextmanager
+
+    from subagents import _tools
+    from subagents._tracing import ToolSpan
+
+    @contextmanager
+    def broken_span(tool: str, **kwargs: object):  # type: ignore[no-untyped-def]
+        if where == "enter":
+            raise RuntimeError("no exporter")
+        yield ToolSpan()
+        raise RuntimeError("exporter died")
+
+    monkeypatch.setattr(_tools, "tool_span", broken_span)
+    async with toolset() as tools:
+        result = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))
+        assert not result.is_error
+        assert result.details["status"] == "running"
