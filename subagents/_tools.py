@@ -146,29 +146,17 @@ class Tool:
         target = None
         if self._transfers and parsed is not None and isinstance(parsed.get("agent"), str):
             target = str(parsed["agent"])
-        result: ToolResult | None = None
-        try:
-            with ExitStack() as stack:
-                try:
-                    span = stack.enter_context(
-                        tool_span(self.name, call_id=call_id, transfer_target=target)
-                    )
-                except Exception:  # tracing must never break a tool call
-                    logger.exception("could not open the span of tool %s", self.name)
-                    span = ToolSpan()
-                if problem is not None or parsed is None:
-                    assert problem is not None
-                    result = _invalid(problem)
-                else:
-                    try:
-                        result = await self._handler(parsed, span)
-                    except Exception as exc:
-                        result = error_result(exc, self.name)
-        except Exception as exc:  # raised by the span's exit
-            logger.exception("could not close the span of tool %s", self.name)
-            if result is None:
-                result = error_result(exc, self.name)
-        return result
+
+        async def run(span: ToolSpan) -> ToolResult:
+            if problem is not None or parsed is None:
+                assert problem is not None
+                return _invalid(problem)
+            try:
+                return await self._handler(parsed, span)
+            except Exception as exc:
+                return error_result(exc, self.name)
+
+        return await traced(self.name, call_id, target, run)
 
     def to_openai_chat(self, *, strict: bool = False) -> dict[str, JSONValue]:
         """This tool as an OpenAI Chat Completions function tool."""
@@ -185,6 +173,30 @@ class Tool:
     def to_mcp(self) -> dict[str, JSONValue]:
         """This tool as an MCP tool descriptor."""
         return to_mcp(self)
+
+
+async def traced(
+    tool: str,
+    call_id: str | None,
+    target: str | None,
+    run: Callable[[ToolSpan], Awaitable[ToolResult]],
+) -> ToolResult:
+    """``run`` inside the ``execute_tool`` span of ``tool``; a tracer that fails to open or
+    close the span is logged and never breaks the call (``run`` itself must not raise)."""
+    result: ToolResult | None = None
+    try:
+        with ExitStack() as stack:
+            try:
+                span = stack.enter_context(tool_span(tool, call_id=call_id, transfer_target=target))
+            except Exception:
+                logger.exception("could not open the span of tool %s", tool)
+                span = ToolSpan()
+            result = await run(span)
+    except Exception as exc:  # only the span's exit can get here
+        logger.exception("could not close the span of tool %s", tool)
+        if result is None:
+            result = error_result(exc, tool)
+    return result
 
 
 def make_tool(
@@ -353,13 +365,17 @@ class Toolset:
         """
         tool = self._tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            with tool_span(str(name), call_id=call_id):
-                return ToolResult(
-                    content=f"unknown tool {bound_text(repr(name), 80)}; available tools: "
-                    + ", ".join(self._tools),
-                    details={"error": "unknown_tool", "tools": list(self._tools)},
-                    is_error=True,
-                )
+            unknown = ToolResult(
+                content=f"unknown tool {bound_text(repr(name), 80)}; available tools: "
+                + ", ".join(self._tools),
+                details={"error": "unknown_tool", "tools": list(self._tools)},
+                is_error=True,
+            )
+
+            async def answer(span: ToolSpan) -> ToolResult:
+                return unknown
+
+            return await traced(str(name), call_id, None, answer)
         return await tool.execute(args, call_id=call_id)
 
     def to_openai_chat(self, *, strict: bool = False) -> list[JSONValue]:
