@@ -27,14 +27,30 @@ from ._paths import AgentPath
 from ._permissions import Ruleset
 from ._retry import RetryPolicy
 from ._spec import AgentSpec, Request, Result, Runner, SpawnOptions, SubagentConfig
+from ._tool_wait import Completions
+from ._tools import (
+    NO_HOST_TIMEOUT_WAIT_CAP,
+    WAIT_MARGIN_MIN,
+    WAIT_MARGIN_RATIO,
+    Tool,
+    ToolLimits,
+    ToolResult,
+    Toolset,
+    build_tools,
+    wait_margin,
+)
 
 __all__ = [
     "DEFAULT_SESSION",
+    "NO_HOST_TIMEOUT_WAIT_CAP",
+    "WAIT_MARGIN_MIN",
+    "WAIT_MARGIN_RATIO",
     "AgentPath",
     "AgentSpec",
     "Backend",
     "BaseMailbox",
     "CompletionNotifier",
+    "Completions",
     "ConfigError",
     "DelegateResult",
     "Event",
@@ -60,10 +76,16 @@ __all__ = [
     "SubagentConfig",
     "SubagentManager",
     "SubagentsError",
+    "Tool",
+    "ToolLimits",
+    "ToolResult",
+    "Toolset",
     "TransientError",
     "UnknownAgent",
     "UnknownTask",
     "Usage",
+    "build_tools",
     "read_events",
     "run_local",
+    "wait_margin",
 ]

@@ -94,7 +94,7 @@ class UnknownTask(SubagentsError, LookupError):
         if self.suggestions:
             message += "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?"
         if detail:
-            message += f" {detail}"
+            message += (" " if self.suggestions else ". ") + detail
         super().__init__(message)
 
 

@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from time import perf_counter
 from types import TracebackType
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import anyio
 import attrs
@@ -37,6 +37,9 @@ from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator
 from ._spec import UNSET_TIMEOUT, AgentSpec, Request, Result, SpawnOptions, SubagentConfig
 from ._tracing import Telemetry
+
+if TYPE_CHECKING:
+    from ._tool_wait import Completions
 
 __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
 
@@ -918,6 +921,23 @@ class SubagentManager:
             return f"Session {session_id!r} has no unfinished tasks."
         shown = ", ".join(live[:10]) + (f" (+{len(live) - 10} more)" if len(live) > 10 else "")
         return f"Unfinished tasks of session {session_id!r}: {shown}."
+
+    # ------------------------------------------------------------------ waking an idle host
+    # (added for the LLM tools, issue 3)
+
+    def completions(self, session_id: str = DEFAULT_SESSION) -> Completions:
+        """Wake an idle host loop when children of ``session_id`` end, consuming nothing.
+
+        ``await manager.completions(sid)`` blocks until at least one child has ended with
+        a result not yet collected and returns those envelopes (peeked: ``wait_agent``
+        still collects them); it returns ``[]`` at once when no child is unfinished or the
+        session is closed. ``async for envelope in manager.completions(sid)`` yields each
+        uncollected envelope once, in completion order, until no child is unfinished.
+        Cancelling the waiter changes nothing. See :class:`~subagents.Completions`.
+        """
+        from ._tool_wait import Completions
+
+        return Completions(self, session_id)
 
 
 _NO_OPTIONS: Final = SpawnOptions()

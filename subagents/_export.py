@@ -1,0 +1,113 @@
+"""Tool definitions in the shapes the model providers document.
+
+* OpenAI Chat Completions: ``{"type": "function", "function": {"name", "description",
+  "parameters", "strict"}}``.
+* OpenAI Responses: ``{"type": "function", "name", "description", "parameters",
+  "strict"}`` (flat; ``strict`` is a required field there).
+* Anthropic Messages: ``{"name", "description", "input_schema"}``.
+* MCP ``tools/list``: ``{"name", "title", "description", "inputSchema", "annotations"}``.
+
+``strict=True`` (OpenAI) rewrites the schema the way OpenAI's strict mode demands: every
+property listed in ``required``, optional ones made nullable, keywords strict mode does
+not support (``minLength``, ``maxLength``, ``default``) dropped; the tools treat ``null``
+as omitted and still check everything, so both forms are accepted at execution time.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Final
+
+from ._json import JSONValue
+
+if TYPE_CHECKING:
+    from ._tools import Tool
+
+__all__ = ["to_anthropic", "to_mcp", "to_openai_chat", "to_openai_responses"]
+
+
+# Keywords OpenAI's strict mode does not document as supported (strings take only
+# ``pattern`` and ``format``); the tools still check them at execution time.
+_NOT_STRICT: Final = ("minLength", "maxLength", "default")
+
+
+def _drop_unsupported(node: JSONValue) -> None:
+    if isinstance(node, dict):
+        for key in _NOT_STRICT:
+            node.pop(key, None)
+        for value in node.values():
+            _drop_unsupported(value)
+    elif isinstance(node, list):
+        for item in node:
+            _drop_unsupported(item)
+
+
+def _strict(schema: dict[str, JSONValue]) -> dict[str, JSONValue]:
+    out = copy.deepcopy(schema)
+    out.pop("$schema", None)
+    _drop_unsupported(out)
+    props = out.get("properties")
+    required = out.get("required")
+    assert isinstance(props, dict)
+    assert isinstance(required, list)
+    for name, prop in props.items():
+        if name in required or not isinstance(prop, dict):
+            continue
+        any_of = prop.get("anyOf")
+        enum = prop.get("enum")
+        if isinstance(any_of, list):
+            prop["anyOf"] = [*any_of, {"type": "null"}]
+        elif isinstance(prop.get("type"), str):
+            prop["type"] = [prop["type"], "null"]
+            if isinstance(enum, list):
+                prop["enum"] = [*enum, None]
+    out["required"] = list(props)
+    return out
+
+
+def _parameters(tool: Tool, strict: bool) -> dict[str, JSONValue]:
+    return _strict(tool.input_schema) if strict else copy.deepcopy(tool.input_schema)
+
+
+def to_openai_chat(tool: Tool, *, strict: bool = False) -> dict[str, JSONValue]:
+    """The Chat Completions ``tools[]`` entry of ``tool``."""
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": _parameters(tool, strict),
+            "strict": strict,
+        },
+    }
+
+
+def to_openai_responses(tool: Tool, *, strict: bool = False) -> dict[str, JSONValue]:
+    """The Responses API ``tools[]`` entry of ``tool``."""
+    return {
+        "type": "function",
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": _parameters(tool, strict),
+        "strict": strict,
+    }
+
+
+def to_anthropic(tool: Tool) -> dict[str, JSONValue]:
+    """The Anthropic Messages ``tools[]`` entry of ``tool``."""
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "input_schema": copy.deepcopy(tool.input_schema),
+    }
+
+
+def to_mcp(tool: Tool) -> dict[str, JSONValue]:
+    """The MCP ``tools/list`` descriptor of ``tool`` (behaviour hints in ``annotations``)."""
+    return {
+        "name": tool.name,
+        "title": tool.title,
+        "description": tool.description,
+        "inputSchema": copy.deepcopy(tool.input_schema),
+        "annotations": {"title": tool.title, **tool.annotations},
+    }

@@ -1,0 +1,381 @@
+"""The five LLM tools of one session: spawn_agent, wait_agent, delegate_to_agent,
+cancel_agent and list_agents. Texts are written for a model; see design/tools.md."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._envelope import _cut_middle, bound_text
+from ._json import JSONValue
+from ._tool_wait_agent import WaitAgent, int_arg, ms, status_of
+from ._tools import Tool, ToolLimits, ToolResult, make_tool
+from ._tracing import ToolSpan
+from ._validate import Param
+
+if TYPE_CHECKING:
+    from ._manager import SubagentManager
+
+__all__ = ["build_session_tools"]
+
+
+_AGENT = Param(
+    name="agent",
+    kind="string",
+    required=True,
+    description="Name of a registered agent type (list_agents shows them).",
+)
+_INPUT = Param(
+    name="input",
+    kind="string",
+    required=True,
+    description="The complete task for the subagent: it sees nothing of your conversation.",
+)
+
+
+class SessionTools(WaitAgent):
+    """The tool handlers bound to one manager and session."""
+
+    def __init__(self, manager: SubagentManager, session_id: str, limits: ToolLimits) -> None:
+        self.manager = manager
+        self.session_id = session_id
+        self.limits = limits
+
+    # ------------------------------------------------------------------ spawn_agent
+
+    async def spawn(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
+        manager = self.manager
+        agent = str(args["agent"])
+        kwargs: dict[str, object] = {}
+        if "timeout_ms" in args:
+            kwargs["timeout"] = int_arg(args["timeout_ms"]) / 1000
+        name = args.get("name")
+        handle = manager.spawn(
+            agent,
+            str(args["input"]),
+            session_id=self.session_id,
+            name=None if name is None else str(name),
+            **kwargs,  # type: ignore[arg-type]
+        )
+        stats = manager.statistics()
+        status = "running" if handle.queue_position == 0 else "queued"
+        where = (
+            "started at once"
+            if status == "running"
+            else f"queued at position {handle.queue_position} (all {stats.limit} slots busy)"
+        )
+        content = (
+            f"spawned {agent} as task {handle.task_id} ({handle.agent_path}): {where}; "
+            f"concurrency limit {stats.limit}. Keep working; when you need the result call "
+            f'wait_agent with task_ids ["{handle.task_id}"].'
+        )
+        return ToolResult(
+            content=content,
+            details={
+                "task_id": handle.task_id,
+                "agent": agent,
+                "agent_path": str(handle.agent_path),
+                "status": status,
+                "queue_position": handle.queue_position,
+                "concurrency_limit": stats.limit,
+                "running": stats.running,
+                "queued": stats.queued,
+            },
+        )
+
+    # ------------------------------------------------------------------ delegate_to_agent
+
+    async def delegate(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
+        manager = self.manager
+        agent = str(args["agent"])
+        spec = manager.get_agent(agent)
+        ceiling = self.limits.delegate_ceiling
+        requested = args.get("timeout_ms")
+        clamped = False
+        if requested is not None:
+            timeout: float | None = int_arg(requested) / 1000
+        else:
+            timeout = spec.timeout if spec.timeout is not None else manager.config.execute_timeout
+        if ceiling is not None and (timeout is None or timeout > ceiling):
+            clamped = requested is not None
+            timeout = ceiling
+        envelope = await manager.execute(
+            agent, str(args["input"]), session_id=self.session_id, timeout=timeout
+        )
+        limit = self.limits.truncate_chars
+        details: dict[str, JSONValue] = {
+            "task_id": envelope.task_id,
+            "status": envelope.status.value,
+            "timeout_ms": None if timeout is None else ms(timeout),
+            "clamped": clamped,
+        }
+        if requested is not None:
+            details["requested_timeout_ms"] = int_arg(requested)
+        if self.limits.return_mode == "string":
+            if envelope.ok:
+                text = envelope.output
+                if len(text) > limit:
+                    text = _cut_middle(text, limit)
+                return ToolResult(content=text, details=details)
+            return ToolResult(
+                content=bound_text(
+                    f"{agent} failed ({envelope.status.value}): {envelope.error or 'no detail'}",
+                    limit,
+                ),
+                details=details,
+                is_error=True,
+            )
+        details["envelope"] = envelope.to_dict()
+        note = ""
+        if clamped:
+            note = (
+                f"note: timeout_ms {requested} was lowered to {ms(timeout or 0)} so the "
+                "result arrives before this tool call itself times out.\n"
+            )
+        return ToolResult(content=note + envelope.truncated(limit - len(note)), details=details)
+
+    # ------------------------------------------------------------------ cancel_agent
+
+    async def cancel(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
+        handle = self.manager.handle(str(args["task_id"]), session_id=self.session_id)
+        previous = status_of(handle)
+        requested = handle.cancel()
+        now = status_of(handle)
+        if requested:
+            if now == "cancelled":
+                content = f"task {handle.task_id} was {previous}; it is now cancelled."
+            else:
+                content = (
+                    f"task {handle.task_id} was {previous}; cancellation requested, it stops "
+                    "at its next checkpoint and its envelope (status cancelled, with any "
+                    "partial output) can be collected with wait_agent."
+                )
+        elif handle.result is not None:
+            content = (
+                f"task {handle.task_id} had already ended ({previous}); nothing to cancel."
+                + ("" if handle.collected else " Its result is waiting: call wait_agent.")
+            )
+        else:
+            content = f"task {handle.task_id} is already being cancelled."
+        return ToolResult(
+            content=content,
+            details={
+                "task_id": handle.task_id,
+                "previous_status": previous,
+                "status": now,
+                "cancel_requested": requested,
+            },
+        )
+
+    # ------------------------------------------------------------------ list_agents
+
+    async def list_agents(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
+        manager = self.manager
+        limit = 2 * self.limits.truncate_chars
+        agents = manager.agents
+        lines = ["agent types (use with spawn_agent / delegate_to_agent):"]
+        agent_details: list[JSONValue] = []
+        for name, spec in agents.items():
+            lines.append(f"- {name}: {bound_text(' '.join(spec.description.split()), 200)}")
+            agent_details.append({"name": name, "description": spec.description})
+        if not agents:
+            lines.append("- (none registered: do the work yourself)")
+        children = manager.tasks(self.session_id)
+        # Results waiting first, then live children, then what was already collected.
+        children.sort(key=lambda h: 1 if h.result is None else (0 if not h.collected else 2))
+        child_details: list[JSONValue] = []
+        lines.append(f"your subagents ({len(children)}):" if children else "your subagents: none")
+        shown = 0
+        budget = limit - sum(len(line) + 1 for line in lines) - 60
+        for handle in children:
+            waiting = handle.result is not None and not handle.collected
+            status = status_of(handle)
+            elapsed = handle.elapsed()
+            child_details.append(
+                {
+                    "task_id": handle.task_id,
+                    "agent": handle.agent,
+                    "agent_path": str(handle.agent_path),
+                    "status": status,
+                    "elapsed_ms": ms(elapsed),
+                    "result_waiting": waiting,
+                }
+            )
+            line = f"- {handle.task_id} {handle.agent_path} {status} {elapsed:.1f} s" + (
+                " · result waiting (wait_agent)" if waiting else ""
+            )
+            if budget - len(line) - 1 >= 0:
+                lines.append(line)
+                budget -= len(line) + 1
+                shown += 1
+        if shown < len(children):
+            lines.append(f"(+{len(children) - shown} more; details list them all)")
+        content = bound_text("\n".join(lines), limit)
+        return ToolResult(
+            content=content,
+            details={"agents": agent_details, "tasks": child_details},
+        )
+
+
+_TIMEOUT_SPAWN = Param(
+    name="timeout_ms",
+    kind="integer",
+    minimum=1,
+    description="Optional watchdog for the subagent in milliseconds from its start; "
+    "omit for the default. When it fires the subagent ends with status timeout and "
+    "whatever partial output it reported.",
+)
+
+
+def build_session_tools(
+    manager: SubagentManager, session_id: str, limits: ToolLimits
+) -> list[Tool]:
+    """The five tools bound to ``session_id``."""
+    impl = SessionTools(manager, session_id, limits)
+    engine = limits.engine_timeouts
+    wait_default = ms(limits.wait_timeout)
+    wait_max = ms(limits.wait_ceiling)
+    return [
+        make_tool(
+            name="spawn_agent",
+            title="Spawn subagent",
+            description=(
+                "Start a subagent in the background and return at once with its task id "
+                "(it never waits for the subagent, nor for a free slot). Use it for "
+                "independent work you can do in parallel; keep working while it runs and "
+                "collect the result later with wait_agent. The answer says whether it is "
+                "running or queued (at most a fixed number run at once; the rest queue in "
+                "order). The subagent sees only `input`, so make it self-contained."
+            ),
+            params=[
+                _AGENT,
+                _INPUT,
+                Param(
+                    name="name",
+                    kind="string",
+                    description="Optional short name for the subagent's path (letters, "
+                    "digits, '_', '-', '.'); defaults to the agent type.",
+                ),
+                _TIMEOUT_SPAWN,
+            ],
+            handler=impl.spawn,
+            annotations={
+                "readOnlyHint": False,
+                "destructiveHint": False,
+                "idempotentHint": False,
+                "openWorldHint": True,
+            },
+            engine_timeout=engine["spawn_agent"],
+            transfers=True,
+        ),
+        make_tool(
+            name="wait_agent",
+            title="Wait for subagents",
+            description=(
+                "Collect the results of subagents started with spawn_agent. Give one task "
+                "id or a list; mode 'all' (default) waits until all have finished, 'any' "
+                "until at least one has. Returns each finished result (status, output, "
+                "error) in compact form, and for unfinished ones their status and elapsed "
+                f"time. It waits at most timeout_ms (default {wait_default} ms, at most "
+                f"{wait_max} ms; larger values are lowered), then answers with "
+                "timed_out=true: the subagents keep running and you can wait again. "
+                "timeout_ms 0 checks without waiting. Each result is handed out once; "
+                "asking again for a collected id repeats it marked 'already collected'. "
+                "Prefer doing other work over calling this repeatedly."
+            ),
+            params=[
+                Param(
+                    name="task_ids",
+                    kind="ids",
+                    required=True,
+                    description="A task id from spawn_agent, or a list of them.",
+                ),
+                Param(
+                    name="mode",
+                    kind="enum",
+                    choices=("all", "any"),
+                    default="all",
+                    description="'all': wait for every id; 'any': return when one is done.",
+                ),
+                Param(
+                    name="timeout_ms",
+                    kind="integer",
+                    minimum=0,
+                    description=f"Longest wait in milliseconds (default {wait_default}, "
+                    f"clamped to {wait_max}); 0 checks without waiting.",
+                ),
+            ],
+            handler=impl.wait,
+            annotations={
+                "readOnlyHint": False,
+                "destructiveHint": False,
+                "idempotentHint": False,
+                "openWorldHint": False,
+            },
+            engine_timeout=engine["wait_agent"],
+        ),
+        make_tool(
+            name="delegate_to_agent",
+            title="Delegate to subagent",
+            description=(
+                "Run a subagent and wait for its result in this call (synchronous). Use it "
+                "when you cannot continue without the result; otherwise prefer spawn_agent. "
+                "Returns the result envelope: status (completed, error, timeout, "
+                "cancelled), output (long output is shortened in the middle), error and a "
+                "hint on failure. A long task is stopped before this call's own time limit "
+                "and returned with status timeout and its partial output."
+            ),
+            params=[_AGENT, _INPUT, _TIMEOUT_SPAWN],
+            handler=impl.delegate,
+            annotations={
+                "readOnlyHint": False,
+                "destructiveHint": False,
+                "idempotentHint": False,
+                "openWorldHint": True,
+            },
+            engine_timeout=engine["delegate_to_agent"],
+            transfers=True,
+        ),
+        make_tool(
+            name="cancel_agent",
+            title="Cancel subagent",
+            description=(
+                "Stop a subagent started with spawn_agent: a queued one never starts, a "
+                "running one is cancelled and ends with status cancelled (its partial "
+                "output is kept for wait_agent). Reports the status it had. Safe to repeat."
+            ),
+            params=[
+                Param(
+                    name="task_id",
+                    kind="string",
+                    required=True,
+                    description="The task id returned by spawn_agent.",
+                )
+            ],
+            handler=impl.cancel,
+            annotations={
+                "readOnlyHint": False,
+                "destructiveHint": True,
+                "idempotentHint": True,
+                "openWorldHint": False,
+            },
+            engine_timeout=engine["cancel_agent"],
+        ),
+        make_tool(
+            name="list_agents",
+            title="List agents",
+            description=(
+                "List the agent types you can spawn or delegate to, with what each is good "
+                "at, and your subagents with their status, elapsed time, path and whether "
+                "a result is waiting to be collected with wait_agent."
+            ),
+            params=[],
+            handler=impl.list_agents,
+            annotations={
+                "readOnlyHint": True,
+                "destructiveHint": False,
+                "idempotentHint": True,
+                "openWorldHint": False,
+            },
+            engine_timeout=engine["list_agents"],
+        ),
+    ]

@@ -1,0 +1,513 @@
+"""LLM tools: :class:`Tool`, :class:`ToolResult`, :class:`Toolset` and :func:`build_tools`.
+
+A host agent loop hands the toolset's definitions to its model (OpenAI, Anthropic or MCP
+shapes) and runs each call through :meth:`Toolset.call` under its own per-tool timeout.
+The tool implementations live in ``_tool_impls.py`` and ``_tool_wait_agent.py``; the timeout
+layering rule (``wait_agent`` answers before the host would kill it) is enforced here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Final, Literal
+
+import attrs
+
+from ._envelope import bound_text, describe_exception
+from ._errors import (
+    ConfigError,
+    InvalidName,
+    SpawnRejected,
+    UnknownAgent,
+    UnknownTask,
+)
+from ._export import to_anthropic, to_mcp, to_openai_chat, to_openai_responses
+from ._json import JSONValue
+from ._tracing import ToolSpan, tool_span
+from ._validate import ArgumentError, Param, parse_args, schema_for
+
+if TYPE_CHECKING:
+    from ._manager import SubagentManager
+
+__all__ = [
+    "NO_HOST_TIMEOUT_WAIT_CAP",
+    "WAIT_MARGIN_MIN",
+    "WAIT_MARGIN_RATIO",
+    "Tool",
+    "ToolLimits",
+    "ToolResult",
+    "Toolset",
+    "build_tools",
+    "wait_margin",
+]
+
+logger = logging.getLogger("subagents.tools")
+
+WAIT_MARGIN_RATIO: Final = 0.1
+"""The safety margin is 10 % of the host's timeout for the tool ..."""
+WAIT_MARGIN_MIN: Final = 0.02
+"""... and never less than 20 ms (only sub-second, test-scaled timeouts reach it)."""
+NO_HOST_TIMEOUT_WAIT_CAP: Final = 600.0
+"""Without a host timeout, no single ``wait_agent`` call blocks longer than this (s)."""
+
+ReturnMode = Literal["envelope", "string"]
+
+
+def wait_margin(engine_timeout: float) -> float:
+    """The safety margin (seconds) kept between a blocking tool's own deadline and the
+    host's timeout ``engine_timeout`` for it: ``max(0.1 * engine_timeout, 0.02)``."""
+    return max(WAIT_MARGIN_RATIO * engine_timeout, WAIT_MARGIN_MIN)
+
+
+@attrs.frozen(kw_only=True)
+class ToolResult:
+    """What a tool call returns to the loop. Tool errors are data, never exceptions."""
+
+    content: str
+    """Text for the model, bounded by the toolset's truncation limit."""
+    details: dict[str, JSONValue] = attrs.field(factory=dict)
+    """Structured, JSON-serialisable data for the host (may hold full envelopes)."""
+    is_error: bool = False
+    """True when the call failed (bad arguments, unknown id, refusal)."""
+
+    def to_dict(self) -> dict[str, JSONValue]:
+        """``{"content", "details", "is_error"}``."""
+        return {"content": self.content, "details": self.details, "is_error": self.is_error}
+
+    def to_openai_chat(self, tool_call_id: str) -> dict[str, JSONValue]:
+        """A Chat Completions ``tool`` message answering ``tool_call_id``."""
+        return {"role": "tool", "tool_call_id": tool_call_id, "content": self.content}
+
+    def to_openai_responses(self, call_id: str) -> dict[str, JSONValue]:
+        """A Responses API ``function_call_output`` input item answering ``call_id``."""
+        return {"type": "function_call_output", "call_id": call_id, "output": self.content}
+
+    def to_anthropic(self, tool_use_id: str) -> dict[str, JSONValue]:
+        """An Anthropic ``tool_result`` content block answering ``tool_use_id``."""
+        return {
+            "type": "tool_result",
+            "tool_use_id": tool_use_id,
+            "content": self.content,
+            "is_error": self.is_error,
+        }
+
+    def to_mcp(self) -> dict[str, JSONValue]:
+        """An MCP ``tools/call`` result: one text content block and ``isError``."""
+        return {"content": [{"type": "text", "text": self.content}], "isError": self.is_error}
+
+
+Handler = Callable[[dict[str, object], ToolSpan], Awaitable[ToolResult]]
+
+
+@attrs.frozen(kw_only=True)
+class Tool:
+    """One tool: what a model sees (name, description, schema) and how it runs.
+
+    Every tool is not cacheable: the same arguments give different answers over time.
+    """
+
+    name: str
+    """The name a model calls it by."""
+    title: str
+    """A short human-readable title (MCP ``title``)."""
+    description: str
+    """When to use it, what it returns and its limits, written for a model."""
+    input_schema: dict[str, JSONValue]
+    """JSON Schema (draft 2020-12) of the arguments; ``additionalProperties`` is false."""
+    annotations: dict[str, bool] = attrs.field(factory=dict)
+    """MCP behaviour hints (``readOnlyHint``, ``destructiveHint``, ...)."""
+    engine_timeout: float | None = None
+    """The host's per-tool timeout this tool was built for (``None``: none)."""
+    cacheable: bool = False
+    """Always False: never cache a result of these tools."""
+    _params: tuple[Param, ...] = attrs.field(alias="params", repr=False)
+    _handler: Handler = attrs.field(alias="handler", repr=False, eq=False)
+    _transfers: bool = attrs.field(alias="transfers", default=False, repr=False)
+
+    async def execute(self, args: object, *, call_id: str | None = None) -> ToolResult:
+        """Validate ``args`` (an object or its JSON text) and run the tool.
+
+        Never raises: bad input, unknown ids, refusals and internal failures come back as
+        a :class:`ToolResult` with ``is_error=True``. Only the caller's own cancellation
+        propagates (a cancelled ``wait_agent`` consumes nothing). Each call runs inside
+        an ``execute_tool`` span.
+        """
+        parsed: dict[str, object] | None = None
+        problem: ArgumentError | None = None
+        try:
+            parsed = parse_args(self.name, self._params, args)
+        except ArgumentError as exc:
+            problem = exc
+        except Exception as exc:  # a hostile Mapping; never let it escape
+            problem = ArgumentError(f"{self.name} arguments could not be read: {exc!r}")
+        target = None
+        if self._transfers and parsed is not None and isinstance(parsed.get("agent"), str):
+            target = str(parsed["agent"])
+
+        async def run(span: ToolSpan) -> ToolResult:
+            if problem is not None or parsed is None:
+                assert problem is not None
+                return _invalid(problem)
+            try:
+                return await self._handler(parsed, span)
+            except Exception as exc:
+                return error_result(exc, self.name)
+
+        return await traced(self.name, call_id, target, run)
+
+    def to_openai_chat(self, *, strict: bool = False) -> dict[str, JSONValue]:
+        """This tool as an OpenAI Chat Completions function tool."""
+        return to_openai_chat(self, strict=strict)
+
+    def to_openai_responses(self, *, strict: bool = False) -> dict[str, JSONValue]:
+        """This tool as an OpenAI Responses API function tool."""
+        return to_openai_responses(self, strict=strict)
+
+    def to_anthropic(self) -> dict[str, JSONValue]:
+        """This tool as an Anthropic Messages tool."""
+        return to_anthropic(self)
+
+    def to_mcp(self) -> dict[str, JSONValue]:
+        """This tool as an MCP tool descriptor."""
+        return to_mcp(self)
+
+
+async def traced(
+    tool: str,
+    call_id: str | None,
+    target: str | None,
+    run: Callable[[ToolSpan], Awaitable[ToolResult]],
+) -> ToolResult:
+    """``run`` inside the ``execute_tool`` span of ``tool``; a tracer that fails to open or
+    close the span is logged and never breaks the call (``run`` itself must not raise)."""
+    result: ToolResult | None = None
+    try:
+        with ExitStack() as stack:
+            try:
+                span = stack.enter_context(tool_span(tool, call_id=call_id, transfer_target=target))
+            except Exception:
+                logger.exception("could not open the span of tool %s", tool)
+                span = ToolSpan()
+            result = await run(span)
+    except Exception as exc:  # only the span's exit can get here
+        logger.exception("could not close the span of tool %s", tool)
+        if result is None:
+            result = error_result(exc, tool)
+    return result
+
+
+def make_tool(
+    *,
+    name: str,
+    title: str,
+    description: str,
+    params: Sequence[Param],
+    handler: Handler,
+    annotations: Mapping[str, bool],
+    engine_timeout: float | None,
+    transfers: bool = False,
+) -> Tool:
+    """Build a :class:`Tool` whose schema is derived from ``params``."""
+    return Tool(
+        name=name,
+        title=title,
+        description=description,
+        input_schema=schema_for(params),
+        annotations=dict(annotations),
+        engine_timeout=engine_timeout,
+        params=tuple(params),
+        handler=handler,
+        transfers=transfers,
+    )
+
+
+def _invalid(exc: ArgumentError) -> ToolResult:
+    details: dict[str, JSONValue] = {"error": "invalid_arguments"}
+    if exc.field is not None:
+        details["field"] = exc.field
+    return ToolResult(content=f"invalid arguments: {exc}", details=details, is_error=True)
+
+
+def error_result(exc: Exception, tool: str) -> ToolResult:
+    """The model-facing :class:`ToolResult` of an exception raised while running ``tool``."""
+    if isinstance(exc, ArgumentError):
+        return _invalid(exc)
+    if isinstance(exc, UnknownAgent):
+        return ToolResult(
+            content=f"{exc}. Pick one of those (call list_agents for their descriptions).",
+            details={"error": "unknown_agent", "agent": exc.name, "known": list(exc.known)},
+            is_error=True,
+        )
+    if isinstance(exc, UnknownTask):
+        return ToolResult(
+            content=f"{exc} Check the id returned by spawn_agent (call list_agents to see "
+            "this session's tasks).",
+            details={
+                "error": "unknown_task",
+                "task_id": exc.task_id,
+                "suggestions": list(exc.suggestions),
+            },
+            is_error=True,
+        )
+    if isinstance(exc, SpawnRejected):
+        text = str(exc)
+        if "yourself" not in text:
+            text += "; do the task yourself instead"
+        return ToolResult(
+            content=f"{tool} refused: {text}.",
+            details={"error": "spawn_rejected", "reason": exc.reason},
+            is_error=True,
+        )
+    if isinstance(exc, InvalidName):
+        return ToolResult(
+            content=f"invalid arguments: name must be a valid agent name ({exc.reason}), "
+            f"got {bound_text(repr(exc.name), 80)}",
+            details={"error": "invalid_arguments", "field": "name"},
+            is_error=True,
+        )
+    if isinstance(exc, ConfigError):
+        return ToolResult(
+            content=f"invalid arguments: {bound_text(str(exc), 300)}",
+            details={"error": "invalid_arguments", "field": exc.field},
+            is_error=True,
+        )
+    logger.exception("tool %s failed", tool)
+    error_type, message = describe_exception(exc)
+    return ToolResult(
+        content=f"{tool} failed inside the library ({message}); this is not caused by your "
+        "arguments. Try again once; if it fails again, do the task yourself.",
+        details={"error": "internal", "error_type": error_type},
+        is_error=True,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class ToolLimits:
+    """The timeouts and bounds a :class:`Toolset` was built with (seconds, characters)."""
+
+    engine_timeouts: dict[str, float | None]
+    """The host's per-tool timeout of each tool (``None``: the host sets none)."""
+    wait_timeout: float
+    """``wait_agent``'s wait when the model gives no ``timeout_ms``."""
+    wait_ceiling: float
+    """The longest any ``wait_agent`` call waits: host timeout minus the margin."""
+    delegate_ceiling: float | None
+    """The longest a ``delegate_to_agent`` child may run (host timeout minus margin)."""
+    truncate_chars: int
+    """Bound of the text a model reads from one tool call."""
+    return_mode: ReturnMode
+    """``delegate_to_agent``'s return form: ``envelope`` or the legacy ``string``."""
+
+
+class Toolset:
+    """The tools of one session, iterable, callable by name and exportable.
+
+    Built by :func:`build_tools`. ``call`` never raises (see :meth:`Tool.execute`).
+    """
+
+    def __init__(
+        self,
+        tools: Iterable[Tool],
+        *,
+        manager: SubagentManager,
+        session_id: str,
+        limits: ToolLimits,
+    ) -> None:
+        self._tools = {tool.name: tool for tool in tools}
+        self.manager = manager
+        """The manager the tools act on."""
+        self.session_id = session_id
+        """The parent session whose children the tools spawn and collect."""
+        self.limits = limits
+        """The timeouts and bounds in force."""
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._tools[name]
+
+    @property
+    def names(self) -> list[str]:
+        """The tool names, in definition order."""
+        return list(self._tools)
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The tools, in definition order."""
+        return list(self._tools.values())
+
+    def get(self, name: str) -> Tool | None:
+        """The tool called ``name``, or ``None``."""
+        return self._tools.get(name)
+
+    def timeout_for(self, name: str) -> float | None:
+        """The host's per-tool timeout for ``name`` as given to :func:`build_tools`."""
+        return self.limits.engine_timeouts.get(name)
+
+    async def call(
+        self, name: str, args: object = None, *, call_id: str | None = None
+    ) -> ToolResult:
+        """Run tool ``name`` with ``args``; an unknown name is an error result, not raised.
+
+        Blocks as the tool does (only ``wait_agent`` and ``delegate_to_agent`` block, and
+        both answer before the tool's host timeout). Cancelling the caller cancels the
+        call; nothing is consumed by a cancelled ``wait_agent``.
+        """
+        tool = self._tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            unknown = ToolResult(
+                content=f"unknown tool {bound_text(repr(name), 80)}; available tools: "
+                + ", ".join(self._tools),
+                details={"error": "unknown_tool", "tools": list(self._tools)},
+                is_error=True,
+            )
+
+            async def answer(span: ToolSpan) -> ToolResult:
+                return unknown
+
+            return await traced(str(name), call_id, None, answer)
+        return await tool.execute(args, call_id=call_id)
+
+    def to_openai_chat(self, *, strict: bool = False) -> list[JSONValue]:
+        """Every tool as an OpenAI Chat Completions ``tools`` entry."""
+        return [tool.to_openai_chat(strict=strict) for tool in self]
+
+    def to_openai_responses(self, *, strict: bool = False) -> list[JSONValue]:
+        """Every tool as an OpenAI Responses API ``tools`` entry."""
+        return [tool.to_openai_responses(strict=strict) for tool in self]
+
+    def to_anthropic(self) -> list[JSONValue]:
+        """Every tool as an Anthropic Messages ``tools`` entry."""
+        return [tool.to_anthropic() for tool in self]
+
+    def to_mcp(self) -> list[JSONValue]:
+        """Every tool as an MCP ``tools/list`` descriptor."""
+        return [tool.to_mcp() for tool in self]
+
+    def __repr__(self) -> str:
+        return f"<Toolset session={self.session_id!r} tools={self.names}>"
+
+
+TOOL_NAMES: Final = (
+    "spawn_agent",
+    "wait_agent",
+    "delegate_to_agent",
+    "cancel_agent",
+    "list_agents",
+)
+
+
+def _seconds(field: str, value: object, *, allow_none: bool) -> float | None:
+    if value is None and allow_none:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or value <= 0
+    ):
+        expected = "a number of seconds > 0" + (" or None" if allow_none else "")
+        raise ConfigError(field, expected, value)
+    return float(value)
+
+
+def build_tools(
+    manager: SubagentManager,
+    session_id: str,
+    *,
+    engine_tool_timeout: float | None = 60.0,
+    tool_timeouts: Mapping[str, float | None] | None = None,
+    wait_timeout: float = 30.0,
+    truncate_chars: int | None = None,
+    return_mode: str = "envelope",
+) -> Toolset:
+    """The LLM tools of ``session_id``: spawn, wait, delegate, cancel and list subagents.
+
+    Args:
+        manager: the running :class:`SubagentManager`.
+        session_id: the parent session: the host's conversation (default manager session
+            ``"root"``) or, inside a runner, ``ctx.session_id``.
+        engine_tool_timeout: the host loop's default per-tool timeout in seconds
+            (``None``: the host has none).
+        tool_timeouts: the host's per-tool overrides by tool name; other names ignored.
+        wait_timeout: how long ``wait_agent`` waits when the model gives no ``timeout_ms``.
+        truncate_chars: bound of the text a model reads from one call (default
+            ``manager.config.truncate_chars``).
+        return_mode: ``delegate_to_agent`` returns the ``"envelope"`` (default) or the
+            legacy bare output ``"string"``; any other value falls back to the envelope.
+
+    The layering rule: with ``effective = tool_timeouts.get("wait_agent",
+    engine_tool_timeout)``, ``wait_timeout`` must be at most ``effective -
+    wait_margin(effective)``; every ``timeout_ms`` a model asks for is clamped to that
+    ceiling, so ``wait_agent`` answers ``timed_out`` before the host kills it. The same
+    ceiling (with ``delegate_to_agent``'s own host timeout) bounds a delegated child.
+
+    Raises:
+        ConfigError: a timeout is not positive, or ``wait_timeout`` breaks the rule.
+    """
+    from ._tool_impls import build_session_tools
+
+    if not isinstance(session_id, str) or not session_id:
+        raise ConfigError("session_id", "a non-empty string", session_id)
+    default = _seconds("engine_tool_timeout", engine_tool_timeout, allow_none=True)
+    if not isinstance(tool_timeouts, (Mapping, type(None))):
+        raise ConfigError("tool_timeouts", "a mapping of tool name to seconds", tool_timeouts)
+    overrides = dict(tool_timeouts or {})
+    engine: dict[str, float | None] = {}
+    for name in TOOL_NAMES:
+        if name in overrides:
+            engine[name] = _seconds(f"tool_timeouts[{name!r}]", overrides[name], allow_none=True)
+        else:
+            engine[name] = default
+    wait = _seconds("wait_timeout", wait_timeout, allow_none=False)
+    assert wait is not None
+    effective = engine["wait_agent"]
+    if effective is None:
+        ceiling = max(wait, NO_HOST_TIMEOUT_WAIT_CAP)
+    else:
+        margin = wait_margin(effective)
+        ceiling = effective - margin
+        if ceiling <= 0 or wait > ceiling:
+            raise ConfigError(
+                "wait_timeout",
+                f"at most {max(ceiling, 0):g} s: wait_agent's host timeout of {effective:g} s "
+                f"minus the {margin:g} s safety margin (raise tool_timeouts['wait_agent'] "
+                "or lower wait_timeout)",
+                wait_timeout,
+            )
+    delegate_engine = engine["delegate_to_agent"]
+    delegate_ceiling = None
+    if delegate_engine is not None:
+        delegate_ceiling = delegate_engine - wait_margin(delegate_engine)
+        if delegate_ceiling <= 0:
+            raise ConfigError(
+                "tool_timeouts['delegate_to_agent']",
+                f"more than the {wait_margin(delegate_engine):g} s safety margin",
+                delegate_engine,
+            )
+    chars = manager.config.truncate_chars if truncate_chars is None else truncate_chars
+    if isinstance(chars, bool) or not isinstance(chars, int) or chars < 200:
+        raise ConfigError("truncate_chars", "an integer >= 200", truncate_chars)
+    if return_mode not in ("envelope", "string"):
+        logger.warning("unknown delegate return_mode %r; using 'envelope'", return_mode)
+        return_mode = "envelope"
+    limits = ToolLimits(
+        engine_timeouts=engine,
+        wait_timeout=wait,
+        wait_ceiling=ceiling,
+        delegate_ceiling=delegate_ceiling,
+        truncate_chars=chars,
+        return_mode="string" if return_mode == "string" else "envelope",
+    )
+    tools = build_session_tools(manager, session_id, limits)
+    return Toolset(tools, manager=manager, session_id=session_id, limits=limits)

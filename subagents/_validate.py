@@ -1,0 +1,213 @@
+"""Tool input validation: one declaration per parameter gives both the JSON Schema a model
+reads and the checks its arguments go through, so the two can never disagree.
+
+Every failure is an :class:`ArgumentError` whose message names the field, what was
+expected and what came (``timeout_ms must be an integer >= 0, got -5``), so a model can
+correct its call.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Final, Literal
+
+import attrs
+
+from ._json import JSONValue, dumps_str, loads
+
+__all__ = ["SCHEMA_DIALECT", "ArgumentError", "Param", "parse_args", "schema_for"]
+
+SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
+MAX_INT: Final = 2**53 - 1
+"""Largest integer a JSON number carries exactly (and the bound of our integer fields)."""
+_SHOW_CHARS: Final = 80
+
+Kind = Literal["string", "integer", "ids", "enum"]
+
+
+class ArgumentError(ValueError):
+    """A tool argument is missing, unknown or malformed; the message is for a model."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+@attrs.frozen(kw_only=True)
+class Param:
+    """One tool parameter: its schema and its check."""
+
+    name: str
+    """The field name."""
+    kind: Kind
+    """``string``, ``integer``, ``enum`` (a string from ``choices``) or ``ids`` (a task id
+    string or a non-empty list of them)."""
+    description: str
+    """What the field means, for a model."""
+    required: bool = False
+    """Whether the call must carry the field."""
+    minimum: int = 0
+    """Lower bound of an ``integer``."""
+    choices: tuple[str, ...] = ()
+    """The allowed values of an ``enum``."""
+    default: str | int | None = None
+    """Documented default (schema only; the tool applies it)."""
+    max_items: int = 64
+    """Upper bound on the number of ids of an ``ids`` field."""
+
+
+def schema_for(params: Sequence[Param]) -> dict[str, JSONValue]:
+    """The JSON Schema (draft 2020-12) of an object with ``params`` and nothing else."""
+    properties: dict[str, JSONValue] = {}
+    for p in params:
+        prop: dict[str, JSONValue]
+        if p.kind == "string":
+            prop = {"type": "string"}
+        elif p.kind == "integer":
+            prop = {"type": "integer", "minimum": p.minimum, "maximum": MAX_INT}
+        elif p.kind == "enum":
+            prop = {"type": "string", "enum": list(p.choices)}
+        else:
+            prop = {
+                "anyOf": [
+                    {"type": "string", "minLength": 1},
+                    {
+                        "type": "array",
+                        "items": {"type": "string", "minLength": 1},
+                        "minItems": 1,
+                        "maxItems": p.max_items,
+                    },
+                ]
+            }
+        prop["description"] = p.description
+        if p.default is not None:
+            prop["default"] = p.default
+        properties[p.name] = prop
+    return {
+        "$schema": SCHEMA_DIALECT,
+        "type": "object",
+        "properties": properties,
+        "required": [p.name for p in params if p.required],
+        "additionalProperties": False,
+    }
+
+
+def show(value: object) -> str:
+    """A short rendering of a received value for an error message."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    try:
+        text = dumps_str(value)
+    except Exception:
+        text = repr(value)
+    if len(text) > _SHOW_CHARS:
+        text = text[: _SHOW_CHARS - 1] + "…"
+    if isinstance(value, str):
+        return f"{text} (a string)"
+    if isinstance(value, bool):
+        return f"{text} (a boolean)"
+    if isinstance(value, list):
+        return f"{text} (an array)"
+    if isinstance(value, dict):
+        return f"{text} (an object)"
+    return text
+
+
+def parse_args(tool: str, params: Sequence[Param], args: object) -> dict[str, object]:
+    """Check ``args`` (an object, or its JSON text) against ``params``.
+
+    Returns the fields that were given, normalised: integers as ``int``, ``ids`` as a
+    de-duplicated ``list[str]``. ``None`` counts as ``{}``; a field whose value is
+    ``null`` counts as omitted (OpenAI's strict mode sends optional fields that way).
+
+    Raises:
+        ArgumentError: the first problem found, named for a model.
+    """
+    if args is None:
+        args = {}
+    if isinstance(args, (bytes, bytearray)):
+        try:
+            args = args.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ArgumentError(f"{tool} arguments must be UTF-8 JSON text") from None
+    if isinstance(args, str):
+        try:
+            args = loads(args) if args.strip() else {}
+        except ValueError:
+            raise ArgumentError(
+                f"{tool} arguments must be a JSON object, got text that is not JSON: {show(args)}"
+            ) from None
+    if not isinstance(args, Mapping):
+        raise ArgumentError(f"{tool} arguments must be a JSON object, got {show(args)}")
+    by_name = {p.name: p for p in params}
+    allowed = ", ".join(by_name) if by_name else "(none: call it with {})"
+    for key in args:
+        if not isinstance(key, str) or key not in by_name:
+            hint = ""
+            if isinstance(key, str):
+                close = difflib.get_close_matches(key, list(by_name), n=1, cutoff=0.6)
+                if close:
+                    hint = f" (did you mean {close[0]!r}?)"
+            shown = repr(key[:_SHOW_CHARS]) if isinstance(key, str) else show(key)
+            raise ArgumentError(
+                f"unknown field {shown} for {tool}{hint}; allowed fields: {allowed}",
+                str(key),
+            )
+    out: dict[str, object] = {}
+    for p in params:
+        value = args.get(p.name)
+        if value is None:
+            if p.required:
+                raise ArgumentError(f"{p.name} is required: {p.description}", p.name)
+            continue
+        out[p.name] = _check(p, value)
+    return out
+
+
+def _check(p: Param, value: object) -> object:
+    if p.kind == "string":
+        return _text(p.name, value, "a string")
+    if p.kind == "enum":
+        expected = "one of " + ", ".join(repr(c) for c in p.choices)
+        if not isinstance(value, str) or value not in p.choices:
+            raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
+        return value
+    if p.kind == "integer":
+        expected = f"an integer >= {p.minimum}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
+        if isinstance(value, float):
+            if not math.isfinite(value) or not value.is_integer():
+                raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
+            value = int(value)
+        if value < p.minimum:
+            raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
+        return min(value, MAX_INT)
+    # ids: one id or a list of them
+    expected = f"a task id string or a non-empty array of at most {p.max_items} of them"
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or len(items) > p.max_items:
+        raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
+    ids: dict[str, None] = {}
+    for item in items:
+        text = _text(p.name, item, expected).strip()
+        if not text:
+            raise ArgumentError(f"{p.name} must not contain an empty task id", p.name)
+        ids[text] = None
+    return list(ids)
+
+
+def _text(field: str, value: object, expected: str) -> str:
+    if not isinstance(value, str):
+        raise ArgumentError(f"{field} must be {expected}, got {show(value)}", field)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ArgumentError(
+            f"{field} must be valid Unicode text; it has an unpaired surrogate at "
+            f"position {exc.start}",
+            field,
+        ) from None
+    return value

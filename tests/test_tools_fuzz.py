@@ -1,0 +1,126 @@
+"""Fuzz every tool's execute with hypothesis-generated JSON: it never raises and always
+returns a ToolResult whose details serialise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from subagents import SubagentConfig, SubagentManager, ToolResult, build_tools
+from subagents._json import dumps
+from subagents.testing import echo_agent
+
+VALID_ID = "@valid-id"
+FIELDS = {
+    "spawn_agent": ["agent", "input", "name", "timeout_ms"],
+    "wait_agent": ["task_ids", "mode", "timeout_ms"],
+    "delegate_to_agent": ["agent", "input", "timeout_ms"],
+    "cancel_agent": ["task_id"],
+    "list_agents": [],
+}
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+    | st.sampled_from([VALID_ID, "echo", "all", "any", "", "a/b", "\ud800"])
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
+    "agent": st.sampled_from(["echo", "nope", "Echo"]) | json_values,
+    "input": st.text(max_size=30) | json_values,
+    "name": st.sampled_from(["n1", "a/b", "", "x" * 70]) | st.text(max_size=8),
+    "timeout_ms": st.integers(min_value=-10, max_value=10**13) | json_values,
+    "task_ids": st.sampled_from([VALID_ID, [VALID_ID], [VALID_ID, "x"], "abc", [], [""]])
+    | json_values,
+    "mode": st.sampled_from(["any", "all", "x"]) | json_values,
+    "task_id": st.sampled_from([VALID_ID, "abc", VALID_ID.upper()]) | json_values,
+}
+
+
+def arguments(tool: str) -> st.SearchStrategy[Any]:
+    keys = st.sampled_from(FIELDS[tool]) if FIELDS[tool] else st.text(max_size=6)
+    plausible = st.fixed_dictionaries({}, optional={f: PLAUSIBLE[f] for f in FIELDS[tool]})
+    return st.one_of(
+        plausible,
+        plausible,
+        json_values,
+        st.dictionaries(keys, json_values, max_size=4),
+        st.dictionaries(keys | st.text(max_size=6), json_values, max_size=4),
+        st.text(max_size=20),
+    )
+
+
+def substitute(value: Any, task_id: str) -> Any:
+    if value == VALID_ID:
+        return task_id
+    if isinstance(value, list):
+        return [substitute(v, task_id) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, task_id) for k, v in value.items()}
+    return value
+
+
+async def run_one(tool: str, args: Any) -> ToolResult:
+    config = SubagentConfig(spawn_timeout=0.5, execute_timeout=0.5)
+    async with SubagentManager([echo_agent()], config=config) as manager:
+        tools = build_tools(manager, "root", engine_tool_timeout=0.4, wait_timeout=0.05)
+        done = manager.spawn("echo", "x")
+        await done.wait()
+        with anyio.fail_after(2):
+            return await tools[tool].execute(substitute(args, done.task_id))
+
+
+def check(tool: str, args: Any, backend: str) -> None:
+    result = anyio.run(run_one, tool, args, backend=backend)
+    assert isinstance(result, ToolResult)
+    assert isinstance(result.content, str)
+    assert isinstance(result.is_error, bool)
+    dumps(result.details)
+
+
+def fuzz(tool: str) -> Any:
+    @pytest.mark.parametrize("backend", ["asyncio", "trio"])
+    @settings(
+        max_examples=40,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(args=arguments(tool))
+    def test(args: Any, backend: str) -> None:
+        check(tool, args, backend)
+
+    return test
+
+
+test_fuzz_spawn_agent = fuzz("spawn_agent")
+test_fuzz_wait_agent = fuzz("wait_agent")
+test_fuzz_delegate_to_agent = fuzz("delegate_to_agent")
+test_fuzz_cancel_agent = fuzz("cancel_agent")
+test_fuzz_list_agents = fuzz("list_agents")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_valid_calls_succeed(backend: str) -> None:
+    """The fuzz harness itself can tell success from failure."""
+    check("wait_agent", {"task_ids": VALID_ID}, backend)
+    result = anyio.run(run_one, "wait_agent", {"task_ids": [VALID_ID]}, backend=backend)
+    assert not result.is_error
+    assert result.details["completed"] is True
+    bad = anyio.run(run_one, "wait_agent", {"task_ids": 5}, backend=backend)
+    assert bad.is_error
