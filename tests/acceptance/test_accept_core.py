@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -1348,3 +1353,61 @@ async def test_spawn_after_manager_close_is_rejected() -> None:
 def test_root_parent_is_none() -> None:
     assert AgentPath.root().parent() is None
     assert AgentPath("/root/a/b").parent() == "/root/a"
+
+
+# --- the README's first command: `subagents demo` -------------------------------------------
+
+
+def _demo(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "subagents", "demo", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def test_demo_matches_the_issue() -> None:
+    proc = _demo()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    landed = [
+        line
+        for line in lines
+        if line.split(" ", 1)[0] in {s.value for s in Status} and " /root" in line
+    ]
+    assert len(landed) == 14  # twelve spawns and two grandchildren, one line each
+    statuses = Counter(line.split(" ", 1)[0] for line in landed)
+    assert statuses["error"] == 1
+    assert statuses["timeout"] == 1
+    assert statuses["cancelled"] == 1
+    assert statuses["completed"] == 11
+    grandchildren = [line for line in landed if line.split()[1].count("/") == 3]
+    assert len(grandchildren) == 2
+    assert "total" in out  # the summary table
+    assert "Traceback" not in err
+
+
+def test_demo_json_lines_are_envelopes() -> None:
+    proc = _demo("--json", "--backend", "trio")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    envelopes = [DelegateResult.from_dict(json.loads(line)) for line in out.splitlines()]
+    assert len(envelopes) == 14
+    assert len({e.task_id for e in envelopes}) == 14
+
+
+def test_demo_piped_into_head_does_not_spew_tracebacks() -> None:
+    proc = _demo("--json")
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves, like `subagents demo | head -1`
+    proc.wait(timeout=60)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert "Traceback" not in err
+    assert "BrokenPipe" not in err
