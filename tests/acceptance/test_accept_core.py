@@ -1411,3 +1411,65 @@ def test_demo_piped_into_head_does_not_spew_tracebacks() -> None:
     proc.stderr.close()
     assert "Traceback" not in err
     assert "BrokenPipe" not in err
+
+
+# --- more endings --------------------------------------------------------------------------
+
+
+async def test_close_session_cancels_the_whole_subtree() -> None:
+    grandchildren: list[SpawnHandle] = []
+
+    async def mid(request: Request, ctx: RunContext) -> str:
+        grandchildren.append(ctx.spawn("f", "a"))
+        await anyio.sleep_forever()
+        return ""
+
+    async with manager(spec("mid", mid), spec("f", forever)) as m:
+        parent = m.spawn("mid", "x", session_id="s")
+        await anyio.wait_all_tasks_blocked()
+        with anyio.fail_after(5):
+            await m.close_session("s")
+        assert parent.result.status == Status.CANCELLED
+        (g,) = grandchildren
+        assert g.done.is_set()
+        assert g.result.status == Status.CANCELLED
+        assert m.statistics().running == 0
+
+
+async def test_expired_mailbox_entry_is_still_in_the_record() -> None:
+    async with manager(spec("echo", echo), mailbox_ttl=0.01) as m:
+        h = m.spawn("echo", "x")
+        await h.done.wait()
+        await anyio.sleep(0.03)
+        assert m.mailbox("root").peek(h.task_id) is None  # expired
+        env = await m.wait_result(h.task_id, timeout=0)
+        assert env is not None
+        assert env.output == "x"
+
+
+async def test_execute_in_flight_when_the_manager_closes() -> None:
+    results: list[DelegateResult] = []
+    m = manager(spec("f", forever))
+
+    async def caller() -> None:
+        results.append(await m.execute("f", "x"))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg, m:
+            tg.start_soon(caller)
+            await anyio.wait_all_tasks_blocked()
+            # the manager closed while the caller's execute was running
+    assert [r.status for r in results] == [Status.CANCELLED]
+
+
+async def test_execute_caller_cancelled_propagates_and_records() -> None:
+    events: list[Any] = []
+    m = manager(spec("f", forever))
+    m.events.subscribe(events.append)
+    async with m:
+        with anyio.move_on_after(0.03) as scope:
+            await m.execute("f", "x")
+        assert scope.cancelled_caught
+    done = [e for e in events if e.type == "subagent.completed"]
+    assert len(done) == 1
+    assert done[0].data["status"] == "cancelled"

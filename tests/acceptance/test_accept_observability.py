@@ -690,3 +690,72 @@ def test_events_summary_of_a_missing_file_is_a_clear_error(tmp_path: Path) -> No
     assert out.returncode != 0
     assert "nope.jsonl" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+async def test_tool_spans_inside_a_child_nest_under_it(spans: _Switch) -> None:
+    async def parent(request: Request, ctx: RunContext) -> str:
+        toolset = build_tools(ctx.manager, ctx.session_id)
+        r = await toolset.call("spawn_agent", {"agent": "echo", "input": "inner"})
+        await toolset.call("wait_agent", {"task_ids": [r.details["task_id"]]})
+        return "ok"
+
+    async with SubagentManager(
+        [*agents(), AgentSpec(name="parent", description="p", runner=parent)]
+    ) as m:
+        await m.spawn("parent", "x", session_id="conv-3").wait()
+    outer = one(spans, "invoke_agent parent")
+    tool = one(spans, "execute_tool spawn_agent")
+    inner = one(spans, "invoke_agent echo")
+    assert parent_id(tool) == outer.context.span_id
+    assert parent_id(inner) == tool.context.span_id
+    assert dict(tool.attributes or {})["gen_ai.conversation.id"] == "conv-3"
+    assert dict(inner.attributes or {})["gen_ai.conversation.id"] == "conv-3"
+
+
+async def test_spawned_and_started_event_data() -> None:
+    events: list[Event] = []
+    m = SubagentManager(agents())
+    m.events.subscribe(events.append)
+    async with m:
+        await m.spawn("echo", "x", timeout=7.5).wait()
+    spawned = next(e for e in events if e.type == "subagent.spawned")
+    started = next(e for e in events if e.type == "subagent.started")
+    assert spawned.data["parent_path"] == "/root"
+    assert spawned.data["timeout_s"] == 7.5
+    assert isinstance(started.data["queue_ms"], int)
+
+
+def test_events_tail_follows_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.touch()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "subagents", "events", "tail", str(path), "--max-events", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        with JsonlSink(path) as sink:
+            for i in range(2):
+                event = Event(
+                    type="subagent.spawned",
+                    seq=i + 1,
+                    timestamp_ms=1,
+                    session_id="root",
+                    task_id=f"task{i}",
+                    agent_path="/root/a",
+                    data={"agent": "a"},
+                )
+                sink.write_line(event.to_json())
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2
+    assert "task0" in lines[0]
+    assert "task1" in lines[1]
