@@ -759,3 +759,38 @@ def test_events_tail_follows_the_file(tmp_path: Path) -> None:
     assert len(lines) == 2
     assert "task0" in lines[0]
     assert "task1" in lines[1]
+
+
+def test_without_the_sdk_nothing_breaks() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry.sdk"] = None  # as if the SDK were not installed
+        import anyio
+        from subagents import AgentSpec, SubagentManager, build_tools
+
+        async def ok(request, ctx):
+            return "ok " + request.input
+
+        async def main():
+            async with SubagentManager([AgentSpec(name="ok", runner=ok)]) as m:
+                env = await m.spawn("ok", "x").wait()
+                assert env.output == "ok x", env
+                tools = build_tools(m, "root")
+                r = await tools.call("delegate_to_agent", {"agent": "ok", "input": "y"})
+                assert not r.is_error, r.content
+            print("fine")
+
+        anyio.run(main)
+        anyio.run(main, backend="trio")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["fine", "fine"]

@@ -695,6 +695,10 @@ async def test_list_agents() -> None:
         assert "running" in r.content
         details = json.dumps(r.details)
         assert done in details
+        # "whether their result is waiting"
+        waiting = {t["task_id"]: t["result_waiting"] for t in r.details["tasks"]}
+        assert waiting == {done: True, running: False}
+        assert "result waiting" in r.content
         assert running in details
         gate.event.set()
         # also callable with no arguments at all
