@@ -404,7 +404,7 @@ class SubagentManager:
             input=input,
             prompt=options.prompt if options.prompt is not None else spec.prompt,
             files=options.files,
-            model=options.model,
+            model=options.model if options.model is not None else spec.model,
         )
         handle = SpawnHandle(
             self,

@@ -57,7 +57,7 @@ class Request:
     files: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     """Paths of files handed to the agent."""
     model: str | None = None
-    """Model override for this run; ``None`` uses the agent type's."""
+    """Model for this run: the spawn's override, else the agent type's (``None``: neither)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -1473,3 +1473,56 @@ async def test_execute_caller_cancelled_propagates_and_records() -> None:
     done = [e for e in events if e.type == "subagent.completed"]
     assert len(done) == 1
     assert done[0].data["status"] == "cancelled"
+
+
+async def test_lowering_the_limit_lets_running_children_finish_first() -> None:
+    gates = {str(i): anyio.Event() for i in range(5)}
+    running: set[str] = set()
+    peak_after_lowering = 0
+    lowered = False
+
+    async def runner(request: Request, ctx: RunContext) -> str:
+        nonlocal peak_after_lowering
+        running.add(request.input)
+        if lowered:
+            peak_after_lowering = max(peak_after_lowering, len(running))
+        try:
+            await gates[request.input].wait()
+        finally:
+            running.discard(request.input)
+        return request.input
+
+    async with manager(spec("r", runner), max_concurrent_spawns=3) as m:
+        handles = [m.spawn("r", str(i)) for i in range(5)]
+        await anyio.wait_all_tasks_blocked()
+        assert running == {"0", "1", "2"}
+        m.set_max_concurrent_spawns(1)
+        lowered = True
+        gates["0"].set()
+        await handles[0].wait()
+        await anyio.wait_all_tasks_blocked()
+        assert running == {"1", "2"}  # nothing new starts while above the new limit
+        gates["1"].set()
+        gates["2"].set()
+        await handles[2].wait()
+        await anyio.wait_all_tasks_blocked()
+        assert running == {"3"}
+        gates["3"].set()
+        gates["4"].set()
+        await handles[4].wait()
+    assert peak_after_lowering <= 2
+
+
+async def test_request_carries_the_effective_prompt_and_model() -> None:
+    """One generic runner serves several agent types: it reads both from the request."""
+
+    async def probe(request: Request, ctx: RunContext) -> str:
+        return f"{request.prompt}|{request.model}|{','.join(request.files)}"
+
+    async with SubagentManager(
+        [spec("p", probe, prompt="spec prompt", model="spec-model"), spec("bare", probe)]
+    ) as m:
+        assert (await m.spawn("p", "x").wait()).output == "spec prompt|spec-model|"
+        options = SpawnOptions(prompt="P", model="M", files=["a.py"])
+        assert (await m.spawn("p", "x", options=options).wait()).output == "P|M|a.py"
+        assert (await m.execute("bare", "x")).output == "None|None|"
