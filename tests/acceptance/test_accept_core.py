@@ -1526,3 +1526,16 @@ async def test_request_carries_the_effective_prompt_and_model() -> None:
         options = SpawnOptions(prompt="P", model="M", files=["a.py"])
         assert (await m.spawn("p", "x", options=options).wait()).output == "P|M|a.py"
         assert (await m.execute("bare", "x")).output == "None|None|"
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("nan"), "10", True])
+def test_agent_spec_timeout_is_validated(bad: Any) -> None:
+    # a NaN or text timeout used to crash the manager's task group at spawn time
+    with pytest.raises(ConfigError, match="timeout"):
+        AgentSpec(name="a", runner=echo, timeout=bad)
+    assert AgentSpec(name="a", runner=echo, timeout=2.5).timeout == 2.5
+
+
+def test_agent_spec_runner_must_be_callable() -> None:
+    with pytest.raises(ConfigError, match="runner"):
+        AgentSpec(name="a", runner="not a function")
