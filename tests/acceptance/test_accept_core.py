@@ -1539,3 +1539,46 @@ def test_agent_spec_timeout_is_validated(bad: Any) -> None:
 def test_agent_spec_runner_must_be_callable() -> None:
     with pytest.raises(ConfigError, match="runner"):
         AgentSpec(name="a", runner="not a function")
+
+
+# --- garbage from a runner's progress reports or a custom backend -------------------------
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        {"usage": {"input_tokens": 1}},
+        {"output": 123},
+        {"append": b"bytes"},
+        {"iterations": "3"},
+        {"files_changed": [1, 2]},
+    ],
+)
+async def test_bad_progress_reports_end_in_an_error_envelope(report: dict[str, Any]) -> None:
+    async def reporter(request: Request, ctx: RunContext) -> str:
+        ctx.report(**report)
+        return "unreachable"
+
+    events: list[Any] = []
+    m = manager(spec("r", reporter))
+    m.events.subscribe(events.append)
+    async with m:
+        env = await m.spawn("r", "x").wait()
+    assert env.status == Status.ERROR
+    assert next(iter(report)) in env.error  # names the field
+    json.loads(env.to_json())
+    assert [e.type for e in events].count("subagent.completed") == 1
+
+
+async def test_reported_text_with_lone_surrogates_still_serialises() -> None:
+    async def reporter(request: Request, ctx: RunContext) -> str:
+        ctx.report(output="bytes \udcff here", files_changed="one/path.py")
+        await anyio.sleep_forever()
+        return ""
+
+    async with manager(spec("r", reporter)) as m:
+        env = await m.spawn("r", "x", timeout=0.02).wait()
+    assert env.status == Status.TIMEOUT
+    assert env.output.startswith("bytes ")
+    assert list(env.files_changed) == ["one/path.py"]  # a str is one path, not characters
+    json.loads(env.to_json())
