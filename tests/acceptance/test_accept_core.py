@@ -1582,3 +1582,19 @@ async def test_reported_text_with_lone_surrogates_still_serialises() -> None:
     assert env.output.startswith("bytes ")
     assert list(env.files_changed) == ["one/path.py"]  # a str is one path, not characters
     json.loads(env.to_json())
+
+
+async def test_a_custom_backend_returning_garbage_ends_in_an_error_envelope() -> None:
+    async def garbage_backend(agent_spec: AgentSpec, request: Request, ctx: RunContext) -> Any:
+        return 3.14
+
+    async def bad_result_backend(agent_spec: AgentSpec, request: Request, ctx: RunContext) -> Any:
+        return Result(output="x", usage={"input_tokens": 1})  # type: ignore[arg-type]
+
+    for backend in (garbage_backend, bad_result_backend):
+        async with SubagentManager([spec("echo", echo)], backend=backend) as m:
+            env = await m.spawn("echo", "x").wait()
+            assert env.status == Status.ERROR
+            sync = await m.execute("echo", "x")
+            assert sync.status == Status.ERROR
+        json.loads(env.to_json())
