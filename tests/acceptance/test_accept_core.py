@@ -1598,3 +1598,30 @@ async def test_a_custom_backend_returning_garbage_ends_in_an_error_envelope() ->
             sync = await m.execute("echo", "x")
             assert sync.status == Status.ERROR
         json.loads(env.to_json())
+
+
+# --- the README quick start runs as written --------------------------------------------------
+
+
+def _readme_block(heading: str) -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split(heading, 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_readme_quick_start_runs(tmp_path: Path, backend: str) -> None:
+    code = _readme_block("## Quick start")
+    assert len(code.strip().splitlines()) <= 20
+    if backend == "trio":
+        code = code.replace("anyio.run(main)", 'anyio.run(main, backend="trio")')
+    script = tmp_path / "quick_start.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    for topic in ("anyio", "trio", "attrs"):
+        assert f"notes on {topic}" in out.stdout
+    assert out.stdout.count("status: completed") == 3
