@@ -22,6 +22,7 @@ import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from subagents import (
     AgentPath,
@@ -1625,3 +1626,78 @@ def test_readme_quick_start_runs(tmp_path: Path, backend: str) -> None:
     for topic in ("anyio", "trio", "attrs"):
         assert f"notes on {topic}" in out.stdout
     assert out.stdout.count("status: completed") == 3
+
+
+# --- the mailbox against a simple model ----------------------------------------------------
+
+
+class MailboxModel(RuleBasedStateMachine):
+    """put/peek/drain/drain_all/len/TTL/drop against a dict in arrival order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.box = Mailbox(capacity=3, ttl=10.0, clock=lambda: self.now)
+        self.model: dict[str, tuple[float, str]] = {}  # id -> (put time, output)
+        self.dropped = False
+        self.counter = 0
+
+    def _live(self) -> dict[str, tuple[float, str]]:
+        return {k: v for k, v in self.model.items() if self.now - v[0] < 10.0}
+
+    @rule(tid=st.sampled_from("abcde"))
+    def put(self, tid: str) -> None:
+        self.counter += 1
+        output = f"v{self.counter}"
+        env = envelope(task_id=tid, output=output)
+        live = self._live()
+        if self.dropped:
+            self.box.put(tid, env)
+            return
+        if tid not in live and len(live) >= 3:
+            with pytest.raises(MailboxFull):
+                self.box.put(tid, env)
+            return
+        self.box.put(tid, env)
+        # an overwrite is a new arrival: a fresh TTL, last in drain_all order
+        # (observed behaviour; README does not say)
+        self.model = {k: v for k, v in live.items() if k != tid}
+        self.model[tid] = (self.now, output)
+
+    @rule(tid=st.sampled_from("abcde"))
+    def peek(self, tid: str) -> None:
+        got = self.box.peek(tid)
+        live = self._live()
+        assert (got.output if got else None) == (live[tid][1] if tid in live else None)
+
+    @rule(tid=st.sampled_from("abcde"))
+    def drain(self, tid: str) -> None:
+        got = self.box.drain(tid)
+        live = self._live()
+        assert (got.output if got else None) == (live[tid][1] if tid in live else None)
+        self.model = {k: v for k, v in live.items() if k != tid}
+
+    @rule()
+    def drain_all(self) -> None:
+        got = [e.output for e in self.box.drain_all()]
+        assert got == [v[1] for v in self._live().values()]  # arrival order
+        self.model = {}
+
+    @rule(dt=st.sampled_from([0.5, 3.0, 9.9, 10.0, 20.0]))
+    def advance(self, dt: float) -> None:
+        self.now += dt
+
+    @precondition(lambda self: not self.dropped)
+    @rule()
+    def drop(self) -> None:
+        self.box.drop()
+        self.dropped = True
+        self.model = {}
+
+    @invariant()
+    def length(self) -> None:
+        assert len(self.box) == len(self._live())
+
+
+TestMailboxModel = MailboxModel.TestCase
+TestMailboxModel.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
