@@ -1701,3 +1701,21 @@ class MailboxModel(RuleBasedStateMachine):
 
 TestMailboxModel = MailboxModel.TestCase
 TestMailboxModel.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+
+
+async def test_an_error_inside_a_runners_task_group_is_described_by_the_error() -> None:
+    async def grouped(request: Request, ctx: RunContext) -> str:
+        async def fail() -> None:
+            raise KeyError("missing-key")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(fail)
+            await anyio.sleep_forever()
+        return ""
+
+    async with manager(spec("g", grouped)) as m:
+        env = await m.spawn("g", "x").wait()
+    assert env.status == Status.ERROR
+    assert env.error.startswith("KeyError")
+    assert "missing-key" in env.error
+    assert env.error_type == "KeyError"
