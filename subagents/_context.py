@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from ._backend import _clean as clean_text
 from ._envelope import DelegateResult, Usage
 from ._events import PROGRESS
 from ._paths import AgentPath
@@ -112,6 +113,21 @@ class RunContext:
         """
         h = self._handle
         if output is not None:
+            output = _report_text("output", output)
+        if append:
+            append = _report_text("append", append)
+        if usage is not None and not isinstance(usage, Usage):
+            raise _report_error("usage", "a Usage", usage)
+        if iterations is not None and (
+            isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0
+        ):
+            raise _report_error("iterations", "an integer >= 0", iterations)
+        paths: tuple[str, ...] = ()
+        if files_changed is not None:
+            paths = (files_changed,) if isinstance(files_changed, str) else tuple(files_changed)
+            if not all(isinstance(f, str) for f in paths):
+                raise _report_error("files_changed", "paths as str", files_changed)
+        if output is not None:
             h._partial_output = output
         if append:
             h._partial_output += append
@@ -119,9 +135,9 @@ class RunContext:
             h._usage = usage
         if iterations is not None:
             h._iterations = iterations
-        if files_changed is not None:
+        if paths:
             known = set(h._files_changed)
-            h._files_changed += tuple(f for f in files_changed if f not in known)
+            h._files_changed += tuple(f for f in paths if f not in known)
         bus = self._manager.events
         if bus.active:
             bus.publish(
@@ -172,3 +188,13 @@ class RunContext:
     async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
         """Collect a child's envelope; see :meth:`SubagentManager.wait_result`."""
         return await self._manager.wait_result(task_id, timeout=timeout, session_id=self.session_id)
+
+
+def _report_error(field: str, expected: str, got: object) -> TypeError:
+    return TypeError(f"ctx.report({field}=...) must be {expected}, got {type(got).__qualname__}")
+
+
+def _report_text(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise _report_error(field, "a str", value)
+    return clean_text(value)

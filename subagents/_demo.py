@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 
+from ._cli_events import _silence_stdout
 from ._context import RunContext
 from ._envelope import DelegateResult, Status, Usage
 from ._events import COMPLETED, Event
@@ -102,16 +103,26 @@ async def _main(seed: int, as_json: bool) -> int:
     rng = random.Random(seed)
     landed: list[DelegateResult] = []
     started = anyio.current_time()
+    reader_left = False
+
+    def show(text: str) -> None:
+        # `subagents demo | head`: once the reader has left, print nothing more (the run
+        # still finishes, so every child still ends in its envelope).
+        nonlocal reader_left
+        if reader_left:
+            return
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:
+            reader_left = True
+            _silence_stdout()
 
     def on_event(event: Event) -> None:
         if event.type != COMPLETED:
             return
         envelope = DelegateResult.from_dict(event.data)
         landed.append(envelope)
-        if as_json:
-            print(dumps_str(envelope.to_dict()), flush=True)
-        else:
-            print(_line(envelope), flush=True)
+        show(dumps_str(envelope.to_dict()) if as_json else _line(envelope))
 
     config = SubagentConfig(max_concurrent_spawns=4, spawn_timeout=5.0)
     async with SubagentManager(_agents(rng), config=config) as manager:
@@ -128,8 +139,11 @@ async def _main(seed: int, as_json: bool) -> int:
             await handle.wait()
         spawned = manager.statistics().spawned
     elapsed = anyio.current_time() - started
-    if not as_json:
-        _summary(landed, elapsed)
+    if not as_json and not reader_left:
+        try:
+            _summary(landed, elapsed)
+        except BrokenPipeError:
+            _silence_stdout()
     exactly_once = len(landed) == spawned and len({e.task_id for e in landed}) == spawned
     if not exactly_once:
         print(f"error: {spawned} spawns but {len(landed)} envelopes", file=sys.stderr)

@@ -295,7 +295,13 @@ def bound_text(text: str, limit: int) -> str:
 
 
 def describe_exception(exc: BaseException) -> tuple[str, str]:
-    """``(error_type, message)`` for an envelope: qualified class name and bounded text."""
+    """``(error_type, message)`` for an envelope: qualified class name and bounded text.
+
+    An exception group around a single exception (a task group in the runner) is described
+    by that exception; a larger group names its first few members.
+    """
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
     cls = type(exc)
     qualname = cls.__qualname__
     module = cls.__module__
@@ -305,6 +311,9 @@ def describe_exception(exc: BaseException) -> tuple[str, str]:
     except Exception:  # a __str__ that raises must not lose the envelope
         text = "<unprintable exception>"
     message = f"{qualname}: {text}" if text else qualname
+    if isinstance(exc, BaseExceptionGroup):
+        members = "; ".join(describe_exception(e)[1] for e in exc.exceptions[:3])
+        message = f"{message}: {members}"
     return error_type, bound_text(message, _ERROR_MESSAGE_CHARS)
 
 

@@ -26,7 +26,7 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup
 
-from ._backend import Backend, run_local
+from ._backend import Backend, coerce_result, run_local
 from ._context import RunContext
 from ._envelope import DelegateResult, Status, bound_text, describe_exception, now_ms
 from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
@@ -404,7 +404,7 @@ class SubagentManager:
             input=input,
             prompt=options.prompt if options.prompt is not None else spec.prompt,
             files=options.files,
-            model=options.model,
+            model=options.model if options.model is not None else spec.model,
         )
         handle = SpawnHandle(
             self,
@@ -573,9 +573,11 @@ class SubagentManager:
                     scope.cancel()
                 try:
                     if handle._trace is None:
-                        result = await self._backend(handle._spec, handle._request, ctx)
+                        raw = await self._backend(handle._spec, handle._request, ctx)
                     else:
-                        result = await self._telemetry.run(self._backend, handle, ctx)
+                        raw = await self._telemetry.run(self._backend, handle, ctx)
+                    # run_local already checked it; a custom backend may hand back anything.
+                    result = raw if self._backend is run_local else coerce_result(handle.agent, raw)
                 except Exception as exc:
                     error = exc
             # Decided now, before cleanup awaits: a cancel arriving during cleanup is too

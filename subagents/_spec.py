@@ -57,7 +57,7 @@ class Request:
     files: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     """Paths of files handed to the agent."""
     model: str | None = None
-    """Model override for this run; ``None`` uses the agent type's."""
+    """Model for this run: the spawn's override, else the agent type's (``None``: neither)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -86,6 +86,20 @@ def _check_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
     validate_name(value)
 
 
+def _check_timeout(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(attribute.name, "a number of seconds > 0 or None", value)
+    if math.isnan(value) or value <= 0:
+        raise ConfigError(attribute.name, "a number of seconds > 0 or None", value)
+
+
+def _check_runner(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not callable(value):
+        raise ConfigError(attribute.name, "an async callable runner(request, ctx)", value)
+
+
 @attrs.frozen(kw_only=True)
 class AgentSpec:
     """A registered agent type.
@@ -96,7 +110,7 @@ class AgentSpec:
 
     name: str = attrs.field(validator=_check_name)
     """Unique name models use to pick this agent (a valid path segment)."""
-    runner: Runner
+    runner: Runner = attrs.field(validator=_check_runner)
     """``async def runner(request, ctx) -> Result | str``."""
     description: str = ""
     """What this agent is good at, written for a model choosing among agents."""
@@ -110,17 +124,8 @@ class AgentSpec:
     """The tools this agent may use; intersected with its parent's at run time."""
     retry: RetryPolicy | None = None
     """Retry policy for transient failures; ``None`` runs once."""
-    timeout: float | None = None
+    timeout: float | None = attrs.field(default=None, validator=_check_timeout)
     """Default watchdog for this agent in seconds; ``None`` uses the manager's."""
-
-
-def _check_timeout(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(attribute.name, "a number of seconds > 0 or None", value)
-    if math.isnan(value) or value <= 0:
-        raise ConfigError(attribute.name, "a number of seconds > 0 or None", value)
 
 
 def _check_positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
