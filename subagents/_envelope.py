@@ -305,6 +305,8 @@ def describe_exception(exc: BaseException) -> tuple[str, str]:
     cls = type(exc)
     qualname = cls.__qualname__
     module = cls.__module__
+    if module.startswith("subagents._"):
+        module = "subagents"  # name our own errors by their public path
     error_type = qualname if module in ("builtins", "__main__") else f"{module}.{qualname}"
     try:
         text = str(exc)

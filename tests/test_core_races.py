@@ -61,3 +61,13 @@ async def test_cancel_from_the_started_event_cancels_before_the_runner_runs() ->
         envelope = await manager.spawn("a").wait()
     assert envelope.status == "cancelled"
     assert envelope.queue_ms >= 0
+
+
+async def test_error_type_names_library_errors_by_their_public_path() -> None:
+    async def wrong(request: Request, ctx: RunContext) -> int:
+        return 42
+
+    async with SubagentManager([AgentSpec(name="wrong", runner=wrong)]) as manager:  # type: ignore[arg-type]
+        envelope = await manager.spawn("wrong").wait()
+    assert envelope.error_type == "subagents.RunnerReturnError"
+    assert "int" in envelope.error
