@@ -113,12 +113,13 @@ async def test_child_ignoring_cancellation_is_cancelled_and_next_child_runs() ->
 
 async def test_watchdog_fires_then_next_child_in_worker_completes() -> None:
     manager, _ = _manager(limit=1)
-    async with manager:
-        a = manager.spawn("forever", timeout=0.02)
-        b = manager.spawn("nap", "0.001", timeout=None)
-        envelope = await a.wait()
-        assert envelope.status is Status.TIMEOUT
-        assert (await b.wait()).status is Status.COMPLETED
+    with anyio.fail_after(5):
+        async with manager:
+            a = manager.spawn("forever", timeout=0.02)
+            b = manager.spawn("nap", "0.001", timeout=None)
+            envelope = await a.wait()
+            assert envelope.status is Status.TIMEOUT
+            assert (await b.wait()).status is Status.COMPLETED
 
 
 async def test_deadline_of_a_finished_child_does_not_reach_the_next() -> None:
@@ -148,6 +149,11 @@ async def test_exactly_one_envelope_per_spawn_in_a_mixed_batch() -> None:
     manager.events.subscribe(
         lambda e: seen.append(e.task_id) if e.type == "subagent.completed" else None
     )
+    with anyio.fail_after(5):
+        await _mixed_batch(manager, seen)
+
+
+async def _mixed_batch(manager: SubagentManager, seen: list[str]) -> None:
     async with manager:
         handles = []
         for i in range(60):
