@@ -260,3 +260,35 @@ async def test_execute_caller_cancelled_still_records_one_envelope() -> None:
         assert handle.result.status is Status.CANCELLED
         # Spawned work still runs normally afterwards.
         assert (await manager.spawn("quick").wait()).status is Status.COMPLETED
+
+
+async def test_workers_started_one_by_one_still_fill_every_slot() -> None:
+    running = 0
+    peak = 0
+    release = anyio.Event()
+
+    async def hold(request: Request, ctx: RunContext) -> str:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()
+        running -= 1
+        return "held"
+
+    spec = AgentSpec(name="hold", description="holds a slot", runner=hold)
+    config = SubagentConfig(max_concurrent_spawns=8, mailbox_capacity=100)
+    with anyio.fail_after(5):
+        async with SubagentManager([spec], config=config) as manager:
+            handles = [manager.spawn("hold") for _ in range(20)]
+            await anyio.wait_all_tasks_blocked()
+            stats = manager.statistics()
+            assert (running, stats.running, stats.queued) == (8, 8, 12)
+            assert stats.workers == 8
+            manager.max_concurrent_spawns = 12  # raising the limit admits at once
+            await anyio.wait_all_tasks_blocked()
+            assert (running, manager.statistics().queued) == (12, 8)
+            release.set()
+            for h in handles:
+                assert (await h.wait()).status is Status.COMPLETED
+    assert peak == 12
+    assert manager.statistics().high_water == 12
