@@ -12,6 +12,7 @@ import time
 
 import anyio
 import pytest
+from trio.testing import MockClock
 
 from subagents import (
     AgentSpec,
@@ -292,3 +293,43 @@ async def test_workers_started_one_by_one_still_fill_every_slot() -> None:
                 assert (await h.wait()).status is Status.COMPLETED
     assert peak == 12
     assert manager.statistics().high_water == 12
+
+
+async def test_a_shorter_watchdog_started_later_still_fires_on_time() -> None:
+    manager, _ = _manager(limit=2)
+    with anyio.fail_after(3):
+        async with manager:
+            slow = manager.spawn("forever", timeout=30)
+            await anyio.wait_all_tasks_blocked()
+            fast = manager.spawn("forever", timeout=0.02)
+            assert (await fast.wait()).status is Status.TIMEOUT
+            assert slow.result is None  # its own, later deadline is still pending
+            slow.cancel()
+            assert (await slow.wait()).status is Status.CANCELLED
+
+
+async def test_watchdog_rearms_after_the_child_it_waited_for_finished() -> None:
+    manager, _ = _manager(limit=1)
+    with anyio.fail_after(3):
+        async with manager:
+            a = manager.spawn("quick", "a", timeout=0.01)  # finishes long before 10 ms
+            b = manager.spawn("nap", "5", timeout=0.05)  # outlives its 50 ms
+            assert (await a.wait()).status is Status.COMPLETED
+            envelope = await b.wait()
+            assert envelope.status is Status.TIMEOUT
+            assert envelope.error_type == "timeout"
+
+
+@pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock")],
+)
+async def test_watchdog_follows_the_event_loop_clock() -> None:
+    manager, _ = _manager(limit=2)
+    start = anyio.current_time()
+    async with manager:
+        handles = [manager.spawn("forever", timeout=180) for _ in range(3)]
+        for h in handles:
+            assert (await h.wait()).status is Status.TIMEOUT
+    # Two rounds of 180 s on two slots, in virtual time (autojump), not real time.
+    assert 360 <= anyio.current_time() - start < 361
