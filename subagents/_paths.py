@@ -15,8 +15,16 @@ _ROOT: Final = "root"
 _SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
+# Names already found valid (plain str only): spawning re-validates the same few agent
+# names over and over, and the regex costs more than the set lookup. Bounded.
+_VALID: Final[set[str]] = set()
+_VALID_MAX: Final = 4096
+
+
 def validate_name(name: object) -> str:
     """Return ``name`` if it is a valid path segment, else raise :class:`InvalidName`."""
+    if type(name) is str and name in _VALID:
+        return name
     if not isinstance(name, str):
         raise InvalidName(name, "a name must be a string")
     if not name:
@@ -30,6 +38,8 @@ def validate_name(name: object) -> str:
             name,
             "use letters, digits, '_', '-' and '.', starting with a letter or digit",
         )
+    if type(name) is str and len(_VALID) < _VALID_MAX:
+        _VALID.add(name)
     return name
 
 
