@@ -66,7 +66,7 @@ class Result:
 
     output: str = ""
     """Final text output."""
-    usage: Usage = attrs.field(factory=Usage)
+    usage: Usage = attrs.field(default=Usage())  # frozen: one shared empty Usage
     """Tokens this run used (not its children's)."""
     iterations: int = 0
     """Iterations (model turns, steps) taken."""
