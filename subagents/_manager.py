@@ -396,9 +396,9 @@ class SubagentManager:
         if allocator is None:
             allocator = self._names[session_id] = NameAllocator()
         segment = allocator.allocate(name if name is not None else options.name or spec.name)
-        task_id = os.urandom(6).hex()
+        task_id = _new_task_id()
         while task_id in self._tasks:  # pragma: no cover - 48 random bits
-            task_id = os.urandom(6).hex()
+            task_id = _new_task_id()
         request = Request(
             agent=spec.name,
             input=input,
@@ -943,6 +943,20 @@ class SubagentManager:
 
 
 _NO_OPTIONS: Final = SpawnOptions()
+
+_task_id_pool: list[str] = []
+
+
+def _new_task_id() -> str:
+    """12 random hex digits (48 bits from the OS), drawn 256 ids per system call."""
+    if not _task_id_pool:
+        block = os.urandom(6 * 256).hex()
+        _task_id_pool.extend(block[i : i + 12] for i in range(0, len(block), 12))
+    return _task_id_pool.pop()
+
+
+# A forked child must not hand out the ids its parent holds in the pool.
+os.register_at_fork(after_in_child=_task_id_pool.clear)
 
 
 def _stray_cancellation(exc: BaseException) -> bool:
