@@ -16,7 +16,7 @@ import os
 import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from contextvars import ContextVar
 from time import perf_counter
 from types import TracebackType
@@ -463,19 +463,24 @@ class SubagentManager:
         token = _SLOT_OWNER.set(None)
         try:
             while self._active < self._limit:
-                handle = self._next_queued()
-                if handle is None:
-                    return
-                self._take_slot(handle)
-                self._busy += 1
-                _SLOT_OWNER.set(handle)
-                try:
-                    await self._run(handle)
-                finally:
-                    _SLOT_OWNER.set(None)
-                    self._busy -= 1
-                    if handle._holds_slot:
-                        self._release_slot(handle)
+                # One cancel scope serves child after child (entering a scope per child
+                # costs more than the rest of a no-op child); a child that was cancelled
+                # or timed out leaves it cancelled for good, so the next one gets a new one.
+                with anyio.CancelScope() as scope:
+                    while self._active < self._limit and not scope.cancel_called:
+                        handle = self._next_queued()
+                        if handle is None:
+                            return
+                        self._take_slot(handle)
+                        self._busy += 1
+                        _SLOT_OWNER.set(handle)
+                        try:
+                            await self._run(handle, scope)
+                        finally:
+                            _SLOT_OWNER.set(None)
+                            self._busy -= 1
+                            if handle._holds_slot:
+                                self._release_slot(handle)
         finally:
             _SLOT_OWNER.reset(token)
             self._workers -= 1
@@ -544,8 +549,15 @@ class SubagentManager:
 
     # ------------------------------------------------------------------ running a child
 
-    async def _run(self, handle: SpawnHandle) -> None:
-        """Run one child to its envelope. Only cancellation from outside propagates."""
+    async def _run(
+        self, handle: SpawnHandle, worker_scope: anyio.CancelScope | None = None
+    ) -> None:
+        """Run one child to its envelope. Only cancellation from outside propagates.
+
+        With ``worker_scope`` (a worker's reused scope, not yet cancelled) the child runs
+        under it with its deadline set; its cancellation or timeout then propagates out of
+        this call, after the envelope, for the worker's ``with`` to absorb.
+        """
         handle.state = RUNNING
         started = handle._started_at = perf_counter()
         if self.events.active:
@@ -567,7 +579,13 @@ class SubagentManager:
         result: Result | None = None
         error: Exception | None = None
         try:
-            with anyio.CancelScope(deadline=deadline) as scope:
+            if worker_scope is not None:
+                worker_scope.deadline = deadline
+            with (
+                anyio.CancelScope(deadline=deadline)
+                if worker_scope is None
+                else nullcontext(worker_scope)
+            ) as scope:
                 handle._scope = scope
                 if handle._cancel_requested:
                     scope.cancel()
@@ -599,10 +617,14 @@ class SubagentManager:
                 return
             # Cancelled from outside (manager shutdown, or the caller of execute): the
             # envelope is still produced, then the cancellation goes on.
+            status = Status.CANCELLED
             if handle._cancel_requested is None:
-                handle._cancel_requested = "the caller was cancelled"
+                if worker_scope is not None and worker_scope.cancel_called:
+                    status = Status.TIMEOUT  # the deadline on the reused worker scope
+                else:
+                    handle._cancel_requested = "the caller was cancelled"
             await self._end_session_of(handle)
-            self._finalize(handle, self._ended(handle, Status.CANCELLED, ctx))
+            self._finalize(handle, self._ended(handle, status, ctx))
             raise
         await self._end_session_of(handle)
         if cancelled:
