@@ -449,14 +449,17 @@ class SubagentManager:
     # ------------------------------------------------------------------ workers
 
     def _pump(self) -> None:
-        """Start workers until every queued child has one, within the limit."""
+        """Start a worker if children are queued, none is idle and a slot is free.
+
+        Workers start one at a time: each, on taking a child, calls this again, so a
+        worker whose children never block drains the queue alone instead of leaving a
+        thousand freshly started workers to find it empty.
+        """
         tg = self._tg
         assert tg is not None
-        # Idle (or starting) workers will each take a queued child and a slot.
-        idle = self._workers - self._busy
-        while self._queued > idle and self._active + idle < self._limit:
+        # An idle (or starting) worker will take the next queued child and a slot.
+        if self._queued and self._workers == self._busy and self._active < self._limit:
             self._workers += 1
-            idle += 1
             tg.start_soon(self._worker)
 
     async def _worker(self) -> None:
@@ -473,6 +476,8 @@ class SubagentManager:
                             return
                         self._take_slot(handle)
                         self._busy += 1
+                        if self._queued:
+                            self._pump()
                         _SLOT_OWNER.set(handle)
                         try:
                             await self._run(handle, scope)
