@@ -135,6 +135,9 @@ class SubagentManager:
         self._names: dict[str, NameAllocator] = {}
         self._closed_sessions: set[str] = set()
         self._queue: deque[SpawnHandle] = deque()
+        self._deadlines: dict[SpawnHandle, float] = {}  # running spawns under the watchdog
+        self._watch_at = math.inf  # the watchdog wakes then (<= every deadline it holds)
+        self._watch_wake: anyio.Event | None = None
         self._queued = 0
         self._active = 0  # slots held (spawned children running, not lending)
         self._workers = 0  # worker tasks alive
@@ -552,6 +555,40 @@ class SubagentManager:
                 return handle
         return None
 
+    def _watch(self, handle: SpawnHandle, deadline: float) -> None:
+        """Put a child running on a worker under the one shared watchdog task.
+
+        Re-arming a timer per child costs more than a dict entry: the watchdog sleeps until
+        the earliest deadline it may hold and is woken only when an earlier one arrives.
+        """
+        self._deadlines[handle] = deadline
+        if deadline < self._watch_at:
+            self._watch_at = deadline
+            if self._watch_wake is None:
+                tg = self._tg
+                assert tg is not None
+                self._watch_wake = anyio.Event()
+                tg.start_soon(self._watchdog)
+            else:
+                self._watch_wake.set()
+
+    async def _watchdog(self) -> None:
+        """Cancel every watched child still running at its deadline (status: timeout)."""
+        while True:
+            wake = self._watch_wake = anyio.Event()
+            with anyio.CancelScope(deadline=self._watch_at):
+                await wake.wait()
+            now = anyio.current_time()
+            earliest = math.inf
+            for handle, deadline in list(self._deadlines.items()):
+                if deadline <= now:
+                    del self._deadlines[handle]
+                    if handle._scope is not None:
+                        handle._scope.cancel()
+                elif deadline < earliest:
+                    earliest = deadline
+            self._watch_at = earliest
+
     # ------------------------------------------------------------------ running a child
 
     async def _run(
@@ -560,8 +597,8 @@ class SubagentManager:
         """Run one child to its envelope. Only cancellation from outside propagates.
 
         With ``worker_scope`` (a worker's reused scope, not yet cancelled) the child runs
-        under it with its deadline set; its cancellation or timeout then propagates out of
-        this call, after the envelope, for the worker's ``with`` to absorb.
+        under it, its deadline kept by the shared watchdog; its cancellation or timeout then
+        propagates out of this call, after the envelope, for the worker's ``with`` to absorb.
         """
         handle.state = RUNNING
         started = handle._started_at = perf_counter()
@@ -584,8 +621,8 @@ class SubagentManager:
         result: Result | None = None
         error: Exception | None = None
         try:
-            if worker_scope is not None:
-                worker_scope.deadline = deadline
+            if worker_scope is not None and timeout is not None:
+                self._watch(handle, deadline)
             with (
                 anyio.CancelScope(deadline=deadline)
                 if worker_scope is None
@@ -625,7 +662,7 @@ class SubagentManager:
             status = Status.CANCELLED
             if handle._cancel_requested is None:
                 if worker_scope is not None and worker_scope.cancel_called:
-                    status = Status.TIMEOUT  # the deadline on the reused worker scope
+                    status = Status.TIMEOUT  # the watchdog cancelled the worker scope
                 else:
                     handle._cancel_requested = "the caller was cancelled"
             await self._end_session_of(handle)
@@ -647,6 +684,7 @@ class SubagentManager:
         """A child has ended: cancel its own unfinished children, wait (bounded) for them
         to settle, and release its mailbox."""
         handle._scope = None
+        self._deadlines.pop(handle, None)
         session = handle.task_id
         live = self._live.pop(session, None)
         if live:
