@@ -16,7 +16,7 @@ import os
 import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from contextvars import ContextVar
 from time import perf_counter
 from types import TracebackType
@@ -509,8 +509,7 @@ class SubagentManager:
             self._take_slot(resumer)
             event.set()
 
-    @asynccontextmanager
-    async def lend_slot(self) -> AsyncIterator[None]:
+    def lend_slot(self) -> AbstractAsyncContextManager[None]:
         """Release the calling child's concurrency slot while the block runs.
 
         A spawned child that blocks waiting for its own children (or anything slow that
@@ -521,8 +520,11 @@ class SubagentManager:
         """
         owner = _SLOT_OWNER.get()
         if owner is None or (owner._lends == 0 and not owner._holds_slot):
-            yield
-            return
+            return _NO_LEND  # the common wait of a root parent: no generator machinery
+        return self._lend(owner)
+
+    @asynccontextmanager
+    async def _lend(self, owner: SpawnHandle) -> AsyncIterator[None]:
         owner._lends += 1
         if owner._lends == 1:
             self._release_slot(owner)
@@ -943,8 +945,11 @@ class SubagentManager:
         handle = self.handle(task_id, session_id=session_id)
         if handle._envelope is None and timeout != 0:
             async with self.lend_slot():
-                with anyio.move_on_after(timeout):
+                if timeout is None:  # no cancel scope needed without a timeout
                     await handle.done.wait()
+                else:
+                    with anyio.move_on_after(timeout):
+                        await handle.done.wait()
         if handle._envelope is None:
             return None
         self.collect(handle)
@@ -1008,6 +1013,7 @@ class SubagentManager:
 
 
 _NO_OPTIONS: Final = SpawnOptions()
+_NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
 
 _task_id_pool: list[str] = []
 
