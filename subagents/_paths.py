@@ -7,7 +7,7 @@ from typing import Final
 
 from ._errors import InvalidName
 
-__all__ = ["MAX_NAME_LENGTH", "AgentPath", "NameAllocator"]
+__all__ = ["MAX_NAME_LENGTH", "AgentPath", "NameAllocator", "child_path"]
 
 MAX_NAME_LENGTH: Final = 64
 _ROOT: Final = "root"
@@ -38,7 +38,9 @@ def validate_name(name: object) -> str:
             name,
             "use letters, digits, '_', '-' and '.', starting with a letter or digit",
         )
-    if type(name) is str and len(_VALID) < _VALID_MAX:
+    if type(name) is str:
+        if len(_VALID) >= _VALID_MAX:
+            _VALID.clear()  # many distinct names: start over, so the hot few stay cached
         _VALID.add(name)
     return name
 
@@ -96,6 +98,12 @@ class AgentPath(str):
 
 
 _ROOT_PATH: Final = str.__new__(AgentPath, "/" + _ROOT)
+
+
+def child_path(parent: AgentPath, segment: str) -> AgentPath:
+    """``parent.join(segment)`` for a segment :class:`NameAllocator` just produced (and so
+    validated): skips validating every spawn's unique ``name-N`` a second time."""
+    return str.__new__(AgentPath, f"{parent}/{segment}")
 
 
 class NameAllocator:
