@@ -34,7 +34,7 @@ from ._events import COMPLETED, SPAWNED, STARTED, EventBus
 from ._handle import QUEUED, RUNNING, SETTLED, SpawnHandle
 from ._mailbox import BaseMailbox, Mailbox
 from ._notifier import CompletionNotifier
-from ._paths import AgentPath, NameAllocator
+from ._paths import AgentPath, NameAllocator, child_path
 from ._spec import UNSET_TIMEOUT, AgentSpec, Request, Result, SpawnOptions, SubagentConfig
 from ._tracing import Telemetry
 
@@ -415,7 +415,7 @@ class SubagentManager:
             session_id=session_id,
             spec=spec,
             request=request,
-            agent_path=parent_path.join(segment),
+            agent_path=child_path(parent_path, segment),
             parent_path=parent_path,
             timeout=timeout,
             permissions=permissions,
