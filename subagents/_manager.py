@@ -473,10 +473,19 @@ class SubagentManager:
                 # costs more than the rest of a no-op child); a child that was cancelled
                 # or timed out leaves it cancelled for good, so the next one gets a new one.
                 with anyio.CancelScope() as scope:
+                    lingered = False
                     while self._active < self._limit and not scope.cancel_called:
                         handle = self._next_queued()
                         if handle is None:
-                            return
+                            if lingered:
+                                return
+                            # Queue empty: let the waiters this child woke run first (their
+                            # wake is not delayed by this worker's exit) and take what they
+                            # spawn next instead of a new worker being started for it.
+                            lingered = True
+                            await anyio.lowlevel.checkpoint()
+                            continue
+                        lingered = False
                         self._take_slot(handle)
                         self._busy += 1
                         if self._queued:
