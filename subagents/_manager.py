@@ -795,6 +795,9 @@ class SubagentManager:
         handle._delivered = True
         if handle._done is not None:
             handle._done.set()
+            # Waiters hold it; later reads of handle.done get a new, already set event.
+            # Keeping it would keep three objects per waited child alive for good.
+            handle._done = None
 
     def _publish_completed(
         self, event_type: str, session_id: str, envelope: DelegateResult
