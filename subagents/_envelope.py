@@ -43,6 +43,11 @@ def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(_utf8(item) for item in items)
 
 
+def _as_status(value: Status | str) -> Status:
+    """``Status(value)``, skipping the enum lookup for a ``Status`` (every envelope's case)."""
+    return value if type(value) is Status else Status(value)
+
+
 def _utf8(value: str) -> str:
     """Replace lone surrogates (undecodable bytes smuggled into a str) so JSON never fails."""
     if not isinstance(value, str):
@@ -120,7 +125,7 @@ class DelegateResult:
     """Name of the agent type that ran."""
     task_id: str
     """The task id given at spawn time; the mailbox key."""
-    status: Status = attrs.field(converter=Status)
+    status: Status = attrs.field(converter=_as_status)
     """``completed``, ``error``, ``timeout`` or ``cancelled`` (a plain string is converted)."""
     output: str = attrs.field(default="", converter=_utf8)
     """Final output; on timeout or cancellation the partial output reported so far."""
