@@ -14,7 +14,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Final
 
 import anyio
@@ -72,7 +72,14 @@ class BaseMailbox(ABC):
     Consumption rule: an envelope taken by :meth:`drain`, :meth:`drain_all` or
     :meth:`wait` is never returned by this mailbox again. :meth:`peek` and the
     subscriptions never consume.
+
+    ``blocking`` is how :meth:`wait` blocks: a factory of an async context manager entered
+    around the blocking part. The manager sets it to ``SubagentManager.lend_slot`` on the
+    mailboxes it creates, so a child blocked in ``ctx.mailbox.wait(...)`` lends its
+    concurrency slot (nested trees cannot deadlock); ``None`` blocks plainly.
     """
+
+    blocking: Callable[[], AbstractAsyncContextManager[None]] | None = None
 
     @abstractmethod
     def put(self, task_id: str, envelope: DelegateResult) -> bool:
@@ -159,20 +166,25 @@ class BaseMailbox(ABC):
         envelope = self.drain(task_id)
         if envelope is not None or self.closed or timeout == 0:
             return envelope
-        # Without a timeout, skip the cancel scope: it costs more than the wake itself.
-        with anyio.move_on_after(timeout) if timeout is not None else nullcontext():
-            while True:
-                event = anyio.Event()
-                subscription = self.subscribe_once(task_id, event.set)
-                try:
-                    await event.wait()
-                finally:
-                    self.unsubscribe(subscription)
-                envelope = self.drain(task_id)
-                if envelope is not None or self.closed:
-                    return envelope
+        blocking = self.blocking
+        async with blocking() if blocking is not None else _PLAIN:
+            # Without a timeout, skip the cancel scope: it costs more than the wake itself.
+            with anyio.move_on_after(timeout) if timeout is not None else nullcontext():
+                while True:
+                    event = anyio.Event()
+                    subscription = self.subscribe_once(task_id, event.set)
+                    try:
+                        await event.wait()
+                    finally:
+                        self.unsubscribe(subscription)
+                    envelope = self.drain(task_id)
+                    if envelope is not None or self.closed:
+                        return envelope
         # The deadline fired: a put that landed in the same instant still counts.
         return self.drain(task_id)
+
+
+_PLAIN: AbstractAsyncContextManager[None] = nullcontext()
 
 
 class Mailbox(BaseMailbox):

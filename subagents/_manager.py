@@ -886,8 +886,12 @@ class SubagentManager:
 
     def _new_mailbox(self, session_id: str) -> BaseMailbox:
         if self._mailbox_factory is not None:
-            return self._mailbox_factory(session_id)
-        return Mailbox(capacity=self.config.mailbox_capacity, ttl=self.config.mailbox_ttl)
+            mailbox = self._mailbox_factory(session_id)
+        else:
+            mailbox = Mailbox(capacity=self.config.mailbox_capacity, ttl=self.config.mailbox_ttl)
+        if mailbox.blocking is None:
+            mailbox.blocking = self.lend_slot  # a child waiting here lends its slot
+        return mailbox
 
     def _delivery_mailbox(self, session_id: str) -> BaseMailbox | None:
         mailbox = self._mailboxes.get(session_id)

@@ -86,3 +86,24 @@ async def test_lend_slot_outside_a_child_is_a_no_op() -> None:
         async with manager.lend_slot():
             assert manager.statistics().running == 0
         assert manager.statistics().running == 0
+
+
+async def test_a_child_waiting_on_its_mailbox_lends_its_slot() -> None:
+    async def parent(request: Request, ctx: RunContext) -> str:
+        child = ctx.spawn("child")
+        envelope = await ctx.mailbox.wait(child.task_id, timeout=10)
+        assert envelope is not None
+        return envelope.output
+
+    async def child(request: Request, ctx: RunContext) -> str:
+        return "via the mailbox"
+
+    specs = [
+        AgentSpec(name="parent", description="p", runner=parent),
+        AgentSpec(name="child", description="c", runner=child),
+    ]
+    async with SubagentManager(specs, config=SubagentConfig(max_concurrent_spawns=1)) as manager:
+        with anyio.fail_after(10):
+            envelope = await manager.spawn("parent").wait()
+        assert envelope.output == "via the mailbox"
+        assert manager.statistics().high_water == 1
