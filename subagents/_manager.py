@@ -342,6 +342,11 @@ class SubagentManager:
             raise UnknownAgent(agent, self._specs)
         if not isinstance(input, str):
             raise ConfigError("input", "a string", input)
+        if session_id in self._closed_sessions:  # a root session or a running agent's
+            raise SpawnRejected(
+                "session_closed",
+                f"session {session_id!r} is closed; spawn into an open session",
+            )
         parent = self._tasks.get(session_id)
         if parent is not None:
             if parent.state != RUNNING or parent._scope is None:
@@ -352,11 +357,6 @@ class SubagentManager:
             parent_path = parent.agent_path
             permissions = spec.permissions.intersect(parent._permissions)
         else:
-            if session_id in self._closed_sessions:
-                raise SpawnRejected(
-                    "session_closed",
-                    f"session {session_id!r} is closed; spawn into an open session",
-                )
             parent_path = _ROOT
             permissions = spec.permissions.intersect(self.config.permissions)
         depth = parent_path.depth + 1
