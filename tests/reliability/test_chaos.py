@@ -1,0 +1,26 @@
+"""Chaos fan-out: thousands of spawns with random faults and random interference.
+
+``SUBAGENTS_SOAK=100000`` turns the fan-out into the long soak (``-s`` prints the summary);
+``SUBAGENTS_CHAOS_SEED`` replays a seed named in a failure message.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .chaos import Chaos, scaled
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_chaos_fan_out_keeps_every_invariant() -> None:
+    chaos = Chaos(spawns=scaled(1500), budget=max(60.0, scaled(1500) / 200))
+    summary = await chaos.run()
+    print(summary.render())
+    chaos.assert_ok()
+    # The run exercised what it claims to: every fault ended in its own status somewhere.
+    for fault, statuses in summary.by_fault.items():
+        assert statuses, (chaos.seed, fault)
+    assert summary.operations.get("cancel_random", 0) > 0, chaos.seed
+    assert summary.operations.get("resize", 0) > 0, chaos.seed
+    assert summary.operations.get("wait_returned", 0) > 0, chaos.seed
