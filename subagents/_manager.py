@@ -26,7 +26,14 @@ from anyio.abc import TaskGroup
 
 from ._backend import Backend, run_local
 from ._context import RunContext
-from ._envelope import DelegateResult, Status, bound_text, describe_exception, now_ms
+from ._envelope import (
+    DelegateResult,
+    Status,
+    bound_text,
+    clean_text,
+    describe_exception,
+    now_ms,
+)
 from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
 from ._events import COMPLETED, SPAWNED, STARTED, EventBus
 from ._handle import QUEUED, RUNNING, SETTLED, SpawnHandle
@@ -576,7 +583,7 @@ class SubagentManager:
         elif status is Status.ERROR and error is not None:
             error_type, message = describe_exception(error)
             if self.events.active:
-                handle._traceback = "".join(traceback.format_exception(error))
+                handle._traceback = clean_text("".join(traceback.format_exception(error)))
         elif status is Status.TIMEOUT:
             error_type = "timeout"
             message = f"watchdog: no result within {handle._timeout:g} s"
@@ -587,6 +594,10 @@ class SubagentManager:
         if len(output) > MAX_OUTPUT_CHARS:
             omitted = len(output) - MAX_OUTPUT_CHARS
             output = output[:MAX_OUTPUT_CHARS] + f"\n[… {omitted} characters dropped …]"
+        # Partial output, reported errors and paths reach here unchecked: keep them JSON-safe.
+        output = clean_text(output)
+        message = clean_text(message)
+        files = tuple(clean_text(f) for f in files)
         return DelegateResult(
             agent=handle._spec.name,
             task_id=handle.task_id,
