@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ._envelope import DelegateResult, Usage
+from ._errors import ConfigError
 from ._events import PROGRESS
 from ._paths import AgentPath
 from ._permissions import Ruleset
@@ -21,6 +22,11 @@ if TYPE_CHECKING:
 __all__ = ["RunContext"]
 
 _UNSET: float = float("nan")
+_MAX_COUNT = 2**63 - 1  # counts travel as JSON integers; orjson stops at 64 bits
+
+
+def _is_count(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and 0 <= value <= _MAX_COUNT
 
 
 class RunContext:
@@ -108,7 +114,29 @@ class RunContext:
         ``output`` replaces the partial output, ``append`` extends it; ``usage`` and
         ``iterations`` replace the running totals; ``files_changed`` adds paths. Publishes
         ``subagent.progress``. Never blocks.
+
+        Raises:
+            ConfigError: a value of the wrong type or range (nothing is recorded then).
         """
+        # Validate everything before changing anything: bad values would otherwise surface
+        # only when the envelope is built, after the runner can no longer be blamed.
+        if output is not None and not isinstance(output, str):
+            raise ConfigError("output", "a string", output)
+        if append is not None and not isinstance(append, str):
+            raise ConfigError("append", "a string", append)
+        if usage is not None and not (
+            isinstance(usage, Usage)
+            and _is_count(usage.input_tokens)
+            and _is_count(usage.output_tokens)
+        ):
+            raise ConfigError("usage", "a Usage with token counts 0 <= n < 2**63", usage)
+        if iterations is not None and not _is_count(iterations):
+            raise ConfigError("iterations", "an integer 0 <= n < 2**63", iterations)
+        paths: tuple[str, ...] | None = None
+        if files_changed is not None:
+            paths = (files_changed,) if isinstance(files_changed, str) else tuple(files_changed)
+            if not all(isinstance(f, str) for f in paths):
+                raise ConfigError("files_changed", "paths given as strings", files_changed)
         h = self._handle
         if output is not None:
             h._partial_output = output
@@ -118,9 +146,9 @@ class RunContext:
             h._usage = usage
         if iterations is not None:
             h._iterations = iterations
-        if files_changed is not None:
+        if paths is not None:
             known = set(h._files_changed)
-            h._files_changed += tuple(f for f in files_changed if f not in known)
+            h._files_changed += tuple(f for f in paths if f not in known)
         bus = self._manager.events
         if bus.active:
             bus.publish(
