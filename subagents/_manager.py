@@ -46,6 +46,8 @@ __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
 
 DEFAULT_SESSION: Final = "root"
 MAX_OUTPUT_CHARS: Final = 1_000_000
+MAX_FILES: Final = 1000  # files_changed entries kept in an envelope (the last says how many more)
+MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
 
 _UNSET: Final = float("nan")
@@ -597,7 +599,9 @@ class SubagentManager:
         # Partial output, reported errors and paths reach here unchecked: keep them JSON-safe.
         output = clean_text(output)
         message = clean_text(message)
-        files = tuple(clean_text(f) for f in files)
+        if len(files) > MAX_FILES:
+            files = (*files[: MAX_FILES - 1], f"[… {len(files) - MAX_FILES + 1} more paths]")
+        files = tuple(clean_text(bound_text(f, MAX_PATH_CHARS)) for f in files)
         return DelegateResult(
             agent=handle._spec.name,
             task_id=handle.task_id,
