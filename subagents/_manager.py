@@ -24,7 +24,7 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup
 
-from ._backend import Backend, run_local
+from ._backend import Backend, coerce_result, run_local
 from ._context import RunContext
 from ._envelope import (
     DelegateResult,
@@ -507,6 +507,10 @@ class SubagentManager:
                     scope.cancel()
                 try:
                     result = await self._backend(handle._spec, handle._request, ctx)
+                    if self._backend is not run_local:
+                        # A custom backend skips run_local's checks: a bad return must end
+                        # this child in an error envelope, not crash the worker afterwards.
+                        result = coerce_result(handle._spec.name, result)
                 except Exception as exc:
                     error = exc
             # A result arriving after the deadline never counts as a success.
