@@ -513,6 +513,16 @@ class SubagentManager:
                         result = coerce_result(handle._spec.name, result)
                 except Exception as exc:
                     error = exc
+                except anyio.get_cancelled_exc_class() as exc:
+                    if anyio.current_effective_deadline() == -math.inf:
+                        raise  # a real cancellation: the watchdog, a cancel, or from outside
+                    # Nothing cancelled us: the runner raised a cancellation of its own (e.g.
+                    # it awaited a future someone else cancelled). Its error, not ours to
+                    # propagate (that would kill this worker and stall the queue).
+                    error = RuntimeError(
+                        f"the runner raised {type(exc).__qualname__} but nothing cancelled it"
+                    )
+                    error.__cause__ = exc
             # A result arriving after the deadline never counts as a success.
             timed_out = not handle._cancel_requested and (
                 scope.cancel_called or anyio.current_time() >= deadline
