@@ -178,3 +178,25 @@ async def test_a_custom_backend_returning_garbage_still_ends_in_one_envelope(cas
             assert env.status is Status.COMPLETED
         elif case != "lone_surrogates":
             assert env.status is Status.ERROR, env
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_runner_raising_a_cancellation_nobody_requested_is_its_error() -> None:
+    """asyncio only (trio's Cancelled cannot be raised by user code): a runner awaiting a
+    future someone else cancelled gets CancelledError without being cancelled. That must
+    end the child in an error, not kill its worker (which stalled the queue at limit 1)."""
+    import asyncio
+
+    async def spurious(request: Request, ctx: RunContext) -> str:
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        future.cancel()
+        return await future
+
+    async with make_manager({"spurious": spurious, "good": _returns("fine")}, limit=1) as manager:
+        with anyio.fail_after(10):
+            handles = [manager.spawn("spurious"), manager.spawn("good"), manager.spawn("good")]
+            envs = [await handle.wait() for handle in handles]
+            executed = await manager.execute("spurious")
+    assert [env.status for env in envs] == [Status.ERROR, Status.COMPLETED, Status.COMPLETED]
+    assert executed.status is Status.ERROR
+    assert "nothing cancelled it" in envs[0].error
