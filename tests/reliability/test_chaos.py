@@ -14,7 +14,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_chaos_fan_out_keeps_every_invariant() -> None:
-    chaos = Chaos(spawns=scaled(1500), budget=max(60.0, scaled(1500) / 200))
+    chaos = Chaos(spawns=scaled(3000), budget=max(60.0, scaled(3000) / 200))
     summary = await chaos.run()
     print(summary.render())
     chaos.assert_ok()
