@@ -521,3 +521,41 @@ async def test_failing_and_hanging_siblings_never_cancel_or_delay_the_others() -
 
 def _env(task_id: str) -> DelegateResult:
     return DelegateResult(agent="a", task_id=task_id, status=Status.COMPLETED, output=task_id)
+
+
+# ---------------------------------------------------------------- limiter resizes
+
+
+async def test_limiter_resizes_admit_at_once_and_never_overshoot() -> None:
+    """Raising the limit starts queued children without waiting for a spawn; lowering it
+    lets running children finish and admits nobody until running is below the new limit."""
+    release = anyio.Event()
+    running = 0
+    peak_after_lowering = 0
+    lowered = False
+
+    async def held(request: Request, ctx: RunContext) -> str:
+        nonlocal running, peak_after_lowering
+        running += 1
+        if lowered:
+            peak_after_lowering = max(peak_after_lowering, running)
+        await release.wait()
+        running -= 1
+        return "held"
+
+    async with make_manager({"held": held}, limit=1) as manager:
+        handles = [manager.spawn("held") for _ in range(8)]
+        await anyio.wait_all_tasks_blocked()
+        assert manager.statistics().running == 1
+        manager.set_max_concurrent_spawns(5)
+        await anyio.wait_all_tasks_blocked()
+        assert manager.statistics().running == 5, manager.statistics()
+        lowered = True
+        manager.set_max_concurrent_spawns(2)
+        release.set()
+        with anyio.fail_after(5):
+            for handle in handles:
+                assert (await handle.wait()).status is Status.COMPLETED
+        stats = manager.statistics()
+        assert stats.high_water == 5
+        assert peak_after_lowering <= 2
