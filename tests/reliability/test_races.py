@@ -559,3 +559,49 @@ async def test_limiter_resizes_admit_at_once_and_never_overshoot() -> None:
         stats = manager.statistics()
         assert stats.high_water == 5
         assert peak_after_lowering <= 2
+
+
+# ---------------------------------------------------------------- bounded settling
+
+
+async def test_close_session_is_bounded_by_settle_timeout_for_a_stubborn_child() -> None:
+    """A child that ignores cancellation for a while does not hold close_session past
+    ``settle_timeout``; it still ends in exactly one (cancelled) envelope when it stops."""
+
+    async def stubborn(request: Request, ctx: RunContext) -> str:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.5)
+        return "finished late"
+
+    async with make_manager({"stubborn": stubborn}, settle_timeout=0.05) as manager:
+        with recorded(manager) as events:
+            handle = manager.spawn("stubborn", session_id="s", timeout=None)
+            await anyio.wait_all_tasks_blocked()
+            started = time.monotonic()
+            await manager.close_session("s")
+            assert time.monotonic() - started < 0.4
+            assert handle.result is None  # still running, its cancel pending
+            with anyio.fail_after(5):
+                env = await handle.wait()
+        assert env.status is Status.CANCELLED
+        assert len(completed_events(events, handle.task_id)) == 1
+
+
+async def test_cancelled_execute_caller_still_records_one_envelope() -> None:
+    """The caller of execute() is cancelled: the child is cancelled, its envelope recorded
+    and published once, and the caller's cancellation goes on (caught by its own scope)."""
+    async with make_manager({"forever": _forever}) as manager:
+        with recorded(manager) as events:
+            ids: list[str] = []
+            manager.events.subscribe(
+                lambda e: ids.append(e.task_id) if e.type == "subagent.spawned" else None
+            )
+            with anyio.move_on_after(0.05) as scope:
+                await manager.execute("forever", timeout=None)
+            assert scope.cancelled_caught
+            (task_id,) = ids
+            env = manager.result(task_id)
+            assert env is not None
+            assert env.status is Status.CANCELLED
+            assert len(completed_events(events, task_id)) == 1
+            assert manager.statistics().running == 0
