@@ -114,6 +114,7 @@ class Plan:
     cancel_reasons: set[str] = attrs.Factory(set)
     spawned_events: int = 0
     started_events: int = 0
+    seqs: list[int] = attrs.Factory(list)  # bus sequence numbers of its events, in order
     completed: list[Event] = attrs.Factory(list)
     mailbox_takes: list[DelegateResult] = attrs.Factory(list)
     waited: list[DelegateResult] = attrs.Factory(list)
@@ -294,6 +295,7 @@ class Chaos:
                 self.problems.append(f"spawned event for an unplanned path {event.agent_path}")
                 return
             plan.spawned_events += 1
+            plan.seqs.append(event.seq)
             plan.task_id = event.task_id
             assert self.manager is not None
             plan.handle = self.manager.handle(event.task_id)
@@ -304,8 +306,10 @@ class Chaos:
             self.problems.append(f"{event.type} event for an unknown task {event.task_id}")
         elif event.type == STARTED:
             plan.started_events += 1
+            plan.seqs.append(event.seq)
         elif event.type == COMPLETED:
             plan.completed.append(event)
+            plan.seqs.append(event.seq)
 
     # ------------------------------------------------------------------ the runner
 
@@ -709,6 +713,9 @@ class Chaos:
                 out.append(f"{what}: completed event says {event.data.get('status')}")
             if event.session_id != plan.session:
                 out.append(f"{what}: completed event for session {event.session_id}")
+        last_is_completed = bool(plan.completed) and plan.completed[-1].seq == plan.seqs[-1]
+        if plan.seqs != sorted(plan.seqs) or not last_is_completed:
+            out.append(f"{what}: events out of order (spawned < started < completed): {plan.seqs}")
         if plan.started_events > 1:
             out.append(f"{what}: {plan.started_events} started events")
         if plan.ran and plan.started_events != 1:
