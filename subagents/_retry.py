@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -77,6 +78,26 @@ class _StopAtDeadline(tenacity.stop.stop_base):
         return anyio.current_time() + (retry_state.upcoming_sleep or 0.0) >= self.deadline
 
 
+class _Backoff(tenacity.wait.wait_base):
+    """``min(initial * multiplier**(n-1) + uniform(0, jitter), maximum)`` before retry n.
+
+    Written out rather than ``wait_exponential_jitter(initial=...)``: tenacity 9.2
+    deprecated ``initial`` (a DeprecationWarning on every retry, an error under ``-W
+    error``) while the ``multiplier`` spelling does not exist in older tenacity.
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        p = self.policy
+        try:
+            backoff = p.initial * p.multiplier ** (retry_state.attempt_number - 1)
+        except OverflowError:
+            backoff = p.maximum
+        return max(0.0, min(backoff + random.uniform(0, p.jitter), p.maximum))
+
+
 async def run_with_retries(
     policy: RetryPolicy,
     attempt: Callable[[int], Awaitable[T]],
@@ -91,12 +112,7 @@ async def run_with_retries(
 
     retrying = tenacity.AsyncRetrying(
         stop=tenacity.stop_after_attempt(policy.attempts) | _StopAtDeadline(deadline),
-        wait=tenacity.wait_exponential_jitter(
-            initial=policy.initial,
-            max=policy.maximum,
-            exp_base=policy.multiplier,
-            jitter=policy.jitter,
-        ),
+        wait=_Backoff(policy),
         retry=tenacity.retry_if_exception_type(policy.retry_on),
         sleep=anyio.sleep,
         reraise=True,
