@@ -37,12 +37,14 @@ from subagents import (
     ManagerStatistics,
     Request,
     Result,
+    RetryPolicy,
     RunContext,
     SpawnHandle,
     SpawnRejected,
     Status,
     SubagentConfig,
     SubagentManager,
+    TransientError,
     Usage,
 )
 from subagents._events import COMPLETED, SPAWNED, STARTED
@@ -72,8 +74,9 @@ FAULT_WEIGHTS: Final = {
     "nested": 8,
     "cancelled": 10,
     "session_closed": 6,
+    "flaky": 6,
 }
-LEAF_FAULTS: Final = ("ok", "ok", "raise", "hang", "wrong_type", "partial_hang")
+LEAF_FAULTS: Final = ("ok", "ok", "raise", "hang", "wrong_type", "partial_hang", "flaky")
 BASE_STATUS: Final = {
     "ok": Status.COMPLETED,
     "nested": Status.COMPLETED,
@@ -83,6 +86,7 @@ BASE_STATUS: Final = {
     "partial_hang": Status.TIMEOUT,
     "cancelled": Status.CANCELLED,
     "session_closed": Status.CANCELLED,
+    "flaky": Status.COMPLETED,  # variant % 3 == 0: always transient, so ERROR
 }
 WRONG_TYPES: Final[tuple[object, ...]] = (42, None, b"bytes", {"output": "a dict"}, ["x"])
 
@@ -128,10 +132,20 @@ class Plan:
     def input(self) -> str:
         return str(self.index)
 
+    @property
+    def agent(self) -> str:
+        return "chaos_retry" if self.fault == "flaky" else "chaos"
+
+    @property
+    def base_status(self) -> Status:
+        if self.fault == "flaky" and self.variant % 3 == 0:
+            return Status.ERROR
+        return BASE_STATUS[self.fault]
+
     def allowed(self) -> set[Status]:
         if self.must_cancel:
             return {Status.CANCELLED}
-        allowed = {BASE_STATUS[self.fault]}
+        allowed = {self.base_status}
         if self.cancel_reasons:
             allowed.add(Status.CANCELLED)
         return allowed
@@ -263,7 +277,7 @@ class Chaos:
     def _timeout(self, plan: Plan) -> float | None:
         if plan.fault in ("hang", "partial_hang"):
             return self.watchdog
-        if plan.fault in ("ok", "raise", "wrong_type"):
+        if plan.fault in ("ok", "raise", "wrong_type", "flaky"):
             return 60.0  # a real watchdog that never fires
         return None  # cancelled / session_closed / nested: ended by the run itself
 
@@ -320,7 +334,8 @@ class Chaos:
         if in_slot:
             self.inflight += 1
             limit = ctx.manager.max_concurrent_spawns
-            if self.inflight > limit:
+            # Admission is at the first attempt; a retry runs in the slot it already holds.
+            if self.inflight > limit and ctx.attempt == 1:
                 self.problems.append(
                     f"{plan.describe()} started with {self.inflight} spawned runners in "
                     f"flight above the limit {limit}"
@@ -372,6 +387,10 @@ class Chaos:
         if fault == "session_closed":
             self.to_close.append(plan.session)
             await anyio.sleep_forever()
+        if fault == "flaky":  # transient failures retried under the agent's RetryPolicy
+            if v % 3 == 0 or ctx.attempt < 2 + v % 2:
+                raise TransientError(f"flaky {i} attempt {ctx.attempt}")
+            return f"flaky {i}"
         raise AssertionError(f"unknown fault {fault}")
 
     async def _nested(self, plan: Plan, ctx: RunContext) -> str:
@@ -383,11 +402,13 @@ class Chaos:
             closed_before = ctx.session_id in self.closed
             try:
                 if child.mode == "spawn":
-                    ctx.spawn("chaos", child.input, name=child.name, timeout=self._timeout(child))
+                    ctx.spawn(
+                        child.agent, child.input, name=child.name, timeout=self._timeout(child)
+                    )
                     first = first or child
                 else:
                     child.returned = await ctx.execute(
-                        "chaos", child.input, name=child.name, timeout=self._timeout(child)
+                        child.agent, child.input, name=child.name, timeout=self._timeout(child)
                     )
             except SpawnRejected:
                 child.rejected = True
@@ -530,7 +551,7 @@ class Chaos:
         plan.attempted = True
         self._record_session(plan)
         plan.returned = await manager.execute(
-            "chaos",
+            plan.agent,
             plan.input,
             session_id=plan.session,
             name=plan.name,
@@ -550,7 +571,7 @@ class Chaos:
                 plan.attempted = True
                 self._record_session(plan)
                 handle = manager.spawn(
-                    "chaos",
+                    plan.agent,
                     plan.input,
                     session_id=plan.session,
                     name=plan.name,
@@ -584,8 +605,15 @@ class Chaos:
         spec = AgentSpec(
             name="chaos", description="a runner with injected faults", runner=self._runner
         )
+        retry = RetryPolicy(attempts=3, initial=0.001, maximum=0.002, jitter=0.0)
+        flaky = AgentSpec(
+            name="chaos_retry",
+            description="retries transient faults",
+            runner=self._runner,
+            retry=retry,
+        )
         started = perf_counter()
-        async with SubagentManager([spec], config=config) as manager:
+        async with SubagentManager([spec, flaky], config=config) as manager:
             self.manager = manager
             unsubscribe = manager.events.subscribe(self._on_event)
             try:
@@ -755,6 +783,11 @@ class Chaos:
         elif plan.fault == "wrong_type":
             if not env.error_type.endswith("RunnerReturnError"):
                 out.append(f"{what}: error {env.error_type} {env.error!r}")
+        elif plan.fault == "flaky":
+            if v % 3 == 0 and (not env.error_type.endswith("TransientError") or env.attempts != 3):
+                out.append(f"{what}: gave up as {env.error_type} after {env.attempts} attempts")
+            if v % 3 and (env.output != f"flaky {i}" or env.attempts != 2 + v % 2):
+                out.append(f"{what}: completed {env.output!r} after {env.attempts} attempts")
         elif plan.fault in ("hang", "partial_hang"):
             want = f"partial {i}" if plan.fault == "partial_hang" else ""
             if env.error_type != "timeout" or env.output != want:

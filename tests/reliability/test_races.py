@@ -16,14 +16,18 @@ import anyio.lowlevel
 import pytest
 
 from subagents import (
+    AgentSpec,
     DelegateResult,
     Event,
     Mailbox,
     Request,
     Result,
+    RetryPolicy,
     RunContext,
     SpawnRejected,
     Status,
+    SubagentManager,
+    TransientError,
 )
 
 from .support import completed_events, make_manager, recorded
@@ -655,3 +659,45 @@ async def test_aclose_with_queued_running_nested_and_blocked_waiters() -> None:
     assert mailbox_waited == [None]
     stats = manager.statistics()
     assert (stats.running, stats.queued, stats.workers) == (0, 0, 0), stats
+
+
+# ---------------------------------------------------------------- retries
+
+
+async def test_retries_under_warnings_as_errors_cancel_and_watchdog() -> None:
+    """Transient failures are retried (no library warning escapes under -W error); a cancel
+    during a backoff ends the child at once; a backoff never outlives the watchdog."""
+    attempts: list[int] = []
+
+    async def flaky(request: Request, ctx: RunContext) -> str:
+        attempts.append(ctx.attempt)
+        if request.input == "once" and ctx.attempt == 1:
+            raise TransientError("try again")
+        if request.input == "once":
+            return "second time lucky"
+        raise TransientError("never works")
+
+    quick = RetryPolicy(attempts=3, initial=0.001, maximum=0.002, jitter=0.0)
+    slow = RetryPolicy(attempts=3, initial=30.0, maximum=30.0, jitter=0.0)
+    specs = [
+        AgentSpec(name="quick", description="q", runner=flaky, retry=quick),
+        AgentSpec(name="slow", description="s", runner=flaky, retry=slow),
+    ]
+    async with SubagentManager(specs) as manager:
+        with anyio.fail_after(10):
+            env = await manager.spawn("quick", "once").wait()
+            assert env.status is Status.COMPLETED
+            assert env.attempts == 2
+            env = await manager.spawn("quick", "always").wait()
+            assert env.status is Status.ERROR
+            assert env.attempts == 3
+            assert env.error_type.endswith("TransientError")
+            handle = manager.spawn("slow", "always", timeout=None)
+            await anyio.wait_all_tasks_blocked()  # sleeping its 30 s backoff
+            assert handle.cancel()
+            assert (await handle.wait()).status is Status.CANCELLED
+            # A 30 s backoff would pass the 0.2 s watchdog: not slept, the error ends it.
+            started = time.monotonic()
+            env = await manager.spawn("slow", "always", timeout=0.2).wait()
+            assert time.monotonic() - started < 5
+            assert env.status in (Status.ERROR, Status.TIMEOUT)
