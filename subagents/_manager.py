@@ -54,6 +54,15 @@ _UNSET: Final = float("nan")
 _ROOT: Final = AgentPath.root()
 
 
+def _release(mailbox: BaseMailbox) -> None:
+    """Drop a session's mailbox; a backend that fails to is logged, never propagated (it
+    would otherwise kill the worker ending a child, or abort a close half-way)."""
+    try:
+        mailbox.drop()
+    except Exception:
+        logger.exception("releasing mailbox %r failed; ignored", mailbox)
+
+
 def _closed_mailbox() -> BaseMailbox:
     mailbox = Mailbox(capacity=1)
     mailbox.drop()
@@ -191,7 +200,7 @@ class SubagentManager:
         finally:
             self._state = "closed"
             for mailbox in self._mailboxes.values():
-                mailbox.drop()
+                _release(mailbox)
             self._mailboxes.clear()
 
     @property
@@ -562,7 +571,7 @@ class SubagentManager:
                         await child.done.wait()
         mailbox = self._mailboxes.pop(session, None)
         if mailbox is not None:
-            mailbox.drop()
+            _release(mailbox)
         self._names.pop(session, None)
 
     def _ended(
@@ -716,7 +725,7 @@ class SubagentManager:
         finally:
             mailbox = self._mailboxes.pop(session_id, None)
             if mailbox is not None:
-                mailbox.drop()
+                _release(mailbox)
             self._names.pop(session_id, None)
 
     def session_closed(self, session_id: str) -> bool:
