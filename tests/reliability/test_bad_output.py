@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from subagents import DelegateResult, Request, Result, RunContext, Status, Usage
+from subagents import DelegateResult, Mailbox, Request, Result, RunContext, Status, Usage
 from subagents._manager import MAX_OUTPUT_CHARS
 
 from .support import completed_events, make_manager, recorded
@@ -203,3 +203,50 @@ async def test_a_runner_raising_a_cancellation_nobody_requested_is_its_error() -
     assert [env.status for env in envs] == [Status.ERROR, Status.COMPLETED, Status.COMPLETED]
     assert executed.status is Status.ERROR
     assert "nothing cancelled it" in envs[0].error
+
+
+class FailingMailbox(Mailbox):
+    """A mailbox backend whose every operation fails (a durable store with a dead disk)."""
+
+    def put(self, task_id: str, envelope: DelegateResult) -> bool:
+        raise OSError("disk on fire (put)")
+
+    def drain(self, task_id: str) -> DelegateResult | None:
+        raise OSError("disk on fire (drain)")
+
+    def drop(self) -> None:
+        super().drop()
+        raise OSError("disk on fire (drop)")
+
+
+async def test_a_failing_mailbox_backend_loses_nothing() -> None:
+    """put, drain and drop raising: every child still ends in one envelope, published once
+    and recorded; nested sessions still end; the manager keeps running and closes."""
+    from subagents import AgentSpec, SubagentConfig, SubagentManager
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        ctx.spawn("leaf")
+        await ctx.execute("leaf")
+        return "parent done"
+
+    specs = [
+        AgentSpec(name="parent", description="p", runner=parent),
+        AgentSpec(name="leaf", description="l", runner=_returns("leaf done")),
+    ]
+    manager = SubagentManager(specs, config=SubagentConfig(), mailbox_factory=FailingMailbox)
+    with recorded(manager) as events, anyio.fail_after(10):
+        async with manager:
+            handles = [manager.spawn("parent", session_id="s") for _ in range(3)]
+            for handle in handles:
+                assert (await handle.wait()).status is Status.COMPLETED
+            with pytest.raises(OSError, match="drain"):
+                await manager.wait_result(handles[0].task_id, timeout=0)
+            await manager.close_session("s")
+            assert manager.running
+            after = await manager.spawn("leaf").wait()
+            assert after.status is Status.COMPLETED
+    spawned = {e.task_id for e in events if e.type == "subagent.spawned"}
+    assert len(spawned) == 3 * 3 + 1
+    for task_id in spawned:
+        assert manager.result(task_id) is not None
+        assert len(completed_events(events, task_id)) == 1
