@@ -212,6 +212,8 @@ class Chaos:
         exact_waiter: bool = True,
         budget: float = 60.0,
         max_queue: int = 150,
+        mailbox_capacity: int = 64,
+        mailbox_ttl: float | None = None,
     ) -> None:
         self.spawns = spawns
         self.seed = seed
@@ -222,6 +224,8 @@ class Chaos:
         self.exact_waiter = exact_waiter
         self.budget = budget
         self.max_queue = max_queue
+        self.mailbox_capacity = mailbox_capacity
+        self.mailbox_ttl = mailbox_ttl
         self.rng = random.Random(seed)
         self.plans: list[Plan] = []
         self.by_name: dict[str, Plan] = {}
@@ -600,7 +604,12 @@ class Chaos:
     async def run(self) -> Summary:
         """Run the scenario; raises AssertionError (with the seed) if it does not finish."""
         self.backend = _backend_name()
-        config = SubagentConfig(max_concurrent_spawns=self.max_limit, settle_timeout=5.0)
+        config = SubagentConfig(
+            max_concurrent_spawns=self.max_limit,
+            settle_timeout=5.0,
+            mailbox_capacity=self.mailbox_capacity,
+            mailbox_ttl=self.mailbox_ttl,
+        )
         self.limits_set = [self.max_limit]
         spec = AgentSpec(
             name="chaos", description="a runner with injected faults", runner=self._runner
