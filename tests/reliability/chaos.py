@@ -194,9 +194,14 @@ class Chaos:
         seed: the RNG seed for plans and interference.
         max_limit: the largest concurrency limit the resizer sets.
         watchdog: seconds before a hanging runner times out.
+        root_sessions: how many root sessions spawns are spread over (each replaced by a new
+            generation once closed).
+        waiters: how many concurrent waiter tasks run.
         waiter: how waits are done (see the module docstring).
         exact_waiter: the waiter guarantees ``None`` only while the task has not ended.
         budget: seconds the whole run may take before it counts as a hang.
+        max_queue: back-pressure: the spawner pauses while more spawns than this queue.
+        mailbox_capacity, mailbox_ttl: the session mailboxes' settings.
     """
 
     def __init__(
@@ -272,9 +277,11 @@ class Chaos:
         if fault == "nested":
             for _ in range(rng.randint(1, 3)):
                 child = self._new_plan(rng, rng.choice(LEAF_FAULTS), plan)
-                child.cancel_reasons.add(CALLER_CANCELLED if child.mode == "execute" else "")
+                # A child may be cancelled when its parent ends (and, run with execute(),
+                # when its caller is cancelled); otherwise its fault decides.
                 child.cancel_reasons.add(PARENT_ENDED)
-                child.cancel_reasons.discard("")
+                if child.mode == "execute":
+                    child.cancel_reasons.add(CALLER_CANCELLED)
                 plan.children.append(child)
         return plan
 
