@@ -360,6 +360,8 @@ class SubagentManager:
             raise UnknownAgent(agent, self._specs)
         if not isinstance(input, str):
             raise ConfigError("input", "a string", input)
+        if not isinstance(session_id, str):
+            raise ConfigError("session_id", "a string", session_id)
         if session_id in self._closed_sessions:  # a root session or a running agent's
             raise SpawnRejected(
                 "session_closed",
