@@ -171,6 +171,7 @@ class Summary:
     high_water: int
     max_limit: int
     operations: dict[str, int]
+    max_stall: float
 
     def render(self) -> str:
         per = self.seconds / max(self.spawns, 1) * 1e6
@@ -178,7 +179,8 @@ class Summary:
             f"chaos seed={self.seed} backend={self.backend}: {self.spawns} spawns in "
             f"{self.seconds:.2f} s ({per:.0f} us/spawn)",
             f"  statuses: {dict(sorted(self.statuses.items()))}",
-            f"  limiter: high water {self.high_water} <= max limit {self.max_limit}",
+            f"  limiter: high water {self.high_water} <= max limit {self.max_limit}; "
+            f"longest event-loop stall {self.max_stall * 1000:.0f} ms",
             f"  interference: {dict(sorted(self.operations.items()))}",
         ]
         for fault, statuses in sorted(self.by_fault.items()):
@@ -252,6 +254,7 @@ class Chaos:
         self.final_stats: ManagerStatistics | None = None
         self.seconds = 0.0
         self.backend = ""
+        self.max_stall = 0.0
 
     # ------------------------------------------------------------------ plans
 
@@ -518,6 +521,13 @@ class Chaos:
                 self.ops["drain_all"] += 1
             await anyio.sleep(rng.choice((0, 0.0005, 0.001)))
 
+    async def _stall_monitor(self) -> None:
+        """Records the longest the event loop took to wake a 10 ms sleeper, beyond 10 ms."""
+        while True:
+            before = perf_counter()
+            await anyio.sleep(0.01)
+            self.max_stall = max(self.max_stall, perf_counter() - before - 0.01)
+
     async def _waiter_loop(self, rng: random.Random) -> None:
         manager = self.manager
         assert manager is not None
@@ -636,6 +646,7 @@ class Chaos:
                 with anyio.fail_after(self.budget):
                     async with anyio.create_task_group() as monkeys:
                         monkeys.start_soon(self._monkey, random.Random(self.seed + 1))
+                        monkeys.start_soon(self._stall_monitor)
                         for k in range(self.waiters):
                             monkeys.start_soon(self._waiter_loop, random.Random(self.seed + 2 + k))
                         async with anyio.create_task_group() as work:
@@ -703,6 +714,7 @@ class Chaos:
             high_water=stats.high_water if stats is not None else -1,
             max_limit=max(self.limits_set),
             operations=dict(self.ops),
+            max_stall=self.max_stall,
         )
 
     def check(self) -> list[str]:
