@@ -204,6 +204,9 @@ class Chaos:
         budget: seconds the whole run may take before it counts as a hang.
         max_queue: back-pressure: the spawner pauses while more spawns than this queue.
         mailbox_capacity, mailbox_ttl: the session mailboxes' settings.
+        nested_waits: nested parents block until each spawned child ends (holding their
+            slot meanwhile). Off by default: without slot lending this can deadlock at
+            low limits; turn it on to test slot lending.
     """
 
     def __init__(
@@ -221,6 +224,7 @@ class Chaos:
         max_queue: int = 150,
         mailbox_capacity: int = 64,
         mailbox_ttl: float | None = None,
+        nested_waits: bool = False,
     ) -> None:
         self.spawns = spawns
         self.seed = seed
@@ -233,6 +237,7 @@ class Chaos:
         self.max_queue = max_queue
         self.mailbox_capacity = mailbox_capacity
         self.mailbox_ttl = mailbox_ttl
+        self.nested_waits = nested_waits
         self.rng = random.Random(seed)
         self.plans: list[Plan] = []
         self.by_name: dict[str, Plan] = {}
@@ -436,7 +441,13 @@ class Chaos:
                     f"{child.describe()}: accepted into session {ctx.session_id}, "
                     "which had been closed"
                 )
-        if first is not None and plan.variant % 2 and first.task_id is not None:
+        if self.nested_waits:
+            for child in plan.children:
+                if child.mode == "spawn" and child.task_id is not None:
+                    env = await ctx.wait(child.task_id)
+                    if env is not None:
+                        child.waited.append(env)
+        elif first is not None and plan.variant % 2 and first.task_id is not None:
             env = await ctx.wait(first.task_id, timeout=0.001)
             if env is not None:
                 first.waited.append(env)

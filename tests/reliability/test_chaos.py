@@ -34,3 +34,13 @@ async def test_chaos_with_tiny_expiring_mailboxes_loses_nothing() -> None:
     print(summary.render())
     chaos.assert_ok()
     assert summary.operations.get("wait_returned", 0) > 0, chaos.seed
+
+
+async def test_chaos_with_nested_parents_waiting_for_their_children() -> None:
+    """Nested parents block on each child while holding their slot. Until slot lending
+    lands, only the resizer raising the limit (and cancels) let such trees through at a
+    limit of 1; with it, they must pass at any limit."""
+    chaos = Chaos(spawns=scaled(1000) // 2, nested_waits=True)
+    summary = await chaos.run()
+    print(summary.render())
+    chaos.assert_ok()
