@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeAlias
 
-from ._envelope import Usage
+from ._envelope import Status, Usage
 from ._retry import run_with_retries
 from ._spec import AgentSpec, Request, Result
 
@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from ._context import RunContext
 
 __all__ = ["Backend", "RunnerReturnError", "coerce_result", "run_local"]
+
+# Counts travel as JSON integers; orjson (and most consumers) stop at 64 bits.
+_MAX_COUNT = 2**63 - 1
 
 Backend: TypeAlias = "Callable[[AgentSpec, Request, RunContext], Awaitable[Result]]"
 
@@ -69,6 +72,17 @@ def _check_result(agent: str, result: Result) -> None:
         problems.append(f"usage is {type(result.usage).__qualname__}, expected Usage")
     if isinstance(result.iterations, bool) or not isinstance(result.iterations, int):
         problems.append(f"iterations is {type(result.iterations).__qualname__}, expected int")
+    elif not 0 <= result.iterations <= _MAX_COUNT:
+        problems.append(f"iterations is {result.iterations}, expected 0 <= n < 2**63")
+    if isinstance(result.usage, Usage):
+        for field in ("input_tokens", "output_tokens"):
+            count = getattr(result.usage, field)
+            if isinstance(count, bool) or not isinstance(count, int):
+                problems.append(f"usage.{field} is {type(count).__qualname__}, expected int")
+            elif not 0 <= count <= _MAX_COUNT:
+                problems.append(f"usage.{field} is {count}, expected 0 <= n < 2**63")
+    if result.status is not None and not isinstance(result.status, Status):
+        problems.append(f"status is {result.status!r}, expected a Status or None")
     if not all(isinstance(f, str) for f in result.files_changed):
         problems.append("files_changed must hold strings")
     if not isinstance(result.error, str):

@@ -9,6 +9,7 @@ import anyio
 
 from ._backend import _clean as clean_text
 from ._envelope import DelegateResult, Usage
+from ._errors import ConfigError
 from ._events import PROGRESS
 from ._paths import AgentPath
 from ._permissions import Ruleset
@@ -23,6 +24,11 @@ if TYPE_CHECKING:
 __all__ = ["RunContext"]
 
 _UNSET: float = UNSET_TIMEOUT
+_MAX_COUNT = 2**63 - 1  # counts travel as JSON integers; orjson stops at 64 bits
+
+
+def _is_count(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and 0 <= value <= _MAX_COUNT
 
 
 class RunContext:
@@ -110,23 +116,34 @@ class RunContext:
         ``output`` replaces the partial output, ``append`` extends it; ``usage`` and
         ``iterations`` replace the running totals; ``files_changed`` adds paths. Publishes
         ``subagent.progress``. Never blocks.
+
+        Raises:
+            ConfigError: a value of the wrong type or range (nothing is recorded then).
         """
-        h = self._handle
-        if output is not None:
-            output = _report_text("output", output)
-        if append:
-            append = _report_text("append", append)
-        if usage is not None and not isinstance(usage, Usage):
-            raise _report_error("usage", "a Usage", usage)
-        if iterations is not None and (
-            isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0
+        # Validate everything before changing anything: bad values would otherwise surface
+        # only when the envelope is built, after the runner can no longer be blamed.
+        if output is not None and not isinstance(output, str):
+            raise ConfigError("output", "a string", output)
+        if append is not None and not isinstance(append, str):
+            raise ConfigError("append", "a string", append)
+        if usage is not None and not (
+            isinstance(usage, Usage)
+            and _is_count(usage.input_tokens)
+            and _is_count(usage.output_tokens)
         ):
-            raise _report_error("iterations", "an integer >= 0", iterations)
-        paths: tuple[str, ...] = ()
+            raise ConfigError("usage", "a Usage with token counts 0 <= n < 2**63", usage)
+        if iterations is not None and not _is_count(iterations):
+            raise ConfigError("iterations", "an integer 0 <= n < 2**63", iterations)
+        paths: tuple[str, ...] | None = None
         if files_changed is not None:
             paths = (files_changed,) if isinstance(files_changed, str) else tuple(files_changed)
             if not all(isinstance(f, str) for f in paths):
-                raise _report_error("files_changed", "paths as str", files_changed)
+                raise ConfigError("files_changed", "paths given as strings", files_changed)
+        h = self._handle
+        if output is not None:
+            output = clean_text(output)
+        if append:
+            append = clean_text(append)
         if output is not None:
             h._partial_output = output
         if append:
@@ -188,13 +205,3 @@ class RunContext:
     async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
         """Collect a child's envelope; see :meth:`SubagentManager.wait_result`."""
         return await self._manager.wait_result(task_id, timeout=timeout, session_id=self.session_id)
-
-
-def _report_error(field: str, expected: str, got: object) -> TypeError:
-    return TypeError(f"ctx.report({field}=...) must be {expected}, got {type(got).__qualname__}")
-
-
-def _report_text(field: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise _report_error(field, "a str", value)
-    return clean_text(value)

@@ -16,6 +16,7 @@ __all__ = [
     "DelegateResult",
     "Status",
     "Usage",
+    "clean_text",
     "describe_exception",
     "now_ms",
 ]
@@ -299,6 +300,16 @@ def bound_text(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates (undecodable bytes smuggled into ``str``, e.g. by
+    ``surrogateescape``) replaced, so it always encodes to UTF-8 and JSON."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def describe_exception(exc: BaseException) -> tuple[str, str]:
     """``(error_type, message)`` for an envelope: qualified class name and bounded text.
 
@@ -321,7 +332,7 @@ def describe_exception(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, BaseExceptionGroup):
         members = "; ".join(describe_exception(e)[1] for e in exc.exceptions[:3])
         message = f"{message}: {members}"
-    return error_type, bound_text(message, _ERROR_MESSAGE_CHARS)
+    return error_type, clean_text(bound_text(message, _ERROR_MESSAGE_CHARS))
 
 
 def _as_int(value: object, field: str) -> int:

@@ -28,7 +28,14 @@ from anyio.abc import TaskGroup
 
 from ._backend import Backend, coerce_result, run_local
 from ._context import RunContext
-from ._envelope import DelegateResult, Status, bound_text, describe_exception, now_ms
+from ._envelope import (
+    DelegateResult,
+    Status,
+    bound_text,
+    clean_text,
+    describe_exception,
+    now_ms,
+)
 from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
 from ._events import COMPLETED, SPAWNED, STARTED, EventBus
 from ._handle import QUEUED, RUNNING, SETTLED, SpawnHandle
@@ -45,12 +52,23 @@ __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
 
 DEFAULT_SESSION: Final = "root"
 MAX_OUTPUT_CHARS: Final = 1_000_000
+MAX_FILES: Final = 1000  # files_changed entries kept in an envelope (the last says how many more)
+MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
 
 _UNSET: Final = UNSET_TIMEOUT
 # The spawned child whose slot the current task runs on (None outside worker runs).
 _SLOT_OWNER: ContextVar[SpawnHandle | None] = ContextVar("subagents_slot_owner", default=None)
 _ROOT: Final = AgentPath.root()
+
+
+def _release(mailbox: BaseMailbox) -> None:
+    """Drop a session's mailbox; a backend that fails to is logged, never propagated (it
+    would otherwise kill the worker ending a child, or abort a close half-way)."""
+    try:
+        mailbox.drop()
+    except Exception:
+        logger.exception("releasing mailbox %r failed; ignored", mailbox)
 
 
 def _closed_mailbox() -> BaseMailbox:
@@ -197,7 +215,7 @@ class SubagentManager:
         finally:
             self._state = "closed"
             for mailbox in self._mailboxes.values():
-                mailbox.drop()
+                _release(mailbox)
             self._mailboxes.clear()
 
     @property
@@ -359,7 +377,9 @@ class SubagentManager:
             raise UnknownAgent(agent, self._specs)
         if not isinstance(input, str):
             raise ConfigError("input", "a string", input)
-        if session_id in self._closed_sessions:
+        if not isinstance(session_id, str):
+            raise ConfigError("session_id", "a string", session_id)
+        if session_id in self._closed_sessions:  # a root session or a running agent's
             raise SpawnRejected(
                 "session_closed",
                 f"session {session_id!r} is closed; spawn into an open session",
@@ -647,27 +667,28 @@ class SubagentManager:
                         raw = await self._backend(handle._spec, handle._request, ctx)
                     else:
                         raw = await self._telemetry.run(self._backend, handle, ctx)
-                    # run_local already checked it; a custom backend may hand back anything.
+                    # run_local already checked it; a custom backend may hand back anything,
+                    # and a bad return must end this child in an error envelope.
                     result = raw if self._backend is run_local else coerce_result(handle.agent, raw)
                 except Exception as exc:
                     error = exc
+                except anyio.get_cancelled_exc_class() as exc:
+                    if anyio.current_effective_deadline() == -math.inf:
+                        raise  # a real cancellation: the watchdog, a cancel, or from outside
+                    # Nothing cancelled us: the runner raised a cancellation of its own (on
+                    # asyncio: it awaited a future someone else cancelled). Its error, not ours
+                    # to propagate (that would kill this worker and stall the queue).
+                    error = RuntimeError(
+                        f"the runner raised {type(exc).__qualname__} but nothing cancelled it"
+                    )
+                    error.__cause__ = exc
             # Decided now, before cleanup awaits: a cancel arriving during cleanup is too
             # late to change the outcome. A result after the deadline never counts.
             handle._ending = True
             cancelled = handle._cancel_requested is not None
             timed_out = not cancelled and (scope.cancel_called or anyio.current_time() >= deadline)
-        except BaseException as exc:
+        except BaseException:
             handle._ending = True
-            if not handle.sync and _stray_cancellation(exc):
-                # The runner raised a cancellation exception though nothing cancelled it
-                # (on asyncio: it awaited a future cancelled elsewhere). That is the
-                # runner's failure; re-raising would kill this worker and cancel the host.
-                await self._end_session_of(handle)
-                stray = RuntimeError(
-                    f"the runner raised {type(exc).__qualname__} without being cancelled"
-                )
-                self._finalize(handle, self._ended(handle, Status.ERROR, ctx, error=stray))
-                return
             # Cancelled from outside (manager shutdown, or the caller of execute): the
             # envelope is still produced, then the cancellation goes on.
             status = Status.CANCELLED
@@ -707,7 +728,7 @@ class SubagentManager:
                         await child.done.wait()
         mailbox = self._mailboxes.pop(session, None)
         if mailbox is not None:
-            mailbox.drop()
+            _release(mailbox)
         self._names.pop(session, None)
 
     def _ended(
@@ -744,7 +765,7 @@ class SubagentManager:
         elif status is Status.ERROR and error is not None:
             error_type, message = describe_exception(error)
             if self.events.active:
-                handle._traceback = "".join(traceback.format_exception(error))
+                handle._traceback = clean_text("".join(traceback.format_exception(error)))
         elif status is Status.TIMEOUT:
             error_type = "timeout"
             message = f"watchdog: no result within {handle._timeout:g} s"
@@ -755,6 +776,12 @@ class SubagentManager:
         if len(output) > MAX_OUTPUT_CHARS:
             omitted = len(output) - MAX_OUTPUT_CHARS
             output = output[:MAX_OUTPUT_CHARS] + f"\n[… {omitted} characters dropped …]"
+        # Partial output, reported errors and paths reach here unchecked: keep them JSON-safe.
+        output = clean_text(output)
+        message = clean_text(message)
+        if len(files) > MAX_FILES:
+            files = (*files[: MAX_FILES - 1], f"[… {len(files) - MAX_FILES + 1} more paths]")
+        files = tuple(clean_text(bound_text(f, MAX_PATH_CHARS)) for f in files)
         return DelegateResult(
             agent=handle._spec.name,
             task_id=handle.task_id,
@@ -862,7 +889,7 @@ class SubagentManager:
         finally:
             mailbox = self._mailboxes.pop(session_id, None)
             if mailbox is not None:
-                mailbox.drop()
+                _release(mailbox)
             self._names.pop(session_id, None)
 
     def session_closed(self, session_id: str) -> bool:
@@ -1044,14 +1071,6 @@ def _new_task_id() -> str:
 
 # A forked child must not hand out the ids its parent holds in the pool.
 os.register_at_fork(after_in_child=_task_id_pool.clear)
-
-
-def _stray_cancellation(exc: BaseException) -> bool:
-    """A cancellation exception while no enclosing cancel scope is cancelled."""
-    return (
-        isinstance(exc, anyio.get_cancelled_exc_class())
-        and anyio.current_effective_deadline() != -math.inf
-    )
 
 
 def _positive_seconds(value: object) -> bool:
