@@ -43,22 +43,14 @@ async def run_local(spec: AgentSpec, request: Request, ctx: RunContext) -> Resul
 
 def coerce_result(agent: str, value: object) -> Result:
     """Accept ``Result`` or ``str``; anything else raises :class:`RunnerReturnError`."""
+    # Text is made JSON-safe where it lands: DelegateResult's converters (clean_text).
     if type(value) is str:
-        return Result(output=_clean(value))
+        return Result(output=value)
     if isinstance(value, Result):
         _check_result(agent, value)
-        if not _is_clean(value.output):
-            return Result(
-                output=_clean(value.output),
-                usage=value.usage,
-                iterations=value.iterations,
-                files_changed=value.files_changed,
-                error=value.error,
-                status=value.status,
-            )
         return value
     if isinstance(value, str):  # a str subclass: keep the text, drop the subclass
-        return Result(output=_clean(str.__str__(value)))
+        return Result(output=str.__str__(value))
     raise RunnerReturnError(
         f"runner of agent {agent!r} returned {type(value).__qualname__}; expected Result or str"
     )
@@ -91,18 +83,3 @@ def _check_result(agent: str, result: Result) -> None:
         raise RunnerReturnError(
             f"runner of agent {agent!r} returned a bad Result: " + "; ".join(problems)
         )
-
-
-def _is_clean(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _clean(text: str) -> str:
-    """Replace lone surrogates (undecodable bytes smuggled into str) so JSON never fails."""
-    if _is_clean(text):
-        return text
-    return text.encode("utf-8", "replace").decode("utf-8")

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ._backend import _clean as clean_text
-from ._envelope import DelegateResult, Usage
+from ._envelope import DelegateResult, Usage, clean_text
 from ._errors import ConfigError
 from ._events import PROGRESS
 from ._paths import AgentPath

@@ -39,25 +39,27 @@ _HINTS: Final = {
 }
 
 
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates (undecodable bytes smuggled into ``str``, e.g. by
+    ``surrogateescape``) replaced, so it always encodes to UTF-8 and JSON. A non-``str``
+    passes through unchanged (a converter must not mask a type error checked elsewhere)."""
+    if not isinstance(text, str):
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     items = (value,) if isinstance(value, str) else tuple(value)
-    return tuple(_utf8(item) for item in items)
+    return tuple(clean_text(item) for item in items)
 
 
 def _as_status(value: Status | str) -> Status:
     """``Status(value)``, skipping the enum lookup for a ``Status`` (every envelope's case)."""
     return value if type(value) is Status else Status(value)
-
-
-def _utf8(value: str) -> str:
-    """Replace lone surrogates (undecodable bytes smuggled into a str) so JSON never fails."""
-    if not isinstance(value, str):
-        return value
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "replace").decode("utf-8")
-    return value
 
 
 def now_ms() -> int:
@@ -128,11 +130,11 @@ class DelegateResult:
     """The task id given at spawn time; the mailbox key."""
     status: Status = attrs.field(converter=_as_status)
     """``completed``, ``error``, ``timeout`` or ``cancelled`` (a plain string is converted)."""
-    output: str = attrs.field(default="", converter=_utf8)
+    output: str = attrs.field(default="", converter=clean_text)
     """Final output; on timeout or cancellation the partial output reported so far."""
     files_changed: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     """Paths the runner reported as changed."""
-    error: str = attrs.field(default="", converter=_utf8)
+    error: str = attrs.field(default="", converter=clean_text)
     """A short, bounded summary of what went wrong (no traceback)."""
     error_type: str = ""
     """``timeout``, ``cancelled`` or the exception's qualified class name."""
@@ -298,16 +300,6 @@ def _cut_middle(text: str, budget: int) -> str:
 def bound_text(text: str, limit: int) -> str:
     """``text`` cut to at most ``limit`` code points, with an ellipsis when cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def clean_text(text: str) -> str:
-    """``text`` with lone surrogates (undecodable bytes smuggled into ``str``, e.g. by
-    ``surrogateescape``) replaced, so it always encodes to UTF-8 and JSON."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def describe_exception(exc: BaseException) -> tuple[str, str]:

@@ -776,12 +776,10 @@ class SubagentManager:
         if len(output) > MAX_OUTPUT_CHARS:
             omitted = len(output) - MAX_OUTPUT_CHARS
             output = output[:MAX_OUTPUT_CHARS] + f"\n[… {omitted} characters dropped …]"
-        # Partial output, reported errors and paths reach here unchecked: keep them JSON-safe.
-        output = clean_text(output)
-        message = clean_text(message)
+        # DelegateResult's converters make output, error and paths JSON-safe (clean_text).
         if len(files) > MAX_FILES:
             files = (*files[: MAX_FILES - 1], f"[… {len(files) - MAX_FILES + 1} more paths]")
-        files = tuple(clean_text(bound_text(f, MAX_PATH_CHARS)) for f in files)
+        files = tuple(bound_text(f, MAX_PATH_CHARS) for f in files)
         return DelegateResult(
             agent=handle._spec.name,
             task_id=handle.task_id,

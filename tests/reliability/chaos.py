@@ -489,7 +489,9 @@ class Chaos:
         self.ops[kind] += 1
         if requested and not unsettled:
             self.problems.append(f"{plan.describe()}: cancel() returned True after it ended")
-        if unsettled:
+        # False for an unsettled child means its runner already returned (its outcome is
+        # fixed, its subtree settling) or a cancel was already requested (marked then).
+        if requested:
             plan.must_cancel = True
             plan.cancel_reasons.add(BY_REQUEST)
 
@@ -498,7 +500,10 @@ class Chaos:
         assert manager is not None
         self.closed.add(session)
         for plan in self.sessions_used.get(session, ()):
-            if plan.handle is not None and plan.handle.result is None:
+            handle = plan.handle
+            # A child whose runner already returned keeps the outcome it had (it is only
+            # waiting for its own children to settle): the close comes too late for it.
+            if handle is not None and handle.result is None and not handle._ending:
                 plan.must_cancel = True
                 plan.cancel_reasons.add(SESSION_CLOSED)
         self.ops[kind] += 1
