@@ -30,6 +30,7 @@ __all__ = [
     "MailboxStatistics",
     "Signal",
     "check_timeout",
+    "release",
 ]
 
 DEFAULT_MAILBOX_CAPACITY: Final = 64
@@ -344,6 +345,15 @@ class Mailbox(BaseMailbox):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._entries)}/{self._capacity}"
         return f"<Mailbox {state}>"
+
+
+def release(mailbox: BaseMailbox) -> None:
+    """Drop a session's mailbox; a backend that fails to is logged, never propagated (it
+    would otherwise kill the worker ending a child, or abort a close half-way)."""
+    try:
+        mailbox.drop()
+    except Exception:
+        logger.exception("releasing mailbox %r failed; ignored", mailbox)
 
 
 def _fire(callbacks: Iterable[Signal]) -> None:

@@ -1,23 +1,15 @@
-"""SubagentManager: spawn (fire-and-forget) and execute (delegate), sessions and shutdown.
-
-Admission design: a queued spawn is a :class:`SpawnHandle` in a FIFO deque, not a task.
-At most ``limit`` worker tasks exist; each takes the next queued handle while a slot is
-free and runs it in place, so a spawn costs an append and (when the pool is short) one
-``start_soon``. One counter is the limiter, so resizing it can never let two limiters
-admit at once.
+"""SubagentManager: spawn (fire-and-forget) and execute (delegate), sessions, results
+and shutdown. Admission (queue, workers, slots, watchdog) is in ``_admission.py``; running
+one child to its envelope in ``_child_run.py``; unknown-id help in ``_lookup.py``.
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import os
-import traceback
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable
 from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Literal
@@ -26,23 +18,21 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup
 
-from ._backend import Backend, coerce_result, run_local
-from ._context import RunContext
+from ._admission import Admission
+from ._backend import Backend, run_local
+from ._child_run import ChildRuns
 from ._envelope import (
     DelegateResult,
     Status,
-    bound_text,
-    clean_text,
-    describe_exception,
-    now_ms,
 )
 from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
-from ._events import COMPLETED, SPAWNED, STARTED, EventBus
+from ._events import SPAWNED, EventBus
 from ._handle import QUEUED, RUNNING, SETTLED, SpawnHandle
-from ._mailbox import BaseMailbox, Mailbox
+from ._lookup import live_ids_sentence, similar_ids
+from ._mailbox import BaseMailbox, Mailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
-from ._spec import UNSET_TIMEOUT, AgentSpec, Request, Result, SpawnOptions, SubagentConfig
+from ._spec import UNSET_TIMEOUT, AgentSpec, Request, SpawnOptions, SubagentConfig
 from ._tracing import Telemetry
 
 if TYPE_CHECKING:
@@ -51,24 +41,10 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
 
 DEFAULT_SESSION: Final = "root"
-MAX_OUTPUT_CHARS: Final = 1_000_000
-MAX_FILES: Final = 1000  # files_changed entries kept in an envelope (the last says how many more)
-MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
 
 _UNSET: Final = UNSET_TIMEOUT
-# The spawned child whose slot the current task runs on (None outside worker runs).
-_SLOT_OWNER: ContextVar[SpawnHandle | None] = ContextVar("subagents_slot_owner", default=None)
 _ROOT: Final = AgentPath.root()
-
-
-def _release(mailbox: BaseMailbox) -> None:
-    """Drop a session's mailbox; a backend that fails to is logged, never propagated (it
-    would otherwise kill the worker ending a child, or abort a close half-way)."""
-    try:
-        mailbox.drop()
-    except Exception:
-        logger.exception("releasing mailbox %r failed; ignored", mailbox)
 
 
 def _closed_mailbox() -> BaseMailbox:
@@ -97,7 +73,7 @@ class ManagerStatistics:
     """Worker tasks alive."""
 
 
-class SubagentManager:
+class SubagentManager(Admission, ChildRuns):
     """Runs subagents: fire-and-forget :meth:`spawn` and synchronous :meth:`execute`.
 
     Use it as an async context manager; children run in its task group, so every one of
@@ -215,7 +191,7 @@ class SubagentManager:
         finally:
             self._state = "closed"
             for mailbox in self._mailboxes.values():
-                _release(mailbox)
+                release(mailbox)
             self._mailboxes.clear()
 
     @property
@@ -469,379 +445,6 @@ class SubagentManager:
             handle._trace = self._telemetry.start(handle, parent)
         return handle
 
-    # ------------------------------------------------------------------ workers
-
-    def _pump(self) -> None:
-        """Start a worker if children are queued, none is idle and a slot is free.
-
-        Workers start one at a time: each, on taking a child, calls this again, so a
-        worker whose children never block drains the queue alone instead of leaving a
-        thousand freshly started workers to find it empty.
-        """
-        tg = self._tg
-        assert tg is not None
-        # An idle (or starting) worker will take the next queued child and a slot.
-        if self._queued and self._workers == self._busy and self._active < self._limit:
-            self._workers += 1
-            tg.start_soon(self._worker)
-
-    async def _worker(self) -> None:
-        token = _SLOT_OWNER.set(None)
-        try:
-            while self._active < self._limit:
-                # One cancel scope serves child after child (entering a scope per child
-                # costs more than the rest of a no-op child); a child that was cancelled
-                # or timed out leaves it cancelled for good, so the next one gets a new one.
-                with anyio.CancelScope() as scope:
-                    lingered = False
-                    while self._active < self._limit and not scope.cancel_called:
-                        handle = self._next_queued()
-                        if handle is None:
-                            if lingered:
-                                return
-                            # Queue empty: let the waiters this child woke run first (their
-                            # wake is not delayed by this worker's exit) and take what they
-                            # spawn next instead of a new worker being started for it.
-                            lingered = True
-                            await anyio.lowlevel.checkpoint()
-                            continue
-                        lingered = False
-                        self._take_slot(handle)
-                        self._busy += 1
-                        if self._queued:
-                            self._pump()
-                        _SLOT_OWNER.set(handle)
-                        try:
-                            await self._run(handle, scope)
-                        finally:
-                            _SLOT_OWNER.set(None)
-                            self._busy -= 1
-                            if handle._holds_slot:
-                                self._release_slot(handle)
-        finally:
-            _SLOT_OWNER.reset(token)
-            self._workers -= 1
-
-    def _take_slot(self, handle: SpawnHandle) -> None:
-        handle._holds_slot = True
-        self._active += 1
-        if self._active > self._high_water:
-            self._high_water = self._active
-
-    def _release_slot(self, handle: SpawnHandle) -> None:
-        handle._holds_slot = False
-        self._active -= 1
-        # A parent resuming after lending its slot goes before the queue: its children
-        # are done, and finishing it frees the whole subtree.
-        while self._resumers and self._active < self._limit:
-            resumer, event = self._resumers.popleft()
-            self._take_slot(resumer)
-            event.set()
-
-    def lend_slot(self) -> AbstractAsyncContextManager[None]:
-        """Release the calling child's concurrency slot while the block runs.
-
-        A spawned child that blocks waiting for its own children (or anything slow that
-        needs no slot) lends its slot so queued children can run: with a limit of 1 a
-        parent waiting for a child would otherwise deadlock. On exit the child takes a slot
-        back, ahead of the queue, waiting (shielded) until one frees. Outside a spawned
-        child it does nothing. :meth:`SpawnHandle.wait` and :meth:`wait_result` use it.
-        """
-        owner = _SLOT_OWNER.get()
-        if owner is None or (owner._lends == 0 and not owner._holds_slot):
-            return _NO_LEND  # the common wait of a root parent: no generator machinery
-        return self._lend(owner)
-
-    @asynccontextmanager
-    async def _lend(self, owner: SpawnHandle) -> AsyncIterator[None]:
-        owner._lends += 1
-        if owner._lends == 1:
-            self._release_slot(owner)
-            if self._state == "running":
-                self._pump()
-        try:
-            yield
-        finally:
-            owner._lends -= 1
-            if owner._lends == 0:
-                await self._reacquire(owner)
-
-    async def _reacquire(self, owner: SpawnHandle) -> None:
-        if self._active < self._limit and not self._resumers:
-            self._take_slot(owner)
-            return
-        event = anyio.Event()
-        self._resumers.append((owner, event))
-        # Shielded: a child must not run on without a slot, even when it is being
-        # cancelled (its cleanup may catch the cancellation and go on).
-        with anyio.CancelScope(shield=True):
-            await event.wait()
-
-    def _next_queued(self) -> SpawnHandle | None:
-        queue = self._queue
-        while queue:
-            handle = queue.popleft()
-            if handle.state == QUEUED:
-                self._queued -= 1
-                return handle
-        return None
-
-    def _watch(self, handle: SpawnHandle, deadline: float) -> None:
-        """Put a child running on a worker under the one shared watchdog task.
-
-        Re-arming a timer per child costs more than a dict entry: the watchdog sleeps until
-        the earliest deadline it may hold and is woken only when an earlier one arrives.
-        """
-        self._deadlines[handle] = deadline
-        if deadline < self._watch_at:
-            self._watch_at = deadline
-            if self._watch_wake is None:
-                tg = self._tg
-                assert tg is not None
-                self._watch_wake = anyio.Event()
-                tg.start_soon(self._watchdog)
-            else:
-                self._watch_wake.set()
-
-    async def _watchdog(self) -> None:
-        """Cancel every watched child still running at its deadline (status: timeout)."""
-        while True:
-            wake = self._watch_wake = anyio.Event()
-            with anyio.CancelScope(deadline=self._watch_at):
-                await wake.wait()
-            now = anyio.current_time()
-            earliest = math.inf
-            for handle, deadline in list(self._deadlines.items()):
-                if deadline <= now:
-                    del self._deadlines[handle]
-                    if handle._scope is not None:
-                        handle._scope.cancel()
-                elif deadline < earliest:
-                    earliest = deadline
-            self._watch_at = earliest
-
-    # ------------------------------------------------------------------ running a child
-
-    async def _run(
-        self, handle: SpawnHandle, worker_scope: anyio.CancelScope | None = None
-    ) -> None:
-        """Run one child to its envelope. Only cancellation from outside propagates.
-
-        With ``worker_scope`` (a worker's reused scope, not yet cancelled) the child runs
-        under it, its deadline kept by the shared watchdog; its cancellation or timeout then
-        propagates out of this call, after the envelope, for the worker's ``with`` to absorb.
-        """
-        handle.state = RUNNING
-        started = handle._started_at = perf_counter()
-        if self.events.active:
-            self.events.publish(
-                STARTED,
-                session_id=handle.session_id,
-                task_id=handle.task_id,
-                agent_path=handle.agent_path,
-                data={"queue_ms": int((started - handle._spawned_at) * 1000)},
-            )
-        timeout = handle._timeout
-        deadline = math.inf if timeout is None else anyio.current_time() + timeout
-        ctx = RunContext(
-            self,
-            handle,
-            deadline=None if timeout is None else deadline,
-            permissions=handle._permissions,
-        )
-        result: Result | None = None
-        error: Exception | None = None
-        try:
-            if worker_scope is not None and timeout is not None:
-                self._watch(handle, deadline)
-            with (
-                anyio.CancelScope(deadline=deadline)
-                if worker_scope is None
-                else nullcontext(worker_scope)
-            ) as scope:
-                handle._scope = scope
-                if handle._cancel_requested:
-                    scope.cancel()
-                try:
-                    if handle._trace is None:
-                        raw = await self._backend(handle._spec, handle._request, ctx)
-                    else:
-                        raw = await self._telemetry.run(self._backend, handle, ctx)
-                    # run_local already checked it; a custom backend may hand back anything,
-                    # and a bad return must end this child in an error envelope.
-                    result = raw if self._backend is run_local else coerce_result(handle.agent, raw)
-                except Exception as exc:
-                    error = exc
-                except anyio.get_cancelled_exc_class() as exc:
-                    if anyio.current_effective_deadline() == -math.inf:
-                        raise  # a real cancellation: the watchdog, a cancel, or from outside
-                    # Nothing cancelled us: the runner raised a cancellation of its own (on
-                    # asyncio: it awaited a future someone else cancelled). Its error, not ours
-                    # to propagate (that would kill this worker and stall the queue).
-                    error = RuntimeError(
-                        f"the runner raised {type(exc).__qualname__} but nothing cancelled it"
-                    )
-                    error.__cause__ = exc
-            # Decided now, before cleanup awaits: a cancel arriving during cleanup is too
-            # late to change the outcome. A result after the deadline never counts.
-            handle._ending = True
-            cancelled = handle._cancel_requested is not None
-            timed_out = not cancelled and (scope.cancel_called or anyio.current_time() >= deadline)
-        except BaseException:
-            handle._ending = True
-            # Cancelled from outside (manager shutdown, or the caller of execute): the
-            # envelope is still produced, then the cancellation goes on.
-            status = Status.CANCELLED
-            if handle._cancel_requested is None:
-                if worker_scope is not None and worker_scope.cancel_called:
-                    status = Status.TIMEOUT  # the watchdog cancelled the worker scope
-                else:
-                    handle._cancel_requested = "the caller was cancelled"
-            await self._end_session_of(handle)
-            self._finalize(handle, self._ended(handle, status, ctx))
-            raise
-        await self._end_session_of(handle)
-        if cancelled:
-            envelope = self._ended(handle, Status.CANCELLED, ctx)
-        elif timed_out:
-            envelope = self._ended(handle, Status.TIMEOUT, ctx)
-        elif error is not None:
-            envelope = self._ended(handle, Status.ERROR, ctx, error=error)
-        else:
-            assert result is not None
-            envelope = self._ended(handle, Status.COMPLETED, ctx, result=result)
-        self._finalize(handle, envelope)
-
-    async def _end_session_of(self, handle: SpawnHandle) -> None:
-        """A child has ended: cancel its own unfinished children, wait (bounded) for them
-        to settle, and release its mailbox."""
-        handle._scope = None
-        self._deadlines.pop(handle, None)
-        session = handle.task_id
-        live = self._live.pop(session, None)
-        if live:
-            for child in live:
-                self._cancel(child, "its parent agent ended")
-            with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(self.config.settle_timeout):
-                    for child in list(live):
-                        await child.done.wait()
-        mailbox = self._mailboxes.pop(session, None)
-        if mailbox is not None:
-            _release(mailbox)
-        self._names.pop(session, None)
-
-    def _ended(
-        self,
-        handle: SpawnHandle,
-        status: Status,
-        ctx: RunContext | None,
-        *,
-        result: Result | None = None,
-        error: Exception | None = None,
-    ) -> DelegateResult:
-        end = perf_counter()
-        started = handle._started_at
-        output = handle._partial_output
-        usage = handle._usage
-        iterations = handle._iterations
-        files = handle._files_changed
-        message = ""
-        error_type = ""
-        if status is Status.COMPLETED and result is not None:
-            output = result.output
-            usage = result.usage if result.usage else usage
-            iterations = result.iterations or iterations
-            if result.files_changed:
-                files = files + tuple(f for f in result.files_changed if f not in files)
-            if result.error or result.status is Status.ERROR:
-                status = Status.ERROR
-                message = bound_text(result.error or "the runner reported an error", 500)
-                error_type = "RunnerReportedError"
-            elif result.status is not None and result.status is not Status.COMPLETED:
-                status = result.status
-                message = f"the runner reported status {status.value}"
-                error_type = status.value
-        elif status is Status.ERROR and error is not None:
-            error_type, message = describe_exception(error)
-            if self.events.active:
-                handle._traceback = clean_text("".join(traceback.format_exception(error)))
-        elif status is Status.TIMEOUT:
-            error_type = "timeout"
-            message = f"watchdog: no result within {handle._timeout:g} s"
-        elif status is Status.CANCELLED:
-            error_type = "cancelled"
-            reason = handle._cancel_requested
-            message = f"cancelled: {reason}" if reason else "cancelled"
-        if len(output) > MAX_OUTPUT_CHARS:
-            omitted = len(output) - MAX_OUTPUT_CHARS
-            output = output[:MAX_OUTPUT_CHARS] + f"\n[… {omitted} characters dropped …]"
-        # DelegateResult's converters make output, error and paths JSON-safe (clean_text).
-        if len(files) > MAX_FILES:
-            files = (*files[: MAX_FILES - 1], f"[… {len(files) - MAX_FILES + 1} more paths]")
-        files = tuple(bound_text(f, MAX_PATH_CHARS) for f in files)
-        return DelegateResult(
-            agent=handle._spec.name,
-            task_id=handle.task_id,
-            status=status,
-            output=output,
-            files_changed=files,
-            error=message,
-            error_type=error_type,
-            duration_ms=int((end - handle._spawned_at) * 1000),
-            # never started (cancelled in the queue): all of its time was queue wait
-            queue_ms=int(((end if started is None else started) - handle._spawned_at) * 1000),
-            iterations=iterations,
-            attempts=ctx.attempt if ctx is not None else 1,
-            usage=usage,
-            timestamp_ms=now_ms(),
-            agent_path=handle.agent_path,
-            parent_path=handle.parent_path,
-        )
-
-    def _finalize(self, handle: SpawnHandle, envelope: DelegateResult) -> None:
-        """Record and deliver the one envelope of ``handle``; later calls do nothing."""
-        if handle._envelope is not None:
-            return
-        handle._envelope = envelope
-        handle.state = SETTLED
-        handle._scope = None
-        self._settled += 1
-        live = self._live.get(handle.session_id)
-        if live is not None:
-            live.pop(handle, None)
-        if handle.sync:
-            self._publish_completed(COMPLETED, handle.session_id, envelope)
-        else:
-            self._notifier.notify(handle.session_id, handle.task_id, envelope)
-        handle._traceback = None
-        if handle._trace is not None:
-            self._telemetry.finish(handle, envelope)
-        handle._delivered = True
-        if handle._done is not None:
-            handle._done.set()
-            # Waiters hold it; later reads of handle.done get a new, already set event.
-            # Keeping it would keep three objects per waited child alive for good.
-            handle._done = None
-
-    def _publish_completed(
-        self, event_type: str, session_id: str, envelope: DelegateResult
-    ) -> None:
-        bus = self.events
-        if not bus.active:
-            return
-        data = envelope.to_dict()
-        handle = self._tasks.get(envelope.task_id)
-        if handle is not None and handle._traceback is not None:
-            data["traceback"] = handle._traceback
-        bus.publish(
-            event_type,
-            session_id=session_id,
-            task_id=envelope.task_id,
-            agent_path=envelope.agent_path,
-            data=data,
-        )
-
     # ------------------------------------------------------------------ cancellation
 
     def cancel(self, task_id: str) -> bool:
@@ -887,7 +490,7 @@ class SubagentManager:
         finally:
             mailbox = self._mailboxes.pop(session_id, None)
             if mailbox is not None:
-                _release(mailbox)
+                release(mailbox)
             self._names.pop(session_id, None)
 
     def session_closed(self, session_id: str) -> bool:
@@ -938,7 +541,7 @@ class SubagentManager:
             raise UnknownTask(
                 str(task_id),
                 self._similar_ids(str(task_id), session_id),
-                self._live_ids_sentence(session_id),
+                live_ids_sentence(session_id, self._by_session.get(session_id or "", ())),
             )
         if session_id is not None and handle.session_id != session_id:
             raise UnknownTask(
@@ -946,7 +549,7 @@ class SubagentManager:
                 (),
                 f"It belongs to another session ({handle.session_id!r}), not {session_id!r}; "
                 "only the session that spawned a task can collect it."
-                + (" " + self._live_ids_sentence(session_id)),
+                + (" " + live_ids_sentence(session_id, self._by_session.get(session_id, ()))),
             )
         return handle
 
@@ -1010,30 +613,9 @@ class SubagentManager:
         pool = (
             [h.task_id for h in self._by_session.get(session_id, ())]
             if session_id is not None
-            else list(self._tasks)
+            else []
         )
-        if not pool and session_id is not None:
-            pool = list(self._tasks)
-        needle = task_id.strip().lower()
-        if not needle:
-            return []
-        close = [
-            t for t in pool if t.lower() == needle or t.startswith(needle) or needle.startswith(t)
-        ]
-        if len(close) < 3:
-            for t in difflib.get_close_matches(needle, pool, n=3, cutoff=0.6):
-                if t not in close:
-                    close.append(t)
-        return close[:3]
-
-    def _live_ids_sentence(self, session_id: str | None) -> str:
-        if session_id is None:
-            return ""
-        live = [h.task_id for h in self._by_session.get(session_id, ()) if h.state != SETTLED]
-        if not live:
-            return f"Session {session_id!r} has no unfinished tasks."
-        shown = ", ".join(live[:10]) + (f" (+{len(live) - 10} more)" if len(live) > 10 else "")
-        return f"Unfinished tasks of session {session_id!r}: {shown}."
+        return similar_ids(task_id, pool or list(self._tasks))
 
     # ------------------------------------------------------------------ waking an idle host
     # (added for the LLM tools, issue 3)
@@ -1054,7 +636,6 @@ class SubagentManager:
 
 
 _NO_OPTIONS: Final = SpawnOptions()
-_NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
 
 _task_id_pool: list[str] = []
 

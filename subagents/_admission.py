@@ -1,0 +1,203 @@
+"""Admission: the FIFO of queued spawns, the worker pool, the slot counter, slot lending
+and the shared watchdog. A mixin of :class:`~subagents.SubagentManager`.
+
+A queued spawn is a :class:`SpawnHandle` in a deque, not a task. Workers (tasks in the
+manager's task group) take the next handle while a slot is free and run it in place; a
+spawn creates a task only when the pool is short. One counter is the limiter, so resizing
+it can never let two limiters admit at once. A child blocked on its own children lends its
+slot (``lend_slot``) so nested trees cannot deadlock at low limits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Final, Literal
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskGroup
+
+from ._handle import QUEUED, SpawnHandle
+
+__all__ = ["Admission"]
+
+# The spawned child whose slot the current task runs on (None outside worker runs).
+_SLOT_OWNER: ContextVar[SpawnHandle | None] = ContextVar("subagents_slot_owner", default=None)
+_NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
+
+
+class Admission:
+    """Worker pool and slot accounting; state lives on the manager (set in its __init__)."""
+
+    _tg: TaskGroup | None
+    _state: Literal["new", "running", "closing", "closed"]
+    _queue: deque[SpawnHandle]
+    _queued: int
+    _active: int
+    _workers: int
+    _busy: int
+    _limit: int
+    _high_water: int
+    _resumers: deque[tuple[SpawnHandle, anyio.Event]]
+    _deadlines: dict[SpawnHandle, float]
+    _watch_at: float
+    _watch_wake: anyio.Event | None
+
+    if TYPE_CHECKING:
+
+        async def _run(
+            self, handle: SpawnHandle, worker_scope: anyio.CancelScope | None = None
+        ) -> None: ...
+
+    def _pump(self) -> None:
+        """Start a worker if children are queued, none is idle and a slot is free.
+
+        Workers start one at a time: each, on taking a child, calls this again, so a
+        worker whose children never block drains the queue alone instead of leaving a
+        thousand freshly started workers to find it empty.
+        """
+        tg = self._tg
+        assert tg is not None
+        # An idle (or starting) worker will take the next queued child and a slot.
+        if self._queued and self._workers == self._busy and self._active < self._limit:
+            self._workers += 1
+            tg.start_soon(self._worker)
+
+    async def _worker(self) -> None:
+        token = _SLOT_OWNER.set(None)
+        try:
+            while self._active < self._limit:
+                # One cancel scope serves child after child (entering a scope per child
+                # costs more than the rest of a no-op child); a child that was cancelled
+                # or timed out leaves it cancelled for good, so the next one gets a new one.
+                with anyio.CancelScope() as scope:
+                    lingered = False
+                    while self._active < self._limit and not scope.cancel_called:
+                        handle = self._next_queued()
+                        if handle is None:
+                            if lingered:
+                                return
+                            # Queue empty: let the waiters this child woke run first (their
+                            # wake is not delayed by this worker's exit) and take what they
+                            # spawn next instead of a new worker being started for it.
+                            lingered = True
+                            await anyio.lowlevel.checkpoint()
+                            continue
+                        lingered = False
+                        self._take_slot(handle)
+                        self._busy += 1
+                        if self._queued:
+                            self._pump()
+                        _SLOT_OWNER.set(handle)
+                        try:
+                            await self._run(handle, scope)
+                        finally:
+                            _SLOT_OWNER.set(None)
+                            self._busy -= 1
+                            if handle._holds_slot:
+                                self._release_slot(handle)
+        finally:
+            _SLOT_OWNER.reset(token)
+            self._workers -= 1
+
+    def _take_slot(self, handle: SpawnHandle) -> None:
+        handle._holds_slot = True
+        self._active += 1
+        if self._active > self._high_water:
+            self._high_water = self._active
+
+    def _release_slot(self, handle: SpawnHandle) -> None:
+        handle._holds_slot = False
+        self._active -= 1
+        # A parent resuming after lending its slot goes before the queue: its children
+        # are done, and finishing it frees the whole subtree.
+        while self._resumers and self._active < self._limit:
+            resumer, event = self._resumers.popleft()
+            self._take_slot(resumer)
+            event.set()
+
+    def lend_slot(self) -> AbstractAsyncContextManager[None]:
+        """Release the calling child's concurrency slot while the block runs.
+
+        A spawned child that blocks waiting for its own children (or anything slow that
+        needs no slot) lends its slot so queued children can run: with a limit of 1 a
+        parent waiting for a child would otherwise deadlock. On exit the child takes a slot
+        back, ahead of the queue, waiting (shielded) until one frees. Outside a spawned
+        child it does nothing. :meth:`SpawnHandle.wait` and :meth:`wait_result` use it.
+        """
+        owner = _SLOT_OWNER.get()
+        if owner is None or (owner._lends == 0 and not owner._holds_slot):
+            return _NO_LEND  # the common wait of a root parent: no generator machinery
+        return self._lend(owner)
+
+    @asynccontextmanager
+    async def _lend(self, owner: SpawnHandle) -> AsyncIterator[None]:
+        owner._lends += 1
+        if owner._lends == 1:
+            self._release_slot(owner)
+            if self._state == "running":
+                self._pump()
+        try:
+            yield
+        finally:
+            owner._lends -= 1
+            if owner._lends == 0:
+                await self._reacquire(owner)
+
+    async def _reacquire(self, owner: SpawnHandle) -> None:
+        if self._active < self._limit and not self._resumers:
+            self._take_slot(owner)
+            return
+        event = anyio.Event()
+        self._resumers.append((owner, event))
+        # Shielded: a child must not run on without a slot, even when it is being
+        # cancelled (its cleanup may catch the cancellation and go on).
+        with anyio.CancelScope(shield=True):
+            await event.wait()
+
+    def _next_queued(self) -> SpawnHandle | None:
+        queue = self._queue
+        while queue:
+            handle = queue.popleft()
+            if handle.state == QUEUED:
+                self._queued -= 1
+                return handle
+        return None
+
+    def _watch(self, handle: SpawnHandle, deadline: float) -> None:
+        """Put a child running on a worker under the one shared watchdog task.
+
+        Re-arming a timer per child costs more than a dict entry: the watchdog sleeps until
+        the earliest deadline it may hold and is woken only when an earlier one arrives.
+        """
+        self._deadlines[handle] = deadline
+        if deadline < self._watch_at:
+            self._watch_at = deadline
+            if self._watch_wake is None:
+                tg = self._tg
+                assert tg is not None
+                self._watch_wake = anyio.Event()
+                tg.start_soon(self._watchdog)
+            else:
+                self._watch_wake.set()
+
+    async def _watchdog(self) -> None:
+        """Cancel every watched child still running at its deadline (status: timeout)."""
+        while True:
+            wake = self._watch_wake = anyio.Event()
+            with anyio.CancelScope(deadline=self._watch_at):
+                await wake.wait()
+            now = anyio.current_time()
+            earliest = math.inf
+            for handle, deadline in list(self._deadlines.items()):
+                if deadline <= now:
+                    del self._deadlines[handle]
+                    if handle._scope is not None:
+                        handle._scope.cancel()
+                elif deadline < earliest:
+                    earliest = deadline
+            self._watch_at = earliest

@@ -1,0 +1,280 @@
+"""Running one child to its envelope: the watchdog's verdict, cleanup of its own subtree,
+the envelope, and delivery. A mixin of :class:`~subagents.SubagentManager`.
+
+``_run`` is the only place a child's outcome is decided and ``_finalize`` the only writer
+of its envelope (it ignores later calls): exactly one envelope per spawn, whatever races.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import traceback
+from contextlib import nullcontext
+from time import perf_counter
+from typing import TYPE_CHECKING, Final, cast
+
+import anyio
+
+from ._backend import Backend, coerce_result, run_local
+from ._context import RunContext
+from ._envelope import DelegateResult, Status, bound_text, clean_text, describe_exception, now_ms
+from ._events import COMPLETED, STARTED, EventBus
+from ._handle import RUNNING, SETTLED, SpawnHandle
+from ._mailbox import BaseMailbox, release
+from ._notifier import CompletionNotifier
+from ._paths import NameAllocator
+from ._spec import Result, SubagentConfig
+from ._tracing import Telemetry
+
+if TYPE_CHECKING:
+    from ._manager import SubagentManager
+
+__all__ = ["MAX_FILES", "MAX_OUTPUT_CHARS", "MAX_PATH_CHARS", "ChildRuns"]
+
+MAX_OUTPUT_CHARS: Final = 1_000_000
+MAX_FILES: Final = 1000  # files_changed entries kept in an envelope (the last says how many more)
+MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
+logger = logging.getLogger("subagents")
+
+
+class ChildRuns:
+    """Runs children and delivers their envelopes; state lives on the manager."""
+
+    config: SubagentConfig
+    events: EventBus
+    _telemetry: Telemetry
+    _backend: Backend
+    _notifier: CompletionNotifier
+    _tasks: dict[str, SpawnHandle]
+    _live: dict[str, dict[SpawnHandle, None]]
+    _mailboxes: dict[str, BaseMailbox]
+    _names: dict[str, NameAllocator]
+    _deadlines: dict[SpawnHandle, float]
+    _settled: int
+
+    if TYPE_CHECKING:
+
+        def _watch(self, handle: SpawnHandle, deadline: float) -> None: ...
+
+        def _cancel(self, handle: SpawnHandle, reason: str = ...) -> bool: ...
+
+    async def _run(
+        self, handle: SpawnHandle, worker_scope: anyio.CancelScope | None = None
+    ) -> None:
+        """Run one child to its envelope. Only cancellation from outside propagates.
+
+        With ``worker_scope`` (a worker's reused scope, not yet cancelled) the child runs
+        under it, its deadline kept by the shared watchdog; its cancellation or timeout then
+        propagates out of this call, after the envelope, for the worker's ``with`` to absorb.
+        """
+        handle.state = RUNNING
+        started = handle._started_at = perf_counter()
+        if self.events.active:
+            self.events.publish(
+                STARTED,
+                session_id=handle.session_id,
+                task_id=handle.task_id,
+                agent_path=handle.agent_path,
+                data={"queue_ms": int((started - handle._spawned_at) * 1000)},
+            )
+        timeout = handle._timeout
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        ctx = RunContext(
+            cast("SubagentManager", self),
+            handle,
+            deadline=None if timeout is None else deadline,
+            permissions=handle._permissions,
+        )
+        result: Result | None = None
+        error: Exception | None = None
+        try:
+            if worker_scope is not None and timeout is not None:
+                self._watch(handle, deadline)
+            with (
+                anyio.CancelScope(deadline=deadline)
+                if worker_scope is None
+                else nullcontext(worker_scope)
+            ) as scope:
+                handle._scope = scope
+                if handle._cancel_requested:
+                    scope.cancel()
+                try:
+                    if handle._trace is None:
+                        raw = await self._backend(handle._spec, handle._request, ctx)
+                    else:
+                        raw = await self._telemetry.run(self._backend, handle, ctx)
+                    # run_local already checked it; a custom backend may hand back anything,
+                    # and a bad return must end this child in an error envelope.
+                    result = raw if self._backend is run_local else coerce_result(handle.agent, raw)
+                except Exception as exc:
+                    error = exc
+                except anyio.get_cancelled_exc_class() as exc:
+                    if anyio.current_effective_deadline() == -math.inf:
+                        raise  # a real cancellation: the watchdog, a cancel, or from outside
+                    # Nothing cancelled us: the runner raised a cancellation of its own (on
+                    # asyncio: it awaited a future someone else cancelled). Its error, not ours
+                    # to propagate (that would kill this worker and stall the queue).
+                    error = RuntimeError(
+                        f"the runner raised {type(exc).__qualname__} but nothing cancelled it"
+                    )
+                    error.__cause__ = exc
+            # Decided now, before cleanup awaits: a cancel arriving during cleanup is too
+            # late to change the outcome. A result after the deadline never counts.
+            handle._ending = True
+            cancelled = handle._cancel_requested is not None
+            timed_out = not cancelled and (scope.cancel_called or anyio.current_time() >= deadline)
+        except BaseException:
+            handle._ending = True
+            # Cancelled from outside (manager shutdown, or the caller of execute): the
+            # envelope is still produced, then the cancellation goes on.
+            status = Status.CANCELLED
+            if handle._cancel_requested is None:
+                if worker_scope is not None and worker_scope.cancel_called:
+                    status = Status.TIMEOUT  # the watchdog cancelled the worker scope
+                else:
+                    handle._cancel_requested = "the caller was cancelled"
+            await self._end_session_of(handle)
+            self._finalize(handle, self._ended(handle, status, ctx))
+            raise
+        await self._end_session_of(handle)
+        if cancelled:
+            envelope = self._ended(handle, Status.CANCELLED, ctx)
+        elif timed_out:
+            envelope = self._ended(handle, Status.TIMEOUT, ctx)
+        elif error is not None:
+            envelope = self._ended(handle, Status.ERROR, ctx, error=error)
+        else:
+            assert result is not None
+            envelope = self._ended(handle, Status.COMPLETED, ctx, result=result)
+        self._finalize(handle, envelope)
+
+    async def _end_session_of(self, handle: SpawnHandle) -> None:
+        """A child has ended: cancel its own unfinished children, wait (bounded) for them
+        to settle, and release its mailbox."""
+        handle._scope = None
+        self._deadlines.pop(handle, None)
+        session = handle.task_id
+        live = self._live.pop(session, None)
+        if live:
+            for child in live:
+                self._cancel(child, "its parent agent ended")
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(self.config.settle_timeout):
+                    for child in list(live):
+                        await child.done.wait()
+        mailbox = self._mailboxes.pop(session, None)
+        if mailbox is not None:
+            release(mailbox)
+        self._names.pop(session, None)
+
+    def _ended(
+        self,
+        handle: SpawnHandle,
+        status: Status,
+        ctx: RunContext | None,
+        *,
+        result: Result | None = None,
+        error: Exception | None = None,
+    ) -> DelegateResult:
+        end = perf_counter()
+        started = handle._started_at
+        output = handle._partial_output
+        usage = handle._usage
+        iterations = handle._iterations
+        files = handle._files_changed
+        message = ""
+        error_type = ""
+        if status is Status.COMPLETED and result is not None:
+            output = result.output
+            usage = result.usage if result.usage else usage
+            iterations = result.iterations or iterations
+            if result.files_changed:
+                files = files + tuple(f for f in result.files_changed if f not in files)
+            if result.error or result.status is Status.ERROR:
+                status = Status.ERROR
+                message = bound_text(result.error or "the runner reported an error", 500)
+                error_type = "RunnerReportedError"
+            elif result.status is not None and result.status is not Status.COMPLETED:
+                status = result.status
+                message = f"the runner reported status {status.value}"
+                error_type = status.value
+        elif status is Status.ERROR and error is not None:
+            error_type, message = describe_exception(error)
+            if self.events.active:
+                handle._traceback = clean_text("".join(traceback.format_exception(error)))
+        elif status is Status.TIMEOUT:
+            error_type = "timeout"
+            message = f"watchdog: no result within {handle._timeout:g} s"
+        elif status is Status.CANCELLED:
+            error_type = "cancelled"
+            reason = handle._cancel_requested
+            message = f"cancelled: {reason}" if reason else "cancelled"
+        if len(output) > MAX_OUTPUT_CHARS:
+            omitted = len(output) - MAX_OUTPUT_CHARS
+            output = output[:MAX_OUTPUT_CHARS] + f"\n[… {omitted} characters dropped …]"
+        # DelegateResult's converters make output, error and paths JSON-safe (clean_text).
+        if len(files) > MAX_FILES:
+            files = (*files[: MAX_FILES - 1], f"[… {len(files) - MAX_FILES + 1} more paths]")
+        files = tuple(bound_text(f, MAX_PATH_CHARS) for f in files)
+        return DelegateResult(
+            agent=handle._spec.name,
+            task_id=handle.task_id,
+            status=status,
+            output=output,
+            files_changed=files,
+            error=message,
+            error_type=error_type,
+            duration_ms=int((end - handle._spawned_at) * 1000),
+            # never started (cancelled in the queue): all of its time was queue wait
+            queue_ms=int(((end if started is None else started) - handle._spawned_at) * 1000),
+            iterations=iterations,
+            attempts=ctx.attempt if ctx is not None else 1,
+            usage=usage,
+            timestamp_ms=now_ms(),
+            agent_path=handle.agent_path,
+            parent_path=handle.parent_path,
+        )
+
+    def _finalize(self, handle: SpawnHandle, envelope: DelegateResult) -> None:
+        """Record and deliver the one envelope of ``handle``; later calls do nothing."""
+        if handle._envelope is not None:
+            return
+        handle._envelope = envelope
+        handle.state = SETTLED
+        handle._scope = None
+        self._settled += 1
+        live = self._live.get(handle.session_id)
+        if live is not None:
+            live.pop(handle, None)
+        if handle.sync:
+            self._publish_completed(COMPLETED, handle.session_id, envelope)
+        else:
+            self._notifier.notify(handle.session_id, handle.task_id, envelope)
+        handle._traceback = None
+        if handle._trace is not None:
+            self._telemetry.finish(handle, envelope)
+        handle._delivered = True
+        if handle._done is not None:
+            handle._done.set()
+            # Waiters hold it; later reads of handle.done get a new, already set event.
+            # Keeping it would keep three objects per waited child alive for good.
+            handle._done = None
+
+    def _publish_completed(
+        self, event_type: str, session_id: str, envelope: DelegateResult
+    ) -> None:
+        bus = self.events
+        if not bus.active:
+            return
+        data = envelope.to_dict()
+        handle = self._tasks.get(envelope.task_id)
+        if handle is not None and handle._traceback is not None:
+            data["traceback"] = handle._traceback
+        bus.publish(
+            event_type,
+            session_id=session_id,
+            task_id=envelope.task_id,
+            agent_path=envelope.agent_path,
+            data=data,
+        )
