@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from subagents import (
@@ -212,9 +213,57 @@ def fuzz_session(backend: str) -> Iterator[tuple[BlockingPortal, Session]]:
             yield portal, session
 
 
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("tool", list(FIELDS))
+def test_every_tool_survives_any_input(tool: str, backend: str) -> None:
+    with fuzz_session(backend) as (portal, session):
+
+        @SETTINGS
+        @given(args=arguments(tool), form=FORMS)
+        def one(args: Any, form: str) -> None:
+            result, _ = portal.call(session.call, tool, as_form(args, form))
+            check_result(tool, result)
+
+        one()
+        stats = session.manager.mailbox("root").statistics()
+        assert stats.task_subscribers == 0
+        assert stats.all_subscribers == 0
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_unknown_tool_names_and_odd_call_ids(backend: str) -> None:
+    with fuzz_session(backend) as (portal, session):
+
+        @settings(max_examples=60, deadline=None, database=None)
+        @given(name=json_values, call_id=st.none() | unicode_text)
+        def one(name: Any, call_id: str | None) -> None:
+            async def call() -> ToolResult:
+                return await session.tools.call(name, {}, call_id=call_id)
+
+            result = portal.call(call)
+            check_result("?", result)
+            if not (isinstance(name, str) and name in FIELDS):
+                assert result.is_error
+                assert result.details["error"] == "unknown_tool"
+
+        one()
+
+
 # ---------------------------------------------------------------- found by the fuzzer
 
 NASTY: list[tuple[str, object, str]] = [
+    # A lone surrogate in an unknown field's name went into details["field"] verbatim:
+    # the answer could not be serialised.
+    ("wait_agent", {"\ud800": 1}, "invalid_arguments"),
+    ("spawn_agent", {"agent": "echo", "input": "x", "a\udc80b": None}, "invalid_arguments"),
     # A huge unknown agent name or task id was echoed in full: 100,000 characters of
     # content for a model to read.
     ("spawn_agent", {"agent": "x" * 100_000, "input": "a"}, "unknown_agent"),
@@ -222,6 +271,14 @@ NASTY: list[tuple[str, object, str]] = [
     ("cancel_agent", {"task_id": "x" * 100_000}, "unknown_task"),
     ("wait_agent", {"task_ids": "x" * 100_000}, "unknown_task"),
     ("wait_agent", {"task_ids": "[" * 100_000}, "unknown_task"),
+    # Deep nesting as objects and as text.
+    ("wait_agent", nested(5000, "list"), "invalid_arguments"),
+    ("spawn_agent", {"agent": "echo", "input": nested(5000, "dict")}, "invalid_arguments"),
+    ("spawn_agent", '{"agent": ' + "[" * 5000 + "]" * 5000 + "}", "invalid_arguments"),
+    # Non-finite and enormous numbers.
+    ("wait_agent", {"task_ids": DONE, "timeout_ms": float("nan")}, "invalid_arguments"),
+    ("wait_agent", {"task_ids": DONE, "timeout_ms": float("-inf")}, "invalid_arguments"),
+    ("spawn_agent", {"agent": "echo", "input": "x", "timeout_ms": -(10**40)}, "invalid_arguments"),
 ]
 
 
