@@ -409,6 +409,47 @@ async def test_cancel_in_the_tick_the_runner_is_released() -> None:
             assert seen[task_id] == 1
 
 
+async def test_cancel_while_a_finished_runner_waits_for_its_own_children() -> None:
+    """The runner has returned (its outcome is decided: completed) and is waiting for a
+    nested child to settle. ``cancel_agent`` now cannot cancel it and must not say it is
+    being cancelled: it ends completed."""
+    nested_release = anyio.Event()
+    nested_started = anyio.Event()
+
+    async def child(request: Request, ctx: RunContext) -> str:
+        nested_started.set()
+        with anyio.CancelScope(shield=True):
+            await nested_release.wait()
+        return "child"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        ctx.spawn("child", "nested")
+        await nested_started.wait()
+        return "parent done"
+
+    specs = [
+        AgentSpec(name="parent", description="Spawns a nested child.", runner=parent),
+        AgentSpec(name="child", description="Settles slowly.", runner=child),
+    ]
+    async with session(*specs) as tools:
+        seen = completions_of(tools.manager)
+        task_id = await spawn(tools, "parent", "p")
+        handle = tools.manager.handle(task_id)
+        await anyio.wait_all_tasks_blocked()
+        assert handle.result is None  # returned, settling its child
+        try:
+            result = await tools.call("cancel_agent", {"task_id": task_id})
+        finally:
+            nested_release.set()
+        assert result.details["cancel_requested"] is False
+        assert "being cancelled" not in result.content, result.content
+        assert "finishing" in result.content
+        envelope = await handle.wait()
+        assert envelope.status.value == "completed"
+        assert envelope.output == "parent done"
+        assert seen[task_id] == 1
+
+
 async def test_cancel_racing_completion_reports_the_right_previous_status() -> None:
     """Many children ending at random instants, each cancelled at a random instant: what
     ``cancel_agent`` reports always agrees with the one envelope the child ends in."""
