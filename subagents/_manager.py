@@ -10,6 +10,7 @@ admit at once.
 from __future__ import annotations
 
 import difflib
+import itertools
 import logging
 import math
 import os
@@ -134,6 +135,9 @@ class SubagentManager:
         self._mailboxes: dict[str, BaseMailbox] = {}
         self._names: dict[str, NameAllocator] = {}
         self._closed_sessions: set[str] = set()
+        # Callbacks run once when a session starts closing (session_signal: wait_agent).
+        self._close_watchers: dict[str, dict[int, Callable[[], object]]] = {}
+        self._watch_ids = itertools.count()
         self._queue: deque[SpawnHandle] = deque()
         self._queued = 0
         self._active = 0  # slots held (spawned children running, not lending)
@@ -179,6 +183,8 @@ class SubagentManager:
             self._state = "closed"
             return
         self._state = "closing"
+        for session in list(self._close_watchers):
+            self._fire_close_watchers(session)
         live = [h for handles in self._live.values() for h in handles]
         for handle in live:
             self._cancel(handle, "the manager was closed")
@@ -771,6 +777,7 @@ class SubagentManager:
         Idempotent. If the caller is cancelled while waiting, the mailbox is still released.
         """
         self._closed_sessions.add(session_id)
+        self._fire_close_watchers(session_id)
         live = list(self._live.pop(session_id, {}))
         try:
             for handle in live:
@@ -783,6 +790,28 @@ class SubagentManager:
             if mailbox is not None:
                 mailbox.drop()
             self._names.pop(session_id, None)
+
+    def _watch_close(self, session_id: str, callback: Callable[[], object]) -> int:
+        """Run ``callback()`` once when ``session_id`` starts closing (before its children
+        have settled). Returns a token for :meth:`_unwatch_close`."""
+        watchers = self._close_watchers.setdefault(session_id, {})
+        token = next(self._watch_ids)
+        watchers[token] = callback
+        return token
+
+    def _unwatch_close(self, session_id: str, token: int) -> None:
+        watchers = self._close_watchers.get(session_id)
+        if watchers is not None:
+            watchers.pop(token, None)
+            if not watchers:
+                del self._close_watchers[session_id]
+
+    def _fire_close_watchers(self, session_id: str) -> None:
+        for callback in self._close_watchers.pop(session_id, {}).values():
+            try:
+                callback()
+            except Exception:
+                logger.exception("a close watcher of session %r raised; ignored", session_id)
 
     def session_closed(self, session_id: str) -> bool:
         """True once :meth:`close_session` was called (or the child owning it ended)."""

@@ -370,6 +370,49 @@ async def test_close_session_under_admissions_and_a_blocked_wait() -> None:
         await ledger.collect_all(ids)
 
 
+async def test_a_blocked_wait_wakes_at_once_when_its_session_closes() -> None:
+    """The waited child ignores cancellation (it will settle only after
+    ``settle_timeout``): the wait must not sit out the settle time; it answers at once that
+    the session was closed."""
+    release = anyio.Event()
+
+    async def stubborn(request: Request, ctx: RunContext) -> str:
+        with anyio.CancelScope(shield=True):
+            await release.wait()
+        return "too late"
+
+    spec = AgentSpec(name="stubborn", description="Ignores cancellation.", runner=stubborn)
+    async with session(spec, session_id="s1", settle_timeout=3.0) as tools:
+        task_id = await spawn(tools, "stubborn", "x")
+        answer: list[ToolResult] = []
+        woke_after: list[float] = []
+
+        async def waiter() -> None:
+            answer.append(await tools.call("wait_agent", {"task_ids": task_id}))
+
+        async def closer() -> None:
+            await tools.manager.close_session("s1")
+
+        with anyio.fail_after(5):
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiter)
+                    await until_waiting(tools)
+                    start = anyio.current_time()
+                    tg.start_soon(closer)
+                    while not answer:  # noqa: ASYNC110 - measuring when the answer comes
+                        await anyio.sleep(0.001)
+                    woke_after.append(anyio.current_time() - start)
+                    release.set()
+            finally:
+                release.set()
+        result = answer[0]
+        assert result.details["session_closed"] is True
+        assert result.details["timed_out"] is False
+        assert "session was closed" in result.content
+        assert woke_after[0] < 1.0, f"the wait sat out the settle time ({woke_after[0]:.2f} s)"
+
+
 # ---------------------------------------------------------------- cancel_agent vs completion
 
 
