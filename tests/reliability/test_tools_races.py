@@ -413,6 +413,44 @@ async def test_a_blocked_wait_wakes_at_once_when_its_session_closes() -> None:
         assert woke_after[0] < 1.0, f"the wait sat out the settle time ({woke_after[0]:.2f} s)"
 
 
+async def test_a_blocked_wait_wakes_at_once_when_the_manager_closes() -> None:
+    """``aclose`` with a waited child ignoring cancellation: the wait answers at once that
+    the session is closed, it does not sit out the settle time (the child is released
+    only after the answer, or after 2 s, when the test fails)."""
+    release = anyio.Event()
+
+    async def stubborn(request: Request, ctx: RunContext) -> str:
+        with anyio.CancelScope(shield=True):
+            await release.wait()
+        return "too late"
+
+    spec = AgentSpec(name="stubborn", description="Ignores cancellation.", runner=stubborn)
+    config = SubagentConfig(settle_timeout=3.0)
+    answer: list[ToolResult] = []
+    took: list[float] = []
+    # The waiter runs outside the manager's own task group; leaving the block closes it.
+    async with anyio.create_task_group() as tg, SubagentManager([spec], config=config) as manager:
+        tools = build_tools(manager, "root", engine_tool_timeout=20, wait_timeout=10)
+        task_id = await spawn(tools, "stubborn", "x")
+
+        async def waiter() -> None:
+            answer.append(await tools.call("wait_agent", {"task_ids": task_id}))
+
+        async def release_after_the_answer(start: float) -> None:
+            with anyio.move_on_after(2):
+                while not answer:  # noqa: ASYNC110 - measuring when the answer comes
+                    await anyio.sleep(0.001)
+            took.append(anyio.current_time() - start)
+            release.set()
+
+        tg.start_soon(waiter)
+        await until_waiting(tools)
+        tg.start_soon(release_after_the_answer, anyio.current_time())
+    assert answer[0].details["session_closed"] is True
+    assert "session was closed" in answer[0].content
+    assert took[0] < 1.0, f"the wait sat out the settle time ({took[0]:.2f} s)"
+
+
 # ---------------------------------------------------------------- cancel_agent vs completion
 
 
