@@ -243,6 +243,33 @@ async def test_polling_with_a_zero_timeout_lets_the_children_run() -> None:
         assert entries(result)[0]["output"] == "done"
 
 
+@pytest.mark.parametrize("anyio_backend", [mock_trio()])
+async def test_a_wait_killed_by_the_host_as_the_result_lands_consumes_nothing() -> None:
+    """The host's kill and the result land in one tick (mock clock): a killed call never
+    consumed the result (it is still there for the next wait); an answered one holds it."""
+    async with session(SLEEPER, limit=64) as tools:
+        ids = [await spawn(tools, "sleeper", "0.05") for _ in range(20)]
+        outcomes: dict[str, ToolResult] = {}
+
+        async def killed_or_answered(task_id: str) -> None:
+            args = {"task_ids": task_id, "timeout_ms": 1000}
+            result = await call_with_host_timeout(tools, "wait_agent", args, timeout=0.05)
+            outcomes[task_id] = result
+            # No checkpoint since the call ended: the record is as the call left it.
+            if result.details.get("error") == "host_timeout":
+                assert not tools.manager.handle(task_id).collected
+            else:
+                assert tools.manager.handle(task_id).collected
+                assert entries(result)[0]["output"] == "slept 0.05"
+
+        async with anyio.create_task_group() as tg:
+            for task_id in ids:
+                tg.start_soon(killed_or_answered, task_id)
+        killed = [i for i, r in outcomes.items() if r.details.get("error") == "host_timeout"]
+        ledger = Ledger(tools)
+        await ledger.collect_all(killed)
+
+
 # ---------------------------------------------------------------- modes under concurrency
 
 
