@@ -20,6 +20,7 @@ caller can render its own text and a model still gets a sentence it can act on.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 __all__ = [
     "ConfigError",
@@ -31,6 +32,16 @@ __all__ = [
     "UnknownAgent",
     "UnknownTask",
 ]
+
+
+_SHOWN_CHARS: Final = 100
+"""A name or id given by a caller (a model) is quoted in a message up to this length."""
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to ``_SHOWN_CHARS``: a huge bogus id never floods a message."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"
 
 
 class SubagentsError(Exception):
@@ -74,7 +85,7 @@ class UnknownAgent(SubagentsError, LookupError):
         self.name = name
         self.known = tuple(sorted(known))
         listed = ", ".join(self.known) if self.known else "(none registered)"
-        super().__init__(f"unknown agent {name!r}; registered agents: {listed}")
+        super().__init__(f"unknown agent {_shown(name)}; registered agents: {listed}")
 
 
 class UnknownTask(SubagentsError, LookupError):
@@ -90,7 +101,7 @@ class UnknownTask(SubagentsError, LookupError):
         self.task_id = task_id
         self.suggestions = tuple(suggestions)
         self.detail = detail
-        message = f"unknown task id {task_id!r}"
+        message = f"unknown task id {_shown(task_id)}"
         if self.suggestions:
             message += "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?"
         if detail:

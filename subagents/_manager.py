@@ -5,6 +5,7 @@ one child to its envelope in ``_child_run.py``; unknown-id help in ``_lookup.py`
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -128,6 +129,9 @@ class SubagentManager(Admission, ChildRuns):
         self._mailboxes: dict[str, BaseMailbox] = {}
         self._names: dict[str, NameAllocator] = {}
         self._closed_sessions: set[str] = set()
+        # Callbacks run once when a session starts closing (session_signal: wait_agent).
+        self._close_watchers: dict[str, dict[int, Callable[[], object]]] = {}
+        self._watch_ids = itertools.count()
         self._queue: deque[SpawnHandle] = deque()
         self._deadlines: dict[SpawnHandle, float] = {}  # running spawns under the watchdog
         self._watch_at = math.inf  # the watchdog wakes then (<= every deadline it holds)
@@ -176,6 +180,8 @@ class SubagentManager(Admission, ChildRuns):
             self._state = "closed"
             return
         self._state = "closing"
+        for session in list(self._close_watchers):
+            self._fire_close_watchers(session)
         live = [h for handles in self._live.values() for h in handles]
         for handle in live:
             self._cancel(handle, "the manager was closed")
@@ -480,6 +486,7 @@ class SubagentManager(Admission, ChildRuns):
         Idempotent. If the caller is cancelled while waiting, the mailbox is still released.
         """
         self._closed_sessions.add(session_id)
+        self._fire_close_watchers(session_id)
         live = list(self._live.pop(session_id, {}))
         try:
             for handle in live:
@@ -492,6 +499,28 @@ class SubagentManager(Admission, ChildRuns):
             if mailbox is not None:
                 release(mailbox)
             self._names.pop(session_id, None)
+
+    def _watch_close(self, session_id: str, callback: Callable[[], object]) -> int:
+        """Run ``callback()`` once when ``session_id`` starts closing (before its children
+        have settled). Returns a token for :meth:`_unwatch_close`."""
+        watchers = self._close_watchers.setdefault(session_id, {})
+        token = next(self._watch_ids)
+        watchers[token] = callback
+        return token
+
+    def _unwatch_close(self, session_id: str, token: int) -> None:
+        watchers = self._close_watchers.get(session_id)
+        if watchers is not None:
+            watchers.pop(token, None)
+            if not watchers:
+                del self._close_watchers[session_id]
+
+    def _fire_close_watchers(self, session_id: str) -> None:
+        for callback in self._close_watchers.pop(session_id, {}).values():
+            try:
+                callback()
+            except Exception:
+                logger.exception("a close watcher of session %r raised; ignored", session_id)
 
     def session_closed(self, session_id: str) -> bool:
         """True once :meth:`close_session` was called (or the child owning it ended)."""

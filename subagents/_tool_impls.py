@@ -154,6 +154,13 @@ class SessionTools(WaitAgent):
                 f"task {handle.task_id} had already ended ({previous}); nothing to cancel."
                 + ("" if handle.collected else " Its result is waiting: call wait_agent.")
             )
+        elif handle._cancel_requested is None:
+            # The runner has returned (its outcome is decided) and the child is settling
+            # its own children: it is finishing, not being cancelled.
+            content = (
+                f"task {handle.task_id} has already returned and is finishing; nothing to "
+                "cancel. Collect its result with wait_agent."
+            )
         else:
             content = f"task {handle.task_id} is already being cancelled."
         return ToolResult(

@@ -59,14 +59,17 @@ async def wait_handles(
 
 
 class session_signal:
-    """``with session_signal(manager, sid) as wake:`` sets ``wake`` when the session is
-    closed (its mailbox is dropped) or, with ``on_put``, when any result lands in it."""
+    """``with session_signal(manager, sid) as wake:`` sets ``wake`` when the session starts
+    closing (``close_session`` or the manager's ``aclose``: at once, not after its children
+    have settled), when its mailbox is dropped, or, with ``on_put``, when any result lands
+    in it."""
 
     def __init__(self, manager: SubagentManager, session_id: str, *, on_put: bool = False):
         self._manager = manager
         self._session_id = session_id
         self._on_put = on_put
         self._sub: str | None = None
+        self._watch: int | None = None
         self.event = anyio.Event()
 
     def __enter__(self) -> anyio.Event:
@@ -85,12 +88,16 @@ class session_signal:
 
         self._mailbox = mailbox
         self._sub = mailbox.subscribe_all(signal)
+        self._watch = manager._watch_close(sid, self.event.set)
         return self.event
 
     def __exit__(self, *exc: object) -> None:
         if self._sub is not None:
             self._mailbox.unsubscribe(self._sub)
             self._sub = None
+        if self._watch is not None:
+            self._manager._unwatch_close(self._session_id, self._watch)
+            self._watch = None
 
 
 class Completions:

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Final, Literal
 
+import anyio
+import anyio.lowlevel
 import attrs
 
 from ._envelope import bound_text, describe_exception
@@ -182,7 +184,12 @@ async def traced(
     run: Callable[[ToolSpan], Awaitable[ToolResult]],
 ) -> ToolResult:
     """``run`` inside the ``execute_tool`` span of ``tool``; a tracer that fails to open or
-    close the span is logged and never breaks the call (``run`` itself must not raise)."""
+    close the span is logged and never breaks the call (``run`` itself must not raise).
+
+    Every call is a checkpoint (it yields once before ``run``, where cancelling it changes
+    nothing): a host polling ``wait_agent`` with ``timeout_ms: 0`` in a loop lets the
+    children it polls run instead of starving them."""
+    await anyio.lowlevel.checkpoint()
     result: ToolResult | None = None
     try:
         with ExitStack() as stack:

@@ -151,9 +151,10 @@ def parse_args(tool: str, params: Sequence[Param], args: object) -> dict[str, ob
                 if close:
                     hint = f" (did you mean {close[0]!r}?)"
             shown = repr(key[:_SHOW_CHARS]) if isinstance(key, str) else show(key)
+            # The field goes into JSON details: bounded, and a lone surrogate escaped.
+            field = str(key)[:_SHOW_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
             raise ArgumentError(
-                f"unknown field {shown} for {tool}{hint}; allowed fields: {allowed}",
-                str(key),
+                f"unknown field {shown} for {tool}{hint}; allowed fields: {allowed}", field
             )
     out: dict[str, object] = {}
     for p in params:

@@ -359,6 +359,7 @@ async def test_list_agents() -> None:
         done = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))
         live = check(await tools.call("spawn_agent", {"agent": "gated", "input": "a"}))
         await tools.manager.handle(str(done.details["task_id"])).wait()
+        await anyio.wait_all_tasks_blocked()  # the gated child has left the queue
         result = check(await tools.call("list_agents", {}))
         assert "gated: Blocks until released." in result.content
         assert "echo: Echoes its input." in result.content
