@@ -19,6 +19,7 @@ from ._context import RunContext
 from ._envelope import DelegateResult, Status, Usage
 from ._events import COMPLETED, Event
 from ._json import dumps_str
+from ._jsonl import JsonlSink
 from ._manager import SubagentManager
 from ._spec import AgentSpec, Request, Result, SpawnOptions, SubagentConfig
 
@@ -50,12 +51,18 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print each envelope as a JSON line instead"
     )
+    parser.add_argument(
+        "--events",
+        metavar="FILE",
+        help="also write every lifecycle event to FILE as JSON lines "
+        "(then try `subagents events summary FILE`)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns 0 when every spawn ended in exactly one envelope."""
-    return anyio.run(_main, args.seed, args.json, backend=args.backend)
+    return anyio.run(_main, args.seed, args.json, args.events, backend=args.backend)
 
 
 def _agents(rng: random.Random) -> list[AgentSpec]:
@@ -99,7 +106,7 @@ def _agents(rng: random.Random) -> list[AgentSpec]:
     ]
 
 
-async def _main(seed: int, as_json: bool) -> int:
+async def _main(seed: int, as_json: bool, events_path: str | None = None) -> int:
     rng = random.Random(seed)
     landed: list[DelegateResult] = []
     started = anyio.current_time()
@@ -125,8 +132,11 @@ async def _main(seed: int, as_json: bool) -> int:
         show(dumps_str(envelope.to_dict()) if as_json else _line(envelope))
 
     config = SubagentConfig(max_concurrent_spawns=4, spawn_timeout=5.0)
+    sink = JsonlSink(events_path) if events_path else None
     async with SubagentManager(_agents(rng), config=config) as manager:
         manager.events.subscribe(on_event)
+        if sink is not None:
+            sink.attach(manager.events)
         handles = [manager.spawn("researcher", topic) for topic in _TOPICS]
         handles.append(manager.spawn("flaky", "the build"))
         handles.append(manager.spawn("slowpoke", "the archive", options=SpawnOptions(timeout=0.4)))
@@ -138,6 +148,8 @@ async def _main(seed: int, as_json: bool) -> int:
         for handle in handles:
             await handle.wait()
         spawned = manager.statistics().spawned
+    if sink is not None:
+        sink.close()
     elapsed = anyio.current_time() - started
     if not as_json and not reader_left:
         try:
