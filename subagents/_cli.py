@@ -19,5 +19,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _demo.register(commands)
     _cli_events.register(commands)
     args = parser.parse_args(argv)
-    status: int = args.func(args)
+    try:
+        status: int = args.func(args)
+    except BrokenPipeError:
+        # `subagents events summary FILE | head`: the reader left; that is not an error.
+        _cli_events._silence_stdout()
+        return 0
     return status

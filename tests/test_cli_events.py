@@ -172,3 +172,23 @@ def test_tail_follows_appended_lines(tmp_path: Path) -> None:
 def test_format_event_unknown_type() -> None:
     text = format_event(ev("custom.kind", "z", {"k": 1}))
     assert '{"k":1}' in text
+
+
+def test_summary_into_a_closed_pipe_exits_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`subagents events summary FILE | head -1`: the reader left; exit 0, no traceback."""
+    import subagents._cli_events as cli_events
+
+    log = tmp_path / "events.jsonl"
+    assert main(["demo", "--events", str(log)]) == 0
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    silenced: list[bool] = []
+    monkeypatch.setattr(cli_events, "_silence_stdout", lambda: silenced.append(True))
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert main(["events", "summary", str(log)]) == 0
+    assert silenced == [True]
