@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
 from time import perf_counter
 from typing import TYPE_CHECKING, Final, cast
@@ -52,6 +53,7 @@ class ChildRuns:
     _names: dict[str, NameAllocator]
     _deadlines: dict[SpawnHandle, float]
     _settled: int
+    _clock: Callable[[], float]
 
     if TYPE_CHECKING:
 
@@ -79,7 +81,7 @@ class ChildRuns:
                 data={"queue_ms": int((started - handle._spawned_at) * 1000)},
             )
         timeout = handle._timeout
-        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        deadline = math.inf if timeout is None else self._clock() + timeout
         ctx = RunContext(
             cast("SubagentManager", self),
             handle,
@@ -123,7 +125,7 @@ class ChildRuns:
             # late to change the outcome. A result after the deadline never counts.
             handle._ending = True
             cancelled = handle._cancel_requested is not None
-            timed_out = not cancelled and (scope.cancel_called or anyio.current_time() >= deadline)
+            timed_out = not cancelled and (scope.cancel_called or self._clock() >= deadline)
         except BaseException:
             handle._ending = True
             # Cancelled from outside (manager shutdown, or the caller of execute): the

@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 from ._admission import Admission
 from ._backend import Backend, run_local
 from ._child_run import ChildRuns
+from ._clock import loop_clock
 from ._envelope import (
     DelegateResult,
     Status,
@@ -135,6 +136,7 @@ class SubagentManager(Admission, ChildRuns):
         self._queue: deque[SpawnHandle] = deque()
         self._deadlines: dict[SpawnHandle, float] = {}  # running spawns under the watchdog
         self._watch_at = math.inf  # the watchdog wakes then (<= every deadline it holds)
+        self._clock: Callable[[], float] = anyio.current_time  # the loop's, once entered
         self._watch_wake: anyio.Event | None = None
         self._queued = 0
         self._active = 0  # slots held (spawned children running, not lending)
@@ -153,6 +155,7 @@ class SubagentManager(Admission, ChildRuns):
     async def __aenter__(self) -> SubagentManager:
         if self._state != "new":
             raise RuntimeError("a SubagentManager can be entered only once")
+        self._clock = loop_clock()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
