@@ -19,7 +19,15 @@ import anyio
 
 from ._backend import Backend, coerce_result, run_local
 from ._context import RunContext
-from ._envelope import DelegateResult, Status, bound_text, clean_text, describe_exception, now_ms
+from ._envelope import (
+    DelegateResult,
+    Status,
+    bound_text,
+    clean_text,
+    describe_exception,
+    now_ms,
+    trusted_envelope,
+)
 from ._events import COMPLETED, STARTED, EventBus
 from ._handle import RUNNING, SETTLED, SpawnHandle
 from ._mailbox import BaseMailbox, release
@@ -215,27 +223,28 @@ class ChildRuns:
         if len(output) > MAX_OUTPUT_CHARS:
             omitted = len(output) - MAX_OUTPUT_CHARS
             output = output[:MAX_OUTPUT_CHARS] + f"\n[… {omitted} characters dropped …]"
-        # DelegateResult's converters make output, error and paths JSON-safe (clean_text).
+        # trusted_envelope makes output, error and paths JSON-safe (clean_text).
         if len(files) > MAX_FILES:
             files = (*files[: MAX_FILES - 1], f"[… {len(files) - MAX_FILES + 1} more paths]")
-        files = tuple(bound_text(f, MAX_PATH_CHARS) for f in files)
-        return DelegateResult(
-            agent=handle._spec.name,
-            task_id=handle.task_id,
-            status=status,
-            output=output,
-            files_changed=files,
-            error=message,
-            error_type=error_type,
-            duration_ms=int((end - handle._spawned_at) * 1000),
+        if files:
+            files = tuple(bound_text(f, MAX_PATH_CHARS) for f in files)
+        return trusted_envelope(
+            handle._spec.name,
+            handle.task_id,
+            status,
+            output,
+            files,
+            message,
+            error_type,
+            int((end - handle._spawned_at) * 1000),
             # never started (cancelled in the queue): all of its time was queue wait
-            queue_ms=int(((end if started is None else started) - handle._spawned_at) * 1000),
-            iterations=iterations,
-            attempts=ctx.attempt if ctx is not None else 1,
-            usage=usage,
-            timestamp_ms=now_ms(),
-            agent_path=handle.agent_path,
-            parent_path=handle.parent_path,
+            int(((end if started is None else started) - handle._spawned_at) * 1000),
+            iterations,
+            ctx.attempt if ctx is not None else 1,
+            usage,
+            now_ms(),
+            handle.agent_path,
+            handle.parent_path,
         )
 
     def _finalize(self, handle: SpawnHandle, envelope: DelegateResult) -> None:
