@@ -96,7 +96,7 @@ class ChildRuns:
             deadline=None if timeout is None else deadline,
             permissions=handle._permissions,
         )
-        result: Result | None = None
+        result: Result | str | None = None
         error: Exception | None = None
         try:
             if worker_scope is not None and timeout is not None:
@@ -110,13 +110,27 @@ class ChildRuns:
                 if handle._cancel_requested:
                     scope.cancel()
                 try:
-                    if handle._trace is None:
-                        raw = await self._backend(handle._spec, handle._request, ctx)
+                    spec = handle._spec
+                    backend = self._backend
+                    if handle._trace is None and backend is run_local and spec.retry is None:
+                        # run_local inlined (the common case); a str stays a str, which the
+                        # envelope takes as the output (no Result record for it).
+                        raw: object = await spec.runner(handle._request, ctx)
+                        checked = False
                     else:
-                        raw = await self._telemetry.run(self._backend, handle, ctx)
-                    # run_local already checked it; a custom backend may hand back anything,
-                    # and a bad return must end this child in an error envelope.
-                    result = raw if self._backend is run_local else coerce_result(handle.agent, raw)
+                        if handle._trace is None:
+                            raw = await backend(spec, handle._request, ctx)
+                        else:
+                            raw = await self._telemetry.run(backend, handle, ctx)
+                        checked = backend is run_local  # it coerced and checked the return
+                    # A custom backend may hand back anything, and a bad return must end
+                    # this child in an error envelope.
+                    if checked:
+                        result = cast("Result", raw)
+                    elif type(raw) is str:
+                        result = raw
+                    else:
+                        result = coerce_result(spec.name, raw)
                 except Exception as exc:
                     error = exc
                 except anyio.get_cancelled_exc_class() as exc:
@@ -184,7 +198,7 @@ class ChildRuns:
         status: Status,
         ctx: RunContext | None,
         *,
-        result: Result | None = None,
+        result: Result | str | None = None,
         error: Exception | None = None,
     ) -> DelegateResult:
         end = perf_counter()
@@ -196,19 +210,22 @@ class ChildRuns:
         message = ""
         error_type = ""
         if status is Status.COMPLETED and result is not None:
-            output = result.output
-            usage = result.usage if result.usage else usage
-            iterations = result.iterations or iterations
-            if result.files_changed:
-                files = files + tuple(f for f in result.files_changed if f not in files)
-            if result.error or result.status is Status.ERROR:
-                status = Status.ERROR
-                message = bound_text(result.error or "the runner reported an error", 500)
-                error_type = "RunnerReportedError"
-            elif result.status is not None and result.status is not Status.COMPLETED:
-                status = result.status
-                message = f"the runner reported status {status.value}"
-                error_type = status.value
+            if isinstance(result, str):
+                output = result  # a runner's plain text: the rest is what it reported
+            else:
+                output = result.output
+                usage = result.usage if result.usage else usage
+                iterations = result.iterations or iterations
+                if result.files_changed:
+                    files = files + tuple(f for f in result.files_changed if f not in files)
+                if result.error or result.status is Status.ERROR:
+                    status = Status.ERROR
+                    message = bound_text(result.error or "the runner reported an error", 500)
+                    error_type = "RunnerReportedError"
+                elif result.status is not None and result.status is not Status.COMPLETED:
+                    status = result.status
+                    message = f"the runner reported status {status.value}"
+                    error_type = status.value
         elif status is Status.ERROR and error is not None:
             error_type, message = describe_exception(error)
             if self.events.active:

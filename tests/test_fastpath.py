@@ -368,3 +368,29 @@ def test_trusted_envelope_equals_the_attrs_built_one() -> None:
     assert fast.to_json()
     bare = {**values, "files_changed": (), "error": ""}
     assert trusted_envelope(*bare.values()) == DelegateResult(**bare)  # type: ignore[arg-type]
+
+
+async def test_a_plain_text_result_keeps_what_the_runner_reported() -> None:
+    """A runner returning a str (inlined run, no Result record) ends like Result(output=...):
+    the text (cleaned, a str subclass made a str) with the usage, iterations and paths it
+    reported on the way."""
+    from subagents import Usage
+
+    class Text(str):
+        pass
+
+    async def texty(request: Request, ctx: RunContext) -> str:
+        ctx.report(usage=Usage(input_tokens=2, output_tokens=3), iterations=4)
+        ctx.report(files_changed=["a.py"])
+        return Text("done \udcff") if request.input == "sub" else "done"
+
+    spec = AgentSpec(name="texty", description="d", runner=texty)
+    async with SubagentManager([spec]) as manager:
+        for text in ("plain", "sub"):
+            envelope = await manager.spawn("texty", text).wait()
+            assert envelope.status is Status.COMPLETED
+            assert type(envelope.output) is str
+            assert envelope.output == ("done" if text == "plain" else "done ?")
+            assert envelope.usage == Usage(input_tokens=2, output_tokens=3)
+            assert envelope.iterations == 4
+            assert envelope.files_changed == ("a.py",)
