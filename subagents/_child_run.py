@@ -158,10 +158,14 @@ class ChildRuns:
                     status = Status.TIMEOUT  # the watchdog cancelled the worker scope
                 else:
                     handle._cancel_requested = "the caller was cancelled"
-            await self._end_session_of(handle)
+            live = self._end_session_of(handle)
+            if live:
+                await self._settle_children(handle, live)
             self._finalize(handle, self._ended(handle, status, ctx))
             raise
-        await self._end_session_of(handle)
+        live = self._end_session_of(handle)
+        if live:  # only then an await: most children delegate nothing
+            await self._settle_children(handle, live)
         if cancelled:
             envelope = self._ended(handle, Status.CANCELLED, ctx)
         elif timed_out:
@@ -173,20 +177,30 @@ class ChildRuns:
             envelope = self._ended(handle, Status.COMPLETED, ctx, result=result)
         self._finalize(handle, envelope)
 
-    async def _end_session_of(self, handle: SpawnHandle) -> None:
-        """A child has ended: cancel its own unfinished children, wait (bounded) for them
-        to settle, and release its mailbox."""
+    def _end_session_of(self, handle: SpawnHandle) -> dict[SpawnHandle, None] | None:
+        """A child has ended: drop its scope and deadline; release its mailbox and names,
+        unless it has unfinished children, which it returns for :meth:`_settle_children`."""
         handle._scope = None
         self._deadlines.pop(handle, None)
         session = handle.task_id
         live = self._live.pop(session, None)
         if live:
-            for child in live:
-                self._cancel(child, "its parent agent ended")
-            with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(self.config.settle_timeout):
-                    for child in list(live):
-                        await child.done.wait()
+            return live
+        self._release_session(session)
+        return None
+
+    async def _settle_children(self, handle: SpawnHandle, live: dict[SpawnHandle, None]) -> None:
+        """Cancel the unfinished children of an ended child, wait (bounded) for them to
+        settle, then release its mailbox and names."""
+        for child in live:
+            self._cancel(child, "its parent agent ended")
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.config.settle_timeout):
+                for child in list(live):
+                    await child.done.wait()
+        self._release_session(handle.task_id)
+
+    def _release_session(self, session: str) -> None:
         mailbox = self._mailboxes.pop(session, None)
         if mailbox is not None:
             release(mailbox)
