@@ -45,6 +45,7 @@ MAX_OUTPUT_CHARS: Final = 1_000_000
 MAX_FILES: Final = 1000  # files_changed entries kept in an envelope (the last says how many more)
 MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
+_ENTERED: Final = nullcontext()  # a scope the caller has entered already
 
 
 class ChildRuns:
@@ -101,11 +102,9 @@ class ChildRuns:
         try:
             if worker_scope is not None and timeout is not None:
                 self._watch(handle, deadline)
-            with (
-                anyio.CancelScope(deadline=deadline)
-                if worker_scope is None
-                else nullcontext(worker_scope)
-            ) as scope:
+            # On a worker its scope is already entered (by the worker): nothing to enter.
+            scope = anyio.CancelScope(deadline=deadline) if worker_scope is None else worker_scope
+            with scope if worker_scope is None else _ENTERED:
                 handle._scope = scope
                 if handle._cancel_requested:
                     scope.cancel()

@@ -381,7 +381,7 @@ class SubagentManager(Admission, ChildRuns):
         else:
             parent_path = _ROOT
             permissions = spec.permissions.intersect(self.config.permissions)
-        depth = parent_path.depth + 1
+        depth = 1 if parent is None else parent_path.depth + 1  # /root is at depth 0
         if depth > self.config.max_depth:
             raise SpawnRejected(
                 "depth",
