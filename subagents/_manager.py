@@ -34,7 +34,7 @@ from ._lookup import live_ids_sentence, similar_ids
 from ._mailbox import BaseMailbox, Mailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
-from ._spec import UNSET_TIMEOUT, AgentSpec, Request, SpawnOptions, SubagentConfig
+from ._spec import UNSET_TIMEOUT, AgentSpec, SpawnOptions, SubagentConfig, trusted_request
 from ._tracing import Telemetry
 
 if TYPE_CHECKING:
@@ -407,12 +407,12 @@ class SubagentManager(Admission, ChildRuns):
         task_id = _new_task_id()
         while task_id in self._tasks:  # pragma: no cover - 48 random bits
             task_id = _new_task_id()
-        request = Request(
-            agent=spec.name,
-            input=input,
-            prompt=options.prompt if options.prompt is not None else spec.prompt,
-            files=options.files,
-            model=options.model if options.model is not None else spec.model,
+        request = trusted_request(
+            spec.name,
+            input,
+            options.prompt if options.prompt is not None else spec.prompt,
+            options.files,
+            options.model if options.model is not None else spec.model,
         )
         handle = SpawnHandle(
             self,

@@ -394,3 +394,14 @@ async def test_a_plain_text_result_keeps_what_the_runner_reported() -> None:
             assert envelope.usage == Usage(input_tokens=2, output_tokens=3)
             assert envelope.iterations == 4
             assert envelope.files_changed == ("a.py",)
+
+
+def test_trusted_request_equals_the_attrs_built_one() -> None:
+    """The spawn path's fast Request is the runner's ordinary Request."""
+    from subagents._spec import trusted_request
+
+    fast = trusted_request("a", "task", "be brief", ("x.py",), None)
+    slow = Request(agent="a", input="task", prompt="be brief", files=("x.py",), model=None)
+    assert fast == slow
+    assert hash(fast) == hash(slow)
+    assert repr(fast) == repr(slow)
