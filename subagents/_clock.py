@@ -20,7 +20,18 @@ __all__ = ["loop_clock"]
 
 
 def loop_clock() -> Callable[[], float]:
-    """The running event loop's clock function (call from inside the loop)."""
+    """The running event loop's clock function (call from inside the loop).
+
+    Used only if it agrees with :func:`anyio.current_time` now (to a millisecond): a wrong
+    guess (trio's clocks carry an offset of hours from asyncio's) falls back to anyio's.
+    """
+    clock = _guess()
+    if clock is not anyio.current_time and abs(clock() - anyio.current_time()) > 0.001:
+        return anyio.current_time  # pragma: no cover - a backend we guessed wrong
+    return clock
+
+
+def _guess() -> Callable[[], float]:
     trio = sys.modules.get("trio")  # not imported: not running under trio
     if trio is not None and trio.lowlevel.in_trio_run():
         return cast("Callable[[], float]", trio.current_time)

@@ -405,3 +405,12 @@ def test_trusted_request_equals_the_attrs_built_one() -> None:
     assert fast == slow
     assert hash(fast) == hash(slow)
     assert repr(fast) == repr(slow)
+
+
+async def test_the_cached_loop_clock_is_anyios_clock() -> None:
+    """The manager's clock reads what anyio.current_time() reads, on both backends."""
+    from subagents._clock import loop_clock
+
+    clock = loop_clock()
+    assert clock is not anyio.current_time  # the fast path was taken
+    assert abs(clock() - anyio.current_time()) < 0.001
