@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Final, Literal
@@ -46,6 +46,7 @@ class Admission:
     _deadlines: dict[SpawnHandle, float]
     _watch_at: float
     _watch_wake: anyio.Event | None
+    _clock: Callable[[], float]
 
     if TYPE_CHECKING:
 
@@ -191,7 +192,7 @@ class Admission:
             wake = self._watch_wake = anyio.Event()
             with anyio.CancelScope(deadline=self._watch_at):
                 await wake.wait()
-            now = anyio.current_time()
+            now = self._clock()
             earliest = math.inf
             for handle, deadline in list(self._deadlines.items()):
                 if deadline <= now:

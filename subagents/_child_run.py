@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
 from time import perf_counter
 from typing import TYPE_CHECKING, Final, cast
@@ -18,7 +19,15 @@ import anyio
 
 from ._backend import Backend, coerce_result, run_local
 from ._context import RunContext
-from ._envelope import DelegateResult, Status, bound_text, clean_text, describe_exception, now_ms
+from ._envelope import (
+    DelegateResult,
+    Status,
+    bound_text,
+    clean_text,
+    describe_exception,
+    now_ms,
+    trusted_envelope,
+)
 from ._events import COMPLETED, STARTED, EventBus
 from ._handle import RUNNING, SETTLED, SpawnHandle
 from ._mailbox import BaseMailbox, release
@@ -36,6 +45,7 @@ MAX_OUTPUT_CHARS: Final = 1_000_000
 MAX_FILES: Final = 1000  # files_changed entries kept in an envelope (the last says how many more)
 MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
+_ENTERED: Final = nullcontext()  # a scope the caller has entered already
 
 
 class ChildRuns:
@@ -52,6 +62,7 @@ class ChildRuns:
     _names: dict[str, NameAllocator]
     _deadlines: dict[SpawnHandle, float]
     _settled: int
+    _clock: Callable[[], float]
 
     if TYPE_CHECKING:
 
@@ -79,34 +90,46 @@ class ChildRuns:
                 data={"queue_ms": int((started - handle._spawned_at) * 1000)},
             )
         timeout = handle._timeout
-        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        deadline = math.inf if timeout is None else self._clock() + timeout
         ctx = RunContext(
             cast("SubagentManager", self),
             handle,
             deadline=None if timeout is None else deadline,
             permissions=handle._permissions,
         )
-        result: Result | None = None
+        result: Result | str | None = None
         error: Exception | None = None
         try:
             if worker_scope is not None and timeout is not None:
                 self._watch(handle, deadline)
-            with (
-                anyio.CancelScope(deadline=deadline)
-                if worker_scope is None
-                else nullcontext(worker_scope)
-            ) as scope:
+            # On a worker its scope is already entered (by the worker): nothing to enter.
+            scope = anyio.CancelScope(deadline=deadline) if worker_scope is None else worker_scope
+            with scope if worker_scope is None else _ENTERED:
                 handle._scope = scope
                 if handle._cancel_requested:
                     scope.cancel()
                 try:
-                    if handle._trace is None:
-                        raw = await self._backend(handle._spec, handle._request, ctx)
+                    spec = handle._spec
+                    backend = self._backend
+                    if handle._trace is None and backend is run_local and spec.retry is None:
+                        # run_local inlined (the common case); a str stays a str, which the
+                        # envelope takes as the output (no Result record for it).
+                        raw: object = await spec.runner(handle._request, ctx)
+                        checked = False
                     else:
-                        raw = await self._telemetry.run(self._backend, handle, ctx)
-                    # run_local already checked it; a custom backend may hand back anything,
-                    # and a bad return must end this child in an error envelope.
-                    result = raw if self._backend is run_local else coerce_result(handle.agent, raw)
+                        if handle._trace is None:
+                            raw = await backend(spec, handle._request, ctx)
+                        else:
+                            raw = await self._telemetry.run(backend, handle, ctx)
+                        checked = backend is run_local  # it coerced and checked the return
+                    # A custom backend may hand back anything, and a bad return must end
+                    # this child in an error envelope.
+                    if checked:
+                        result = cast("Result", raw)
+                    elif type(raw) is str:
+                        result = raw
+                    else:
+                        result = coerce_result(spec.name, raw)
                 except Exception as exc:
                     error = exc
                 except anyio.get_cancelled_exc_class() as exc:
@@ -123,7 +146,7 @@ class ChildRuns:
             # late to change the outcome. A result after the deadline never counts.
             handle._ending = True
             cancelled = handle._cancel_requested is not None
-            timed_out = not cancelled and (scope.cancel_called or anyio.current_time() >= deadline)
+            timed_out = not cancelled and (scope.cancel_called or self._clock() >= deadline)
         except BaseException:
             handle._ending = True
             # Cancelled from outside (manager shutdown, or the caller of execute): the
@@ -134,10 +157,14 @@ class ChildRuns:
                     status = Status.TIMEOUT  # the watchdog cancelled the worker scope
                 else:
                     handle._cancel_requested = "the caller was cancelled"
-            await self._end_session_of(handle)
+            live = self._end_session_of(handle)
+            if live:
+                await self._settle_children(handle, live)
             self._finalize(handle, self._ended(handle, status, ctx))
             raise
-        await self._end_session_of(handle)
+        live = self._end_session_of(handle)
+        if live:  # only then an await: most children delegate nothing
+            await self._settle_children(handle, live)
         if cancelled:
             envelope = self._ended(handle, Status.CANCELLED, ctx)
         elif timed_out:
@@ -149,20 +176,30 @@ class ChildRuns:
             envelope = self._ended(handle, Status.COMPLETED, ctx, result=result)
         self._finalize(handle, envelope)
 
-    async def _end_session_of(self, handle: SpawnHandle) -> None:
-        """A child has ended: cancel its own unfinished children, wait (bounded) for them
-        to settle, and release its mailbox."""
+    def _end_session_of(self, handle: SpawnHandle) -> dict[SpawnHandle, None] | None:
+        """A child has ended: drop its scope and deadline; release its mailbox and names,
+        unless it has unfinished children, which it returns for :meth:`_settle_children`."""
         handle._scope = None
         self._deadlines.pop(handle, None)
         session = handle.task_id
         live = self._live.pop(session, None)
         if live:
-            for child in live:
-                self._cancel(child, "its parent agent ended")
-            with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(self.config.settle_timeout):
-                    for child in list(live):
-                        await child.done.wait()
+            return live
+        self._release_session(session)
+        return None
+
+    async def _settle_children(self, handle: SpawnHandle, live: dict[SpawnHandle, None]) -> None:
+        """Cancel the unfinished children of an ended child, wait (bounded) for them to
+        settle, then release its mailbox and names."""
+        for child in live:
+            self._cancel(child, "its parent agent ended")
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.config.settle_timeout):
+                for child in list(live):
+                    await child.done.wait()
+        self._release_session(handle.task_id)
+
+    def _release_session(self, session: str) -> None:
         mailbox = self._mailboxes.pop(session, None)
         if mailbox is not None:
             release(mailbox)
@@ -174,7 +211,7 @@ class ChildRuns:
         status: Status,
         ctx: RunContext | None,
         *,
-        result: Result | None = None,
+        result: Result | str | None = None,
         error: Exception | None = None,
     ) -> DelegateResult:
         end = perf_counter()
@@ -186,19 +223,22 @@ class ChildRuns:
         message = ""
         error_type = ""
         if status is Status.COMPLETED and result is not None:
-            output = result.output
-            usage = result.usage if result.usage else usage
-            iterations = result.iterations or iterations
-            if result.files_changed:
-                files = files + tuple(f for f in result.files_changed if f not in files)
-            if result.error or result.status is Status.ERROR:
-                status = Status.ERROR
-                message = bound_text(result.error or "the runner reported an error", 500)
-                error_type = "RunnerReportedError"
-            elif result.status is not None and result.status is not Status.COMPLETED:
-                status = result.status
-                message = f"the runner reported status {status.value}"
-                error_type = status.value
+            if isinstance(result, str):
+                output = result  # a runner's plain text: the rest is what it reported
+            else:
+                output = result.output
+                usage = result.usage if result.usage else usage
+                iterations = result.iterations or iterations
+                if result.files_changed:
+                    files = files + tuple(f for f in result.files_changed if f not in files)
+                if result.error or result.status is Status.ERROR:
+                    status = Status.ERROR
+                    message = bound_text(result.error or "the runner reported an error", 500)
+                    error_type = "RunnerReportedError"
+                elif result.status is not None and result.status is not Status.COMPLETED:
+                    status = result.status
+                    message = f"the runner reported status {status.value}"
+                    error_type = status.value
         elif status is Status.ERROR and error is not None:
             error_type, message = describe_exception(error)
             if self.events.active:
@@ -213,27 +253,28 @@ class ChildRuns:
         if len(output) > MAX_OUTPUT_CHARS:
             omitted = len(output) - MAX_OUTPUT_CHARS
             output = output[:MAX_OUTPUT_CHARS] + f"\n[… {omitted} characters dropped …]"
-        # DelegateResult's converters make output, error and paths JSON-safe (clean_text).
+        # trusted_envelope makes output, error and paths JSON-safe (clean_text).
         if len(files) > MAX_FILES:
             files = (*files[: MAX_FILES - 1], f"[… {len(files) - MAX_FILES + 1} more paths]")
-        files = tuple(bound_text(f, MAX_PATH_CHARS) for f in files)
-        return DelegateResult(
-            agent=handle._spec.name,
-            task_id=handle.task_id,
-            status=status,
-            output=output,
-            files_changed=files,
-            error=message,
-            error_type=error_type,
-            duration_ms=int((end - handle._spawned_at) * 1000),
+        if files:
+            files = tuple(bound_text(f, MAX_PATH_CHARS) for f in files)
+        return trusted_envelope(
+            handle._spec.name,
+            handle.task_id,
+            status,
+            output,
+            files,
+            message,
+            error_type,
+            int((end - handle._spawned_at) * 1000),
             # never started (cancelled in the queue): all of its time was queue wait
-            queue_ms=int(((end if started is None else started) - handle._spawned_at) * 1000),
-            iterations=iterations,
-            attempts=ctx.attempt if ctx is not None else 1,
-            usage=usage,
-            timestamp_ms=now_ms(),
-            agent_path=handle.agent_path,
-            parent_path=handle.parent_path,
+            int(((end if started is None else started) - handle._spawned_at) * 1000),
+            iterations,
+            ctx.attempt if ctx is not None else 1,
+            usage,
+            now_ms(),
+            handle.agent_path,
+            handle.parent_path,
         )
 
     def _finalize(self, handle: SpawnHandle, envelope: DelegateResult) -> None:

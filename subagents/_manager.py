@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 from ._admission import Admission
 from ._backend import Backend, run_local
 from ._child_run import ChildRuns
+from ._clock import loop_clock
 from ._envelope import (
     DelegateResult,
     Status,
@@ -33,7 +34,7 @@ from ._lookup import live_ids_sentence, similar_ids
 from ._mailbox import BaseMailbox, Mailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
-from ._spec import UNSET_TIMEOUT, AgentSpec, Request, SpawnOptions, SubagentConfig
+from ._spec import UNSET_TIMEOUT, AgentSpec, SpawnOptions, SubagentConfig, trusted_request
 from ._tracing import Telemetry
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class SubagentManager(Admission, ChildRuns):
         self._queue: deque[SpawnHandle] = deque()
         self._deadlines: dict[SpawnHandle, float] = {}  # running spawns under the watchdog
         self._watch_at = math.inf  # the watchdog wakes then (<= every deadline it holds)
+        self._clock: Callable[[], float] = anyio.current_time  # the loop's, once entered
         self._watch_wake: anyio.Event | None = None
         self._queued = 0
         self._active = 0  # slots held (spawned children running, not lending)
@@ -153,6 +155,7 @@ class SubagentManager(Admission, ChildRuns):
     async def __aenter__(self) -> SubagentManager:
         if self._state != "new":
             raise RuntimeError("a SubagentManager can be entered only once")
+        self._clock = loop_clock()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -378,7 +381,7 @@ class SubagentManager(Admission, ChildRuns):
         else:
             parent_path = _ROOT
             permissions = spec.permissions.intersect(self.config.permissions)
-        depth = parent_path.depth + 1
+        depth = 1 if parent is None else parent_path.depth + 1  # /root is at depth 0
         if depth > self.config.max_depth:
             raise SpawnRejected(
                 "depth",
@@ -404,12 +407,12 @@ class SubagentManager(Admission, ChildRuns):
         task_id = _new_task_id()
         while task_id in self._tasks:  # pragma: no cover - 48 random bits
             task_id = _new_task_id()
-        request = Request(
-            agent=spec.name,
-            input=input,
-            prompt=options.prompt if options.prompt is not None else spec.prompt,
-            files=options.files,
-            model=options.model if options.model is not None else spec.model,
+        request = trusted_request(
+            spec.name,
+            input,
+            options.prompt if options.prompt is not None else spec.prompt,
+            options.files,
+            options.model if options.model is not None else spec.model,
         )
         handle = SpawnHandle(
             self,

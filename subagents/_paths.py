@@ -129,9 +129,13 @@ class NameAllocator:
         n = self._next.get(key, 2)
         while True:
             suffix = f"-{n}"
-            candidate = name[: MAX_NAME_LENGTH - len(suffix)] + suffix
             n += 1
-            if candidate.lower() not in self._used:
+            if len(name) + len(suffix) > MAX_NAME_LENGTH:
+                candidate = name[: MAX_NAME_LENGTH - len(suffix)] + suffix
+            else:
+                candidate = name + suffix
+            lowered = candidate.lower()
+            if lowered not in self._used:
                 self._next[key] = n
-                self._used.add(candidate.lower())
+                self._used.add(lowered)
                 return candidate

@@ -333,3 +333,84 @@ async def test_watchdog_follows_the_event_loop_clock() -> None:
             assert (await h.wait()).status is Status.TIMEOUT
     # Two rounds of 180 s on two slots, in virtual time (autojump), not real time.
     assert 360 <= anyio.current_time() - start < 361
+
+
+def test_trusted_envelope_equals_the_attrs_built_one() -> None:
+    """The runtime's fast constructor gives the same envelope as DelegateResult(...),
+    text cleaned of lone surrogates included (equality, hash, dict, repr)."""
+    from subagents import DelegateResult, Usage
+    from subagents._envelope import trusted_envelope
+
+    values = {
+        "agent": "a",
+        "task_id": "t1",
+        "status": Status.ERROR,
+        "output": "out \udcff",
+        "files_changed": ("f\udc80.py", "g.py"),
+        "error": "bad \udcfe",
+        "error_type": "ValueError",
+        "duration_ms": 5,
+        "queue_ms": 2,
+        "iterations": 3,
+        "attempts": 2,
+        "usage": Usage(input_tokens=1, output_tokens=2),
+        "timestamp_ms": 1234,
+        "agent_path": "/root/a",
+        "parent_path": "/root",
+    }
+    fast = trusted_envelope(*values.values())
+    slow = DelegateResult(**values)  # type: ignore[arg-type]
+    assert fast == slow
+    assert hash(fast) == hash(slow)
+    assert fast.to_dict() == slow.to_dict()
+    assert repr(fast) == repr(slow)
+    assert "\udcff" not in fast.output
+    assert fast.to_json()
+    bare = {**values, "files_changed": (), "error": ""}
+    assert trusted_envelope(*bare.values()) == DelegateResult(**bare)  # type: ignore[arg-type]
+
+
+async def test_a_plain_text_result_keeps_what_the_runner_reported() -> None:
+    """A runner returning a str (inlined run, no Result record) ends like Result(output=...):
+    the text (cleaned, a str subclass made a str) with the usage, iterations and paths it
+    reported on the way."""
+    from subagents import Usage
+
+    class Text(str):
+        pass
+
+    async def texty(request: Request, ctx: RunContext) -> str:
+        ctx.report(usage=Usage(input_tokens=2, output_tokens=3), iterations=4)
+        ctx.report(files_changed=["a.py"])
+        return Text("done \udcff") if request.input == "sub" else "done"
+
+    spec = AgentSpec(name="texty", description="d", runner=texty)
+    async with SubagentManager([spec]) as manager:
+        for text in ("plain", "sub"):
+            envelope = await manager.spawn("texty", text).wait()
+            assert envelope.status is Status.COMPLETED
+            assert type(envelope.output) is str
+            assert envelope.output == ("done" if text == "plain" else "done ?")
+            assert envelope.usage == Usage(input_tokens=2, output_tokens=3)
+            assert envelope.iterations == 4
+            assert envelope.files_changed == ("a.py",)
+
+
+def test_trusted_request_equals_the_attrs_built_one() -> None:
+    """The spawn path's fast Request is the runner's ordinary Request."""
+    from subagents._spec import trusted_request
+
+    fast = trusted_request("a", "task", "be brief", ("x.py",), None)
+    slow = Request(agent="a", input="task", prompt="be brief", files=("x.py",), model=None)
+    assert fast == slow
+    assert hash(fast) == hash(slow)
+    assert repr(fast) == repr(slow)
+
+
+async def test_the_cached_loop_clock_is_anyios_clock() -> None:
+    """The manager's clock reads what anyio.current_time() reads, on both backends."""
+    from subagents._clock import loop_clock
+
+    clock = loop_clock()
+    assert clock is not anyio.current_time  # the fast path was taken
+    assert abs(clock() - anyio.current_time()) < 0.001
