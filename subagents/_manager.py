@@ -22,7 +22,6 @@ from anyio.abc import TaskGroup
 from ._admission import Admission
 from ._backend import Backend, run_local
 from ._child_run import ChildRuns
-from ._clock import loop_clock
 from ._envelope import (
     DelegateResult,
     Status,
@@ -31,6 +30,7 @@ from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
 from ._events import SPAWNED, EventBus
 from ._handle import QUEUED, RUNNING, SETTLED, SpawnHandle
 from ._lookup import live_ids_sentence, similar_ids
+from ._loop_clock_asyncio import loop_clock
 from ._mailbox import BaseMailbox, Mailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path

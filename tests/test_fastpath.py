@@ -409,7 +409,7 @@ def test_trusted_request_equals_the_attrs_built_one() -> None:
 
 async def test_the_cached_loop_clock_is_anyios_clock() -> None:
     """The manager's clock reads what anyio.current_time() reads, on both backends."""
-    from subagents._clock import loop_clock
+    from subagents._loop_clock_asyncio import loop_clock
 
     clock = loop_clock()
     assert clock is not anyio.current_time  # the fast path was taken

@@ -1,4 +1,4 @@
-"""The event loop's clock, looked up once per manager run.
+"""The event loop's clock, looked up once per manager run: the asyncio (and trio) adapter.
 
 :func:`anyio.current_time` finds the running backend on every call (sniffio, then the
 backend class): about three quarters of its cost, paid twice per child. The function
