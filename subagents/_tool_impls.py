@@ -58,6 +58,9 @@ class SessionTools(WaitAgent):
         )
         stats = manager.statistics()
         status = "running" if handle.queue_position == 0 else "queued"
+        # Children admitted but not yet picked up by a worker start in this same tick:
+        # count them as running, as this answer's status does.
+        starting = max(0, min(stats.queued, stats.limit - stats.running))
         where = (
             "started at once"
             if status == "running"
@@ -77,8 +80,8 @@ class SessionTools(WaitAgent):
                 "status": status,
                 "queue_position": handle.queue_position,
                 "concurrency_limit": stats.limit,
-                "running": stats.running,
-                "queued": stats.queued,
+                "running": stats.running + starting,
+                "queued": stats.queued - starting,
             },
         )
 

@@ -508,3 +508,26 @@ async def test_a_broken_tracer_never_breaks_a_call(
         result = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))
         assert not result.is_error
         assert result.details["status"] == "running"
+
+
+@pytest.mark.anyio
+async def test_spawn_agent_counters_agree_with_its_status() -> None:
+    """A child that starts at once is counted as running, not queued, in the same answer."""
+    release = anyio.Event()
+
+    async def held(request: Request, ctx: RunContext) -> str:
+        await release.wait()
+        return "done"
+
+    config = SubagentConfig(max_concurrent_spawns=2)
+    async with SubagentManager([AgentSpec(name="held", runner=held)], config=config) as m:
+        toolset = build_tools(m, "root")
+        answers = [
+            await toolset.call("spawn_agent", {"agent": "held", "input": "x"}) for _ in range(3)
+        ]
+        first, second, third = (a.details for a in answers)
+        assert all(isinstance(d, dict) for d in (first, second, third))
+        assert (first["status"], first["running"], first["queued"]) == ("running", 1, 0)
+        assert (second["status"], second["running"], second["queued"]) == ("running", 2, 0)
+        assert (third["status"], third["running"], third["queued"]) == ("queued", 2, 1)
+        release.set()
