@@ -114,6 +114,9 @@ class Admission:
     def _release_slot(self, handle: SpawnHandle) -> None:
         handle._holds_slot = False
         self._active -= 1
+        self._wake_resumers()
+
+    def _wake_resumers(self) -> None:
         # A parent resuming after lending its slot goes before the queue: its children
         # are done, and finishing it frees the whole subtree.
         while self._resumers and self._active < self._limit:
