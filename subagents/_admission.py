@@ -48,7 +48,11 @@ class Admission:
     _watch_wake: anyio.Event | None
     _clock: Callable[[], float]
 
+    _live: dict[str, dict[SpawnHandle, None]]
+
     if TYPE_CHECKING:
+
+        def _cancel(self, handle: SpawnHandle, reason: str = ...) -> bool: ...
 
         async def _run(
             self, handle: SpawnHandle, worker_scope: anyio.CancelScope | None = None
@@ -156,12 +160,27 @@ class Admission:
         if self._active < self._limit and not self._resumers:
             self._take_slot(owner)
             return
+        scope = owner._scope
+        if scope is not None and scope.cancel_called:
+            # Cancelled (or timed out) while lending: its subtree ends with it anyway, and
+            # may hold every slot (a limit full of its own descendants, which might never
+            # end on their own). Cancel it now, so the slot this child waits for frees.
+            self._cancel_subtree(owner)
         event = anyio.Event()
         self._resumers.append((owner, event))
         # Shielded: a child must not run on without a slot, even when it is being
         # cancelled (its cleanup may catch the cancellation and go on).
         with anyio.CancelScope(shield=True):
             await event.wait()
+
+    def _cancel_subtree(self, owner: SpawnHandle) -> None:
+        pending = [owner]
+        while pending:
+            live = self._live.get(pending.pop().task_id)
+            if live:
+                for child in list(live):
+                    self._cancel(child, "its parent agent ended")
+                    pending.append(child)
 
     def _next_queued(self) -> SpawnHandle | None:
         queue = self._queue

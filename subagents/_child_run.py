@@ -11,7 +11,7 @@ import logging
 import math
 import traceback
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractAsyncContextManager, nullcontext
 from time import perf_counter
 from typing import TYPE_CHECKING, Final, cast
 
@@ -69,6 +69,8 @@ class ChildRuns:
         def _watch(self, handle: SpawnHandle, deadline: float) -> None: ...
 
         def _cancel(self, handle: SpawnHandle, reason: str = ...) -> bool: ...
+
+        def lend_slot(self) -> AbstractAsyncContextManager[None]: ...
 
     async def _run(
         self, handle: SpawnHandle, worker_scope: anyio.CancelScope | None = None
@@ -194,9 +196,11 @@ class ChildRuns:
         for child in live:
             self._cancel(child, "its parent agent ended")
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(self.config.settle_timeout):
-                for child in list(live):
-                    await child.done.wait()
+            # Lending: a cancelled child of a full limit may be waiting for this slot.
+            async with self.lend_slot():
+                with anyio.move_on_after(self.config.settle_timeout):
+                    for child in list(live):
+                        await child.done.wait()
         self._release_session(handle.task_id)
 
     def _release_session(self, session: str) -> None:

@@ -52,3 +52,68 @@ async def test_raising_the_limit_wakes_a_parent_waiting_to_resume() -> None:
         assert envelope.status == "completed"
         assert manager.statistics().high_water <= 2
         gate.set()
+
+
+async def test_cancelling_a_lending_parent_at_a_full_limit_cancels_its_subtree() -> None:
+    """A parent cancelled while lending its slot to a child that never ends must not wait
+    for that child to end on its own before it can take a slot back and settle."""
+
+    async def forever(request: Request, ctx: RunContext) -> str:
+        await anyio.sleep_forever()
+        return "never"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        await ctx.spawn("forever").wait()
+        return "parent"
+
+    manager = manager_with(
+        spec("forever", forever), spec("parent", parent), max_concurrent_spawns=1, settle_timeout=30
+    )
+    async with manager:
+        handle = manager.spawn("parent")
+        await _until(lambda: manager.statistics().running == 1 and handle._lends == 1)
+        assert handle.cancel()
+        with anyio.fail_after(2):
+            envelope = await handle.wait()
+        assert envelope.status == "cancelled"
+        (child,) = manager.tasks(handle.task_id)
+        assert child.result is not None
+        assert child.result.status == "cancelled"
+        assert manager.statistics().running == 0
+
+
+async def test_cancelling_a_lending_grandparent_settles_the_whole_chain() -> None:
+    """Three lending levels at a limit of 1: cancelling the top settles all three quickly
+    (not after settle_timeout, with the parent holding the slot its child needs)."""
+
+    async def forever(request: Request, ctx: RunContext) -> str:
+        await anyio.sleep_forever()
+        return "never"
+
+    async def middle(request: Request, ctx: RunContext) -> str:
+        await ctx.spawn("forever").wait()
+        return "middle"
+
+    async def top(request: Request, ctx: RunContext) -> str:
+        await ctx.spawn("middle").wait()
+        return "top"
+
+    manager = manager_with(
+        spec("forever", forever),
+        spec("middle", middle),
+        spec("top", top),
+        max_concurrent_spawns=1,
+        settle_timeout=30,
+    )
+    async with manager:
+        handle = manager.spawn("top")
+        await _until(
+            lambda: manager.statistics().spawned == 3 and manager.statistics().running == 1
+        )
+        await anyio.wait_all_tasks_blocked()
+        assert handle.cancel()
+        with anyio.fail_after(2):
+            envelope = await handle.wait()
+        assert envelope.status == "cancelled"
+        assert manager.statistics().running == 0
+        assert manager.statistics().settled == 3
