@@ -160,12 +160,12 @@ class Admission:
         if self._active < self._limit and not self._resumers:
             self._take_slot(owner)
             return
-        scope = owner._scope
-        if scope is not None and scope.cancel_called:
-            # Cancelled (or timed out) while lending: its subtree ends with it anyway, and
-            # may hold every slot (a limit full of its own descendants, which might never
-            # end on their own). Cancel it now, so the slot this child waits for frees.
-            self._cancel_subtree(owner)
+        # Cancelled (or timed out) while lending: the cancelled child (the owner, or an
+        # execute() delegate running in its task) ends with its subtree anyway, and that
+        # subtree may hold every slot (a limit full of its own descendants, which might
+        # never end on their own). Cancel it now, so the slot waited for here frees.
+        if anyio.current_effective_deadline() == -math.inf:  # this task is being cancelled
+            self._cancel_under_cancelled(owner)
         event = anyio.Event()
         self._resumers.append((owner, event))
         # Shielded: a child must not run on without a slot, even when it is being
@@ -173,14 +173,19 @@ class Admission:
         with anyio.CancelScope(shield=True):
             await event.wait()
 
-    def _cancel_subtree(self, owner: SpawnHandle) -> None:
-        pending = [owner]
+    def _cancel_under_cancelled(self, owner: SpawnHandle) -> None:
+        """Cancel the live descendants of every cancelled child in ``owner``'s subtree."""
+        pending = [(owner, False)]
         while pending:
-            live = self._live.get(pending.pop().task_id)
+            handle, doomed = pending.pop()
+            scope = handle._scope
+            doomed = doomed or (scope is not None and scope.cancel_called)
+            live = self._live.get(handle.task_id)
             if live:
                 for child in list(live):
-                    self._cancel(child, "its parent agent ended")
-                    pending.append(child)
+                    if doomed:
+                        self._cancel(child, "its parent agent ended")
+                    pending.append((child, doomed))
 
     def _next_queued(self) -> SpawnHandle | None:
         queue = self._queue

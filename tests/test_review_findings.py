@@ -117,3 +117,35 @@ async def test_cancelling_a_lending_grandparent_settles_the_whole_chain() -> Non
         assert envelope.status == "cancelled"
         assert manager.statistics().running == 0
         assert manager.statistics().settled == 3
+
+
+async def test_an_execute_timing_out_while_lending_its_parents_slot_does_not_hang() -> None:
+    """execute() inside a spawned child: the delegate waits on a child of its own (lending
+    the spawned parent's slot, which that child takes at a limit of 1); the delegate's
+    timeout must end it, not wait for the child holding the slot to end on its own."""
+
+    async def forever(request: Request, ctx: RunContext) -> str:
+        await anyio.sleep_forever()
+        return "never"
+
+    async def delegate(request: Request, ctx: RunContext) -> str:
+        await ctx.spawn("forever").wait()
+        return "delegate"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        envelope = await ctx.execute("delegate", timeout=0.05)
+        return envelope.status
+
+    manager = manager_with(
+        spec("forever", forever),
+        spec("delegate", delegate),
+        spec("parent", parent),
+        max_concurrent_spawns=1,
+        settle_timeout=30,
+    )
+    async with manager:
+        with anyio.fail_after(3):
+            envelope = await manager.spawn("parent").wait()
+        assert envelope.status == "completed"
+        assert envelope.output == "timeout"
+        assert manager.statistics().running == 0
