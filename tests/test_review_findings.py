@@ -149,3 +149,41 @@ async def test_an_execute_timing_out_while_lending_its_parents_slot_does_not_han
         assert envelope.status == "completed"
         assert envelope.output == "timeout"
         assert manager.statistics().running == 0
+
+
+async def test_an_ending_child_settles_within_settle_timeout_though_its_slot_was_taken() -> None:
+    """An ending child gives its slot up while its children settle; a queued child takes it.
+    After settle_timeout the ending child is delivered without waiting for a slot back."""
+    gate = anyio.Event()
+    child_started = anyio.Event()
+
+    async def stubborn(request: Request, ctx: RunContext) -> str:
+        child_started.set()
+        with anyio.CancelScope(shield=True):
+            await gate.wait()  # ignores the cancellation of its parent's end
+        return "stubborn"
+
+    async def slow(request: Request, ctx: RunContext) -> str:
+        await gate.wait()
+        return "slow"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        ctx.spawn("stubborn")
+        await child_started.wait()
+        ctx.manager.spawn("slow")  # queued behind the full limit
+        return "parent"
+
+    manager = manager_with(
+        spec("stubborn", stubborn),
+        spec("slow", slow),
+        spec("parent", parent),
+        max_concurrent_spawns=2,
+        settle_timeout=0.1,
+    )
+    async with manager:
+        handle = manager.spawn("parent")
+        with anyio.fail_after(3):
+            envelope = await handle.wait()
+        assert envelope.status == "completed"
+        assert manager.statistics().high_water <= 2
+        gate.set()
