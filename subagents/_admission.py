@@ -48,7 +48,11 @@ class Admission:
     _watch_wake: anyio.Event | None
     _clock: Callable[[], float]
 
+    _live: dict[str, dict[SpawnHandle, None]]
+
     if TYPE_CHECKING:
+
+        def _cancel(self, handle: SpawnHandle, reason: str = ...) -> bool: ...
 
         async def _run(
             self, handle: SpawnHandle, worker_scope: anyio.CancelScope | None = None
@@ -114,6 +118,9 @@ class Admission:
     def _release_slot(self, handle: SpawnHandle) -> None:
         handle._holds_slot = False
         self._active -= 1
+        self._wake_resumers()
+
+    def _wake_resumers(self) -> None:
         # A parent resuming after lending its slot goes before the queue: its children
         # are done, and finishing it frees the whole subtree.
         while self._resumers and self._active < self._limit:
@@ -153,12 +160,32 @@ class Admission:
         if self._active < self._limit and not self._resumers:
             self._take_slot(owner)
             return
+        # Cancelled (or timed out) while lending: the cancelled child (the owner, or an
+        # execute() delegate running in its task) ends with its subtree anyway, and that
+        # subtree may hold every slot (a limit full of its own descendants, which might
+        # never end on their own). Cancel it now, so the slot waited for here frees.
+        if anyio.current_effective_deadline() == -math.inf:  # this task is being cancelled
+            self._cancel_under_cancelled(owner)
         event = anyio.Event()
         self._resumers.append((owner, event))
         # Shielded: a child must not run on without a slot, even when it is being
         # cancelled (its cleanup may catch the cancellation and go on).
         with anyio.CancelScope(shield=True):
             await event.wait()
+
+    def _cancel_under_cancelled(self, owner: SpawnHandle) -> None:
+        """Cancel the live descendants of every cancelled child in ``owner``'s subtree."""
+        pending = [(owner, False)]
+        while pending:
+            handle, doomed = pending.pop()
+            scope = handle._scope
+            doomed = doomed or (scope is not None and scope.cancel_called)
+            live = self._live.get(handle.task_id)
+            if live:
+                for child in list(live):
+                    if doomed:
+                        self._cancel(child, "its parent agent ended")
+                    pending.append((child, doomed))
 
     def _next_queued(self) -> SpawnHandle | None:
         queue = self._queue

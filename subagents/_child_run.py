@@ -11,9 +11,9 @@ import logging
 import math
 import traceback
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractAsyncContextManager, nullcontext
 from time import perf_counter
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final, Literal, cast
 
 import anyio
 
@@ -46,6 +46,7 @@ MAX_FILES: Final = 1000  # files_changed entries kept in an envelope (the last s
 MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
 _ENTERED: Final = nullcontext()  # a scope the caller has entered already
+_NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
 
 
 class ChildRuns:
@@ -63,12 +64,19 @@ class ChildRuns:
     _deadlines: dict[SpawnHandle, float]
     _settled: int
     _clock: Callable[[], float]
+    _state: Literal["new", "running", "closing", "closed"]
 
     if TYPE_CHECKING:
 
         def _watch(self, handle: SpawnHandle, deadline: float) -> None: ...
 
         def _cancel(self, handle: SpawnHandle, reason: str = ...) -> bool: ...
+
+        def lend_slot(self) -> AbstractAsyncContextManager[None]: ...
+
+        def _release_slot(self, handle: SpawnHandle) -> None: ...
+
+        def _pump(self) -> None: ...
 
     async def _run(
         self, handle: SpawnHandle, worker_scope: anyio.CancelScope | None = None
@@ -193,10 +201,22 @@ class ChildRuns:
         settle, then release its mailbox and names."""
         for child in live:
             self._cancel(child, "its parent agent ended")
+        # Its slot is not needed to wait, and a cancelled child of a full limit may be
+        # waiting for it. A spawned child's runner is over: it gives the slot up for good
+        # (no wait to take one back after settle_timeout); an execute() delegate lends
+        # the slot of the spawned child it runs in, whose runner goes on.
+        if handle._holds_slot:
+            self._release_slot(handle)
+            if self._state == "running":
+                self._pump()
+            lend = _NO_LEND
+        else:
+            lend = self.lend_slot()
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(self.config.settle_timeout):
-                for child in list(live):
-                    await child.done.wait()
+            async with lend:
+                with anyio.move_on_after(self.config.settle_timeout):
+                    for child in list(live):
+                        await child.done.wait()
         self._release_session(handle.task_id)
 
     def _release_session(self, session: str) -> None:

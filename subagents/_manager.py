@@ -251,6 +251,7 @@ class SubagentManager(Admission, ChildRuns):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError("max_concurrent_spawns", "an integer >= 1", value)
         self._limit = value
+        self._wake_resumers()  # parents waiting to resume go first, as on a release
         if self._state == "running":
             self._pump()
 
