@@ -242,8 +242,9 @@ class SubagentManager(Admission, ChildRuns):
         self.set_max_concurrent_spawns(value)
 
     def set_max_concurrent_spawns(self, value: int) -> None:
-        """Change the limit in place. Raising it starts queued children at once; lowering
-        it lets running children finish and admits nobody until below the new limit.
+        """Change the limit in place. Raising it starts queued children (and resumes parents
+        waiting to take their lent slot back) at once; lowering it lets running children
+        finish and admits nobody until below the new limit.
 
         Raises:
             ConfigError: ``value`` is not an integer >= 1 (0 would queue forever).
