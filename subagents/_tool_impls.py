@@ -236,6 +236,18 @@ _TIMEOUT_SPAWN = Param(
 )
 
 
+def _hints(
+    *, read_only: bool, destructive: bool, idempotent: bool, open_world: bool
+) -> dict[str, bool]:
+    """MCP tool annotations (behaviour hints for clients)."""
+    return {
+        "readOnlyHint": read_only,
+        "destructiveHint": destructive,
+        "idempotentHint": idempotent,
+        "openWorldHint": open_world,
+    }
+
+
 def build_session_tools(
     manager: SubagentManager, session_id: str, limits: ToolLimits
 ) -> list[Tool]:
@@ -268,12 +280,9 @@ def build_session_tools(
                 _TIMEOUT_SPAWN,
             ],
             handler=impl.spawn,
-            annotations={
-                "readOnlyHint": False,
-                "destructiveHint": False,
-                "idempotentHint": False,
-                "openWorldHint": True,
-            },
+            annotations=_hints(
+                read_only=False, destructive=False, idempotent=False, open_world=True
+            ),
             engine_timeout=engine["spawn_agent"],
             transfers=True,
         ),
@@ -315,12 +324,9 @@ def build_session_tools(
                 ),
             ],
             handler=impl.wait,
-            annotations={
-                "readOnlyHint": False,
-                "destructiveHint": False,
-                "idempotentHint": False,
-                "openWorldHint": False,
-            },
+            annotations=_hints(
+                read_only=False, destructive=False, idempotent=False, open_world=False
+            ),
             engine_timeout=engine["wait_agent"],
         ),
         make_tool(
@@ -336,12 +342,9 @@ def build_session_tools(
             ),
             params=[_AGENT, _INPUT, _TIMEOUT_SPAWN],
             handler=impl.delegate,
-            annotations={
-                "readOnlyHint": False,
-                "destructiveHint": False,
-                "idempotentHint": False,
-                "openWorldHint": True,
-            },
+            annotations=_hints(
+                read_only=False, destructive=False, idempotent=False, open_world=True
+            ),
             engine_timeout=engine["delegate_to_agent"],
             transfers=True,
         ),
@@ -362,12 +365,9 @@ def build_session_tools(
                 )
             ],
             handler=impl.cancel,
-            annotations={
-                "readOnlyHint": False,
-                "destructiveHint": True,
-                "idempotentHint": True,
-                "openWorldHint": False,
-            },
+            annotations=_hints(
+                read_only=False, destructive=True, idempotent=True, open_world=False
+            ),
             engine_timeout=engine["cancel_agent"],
         ),
         make_tool(
@@ -380,12 +380,9 @@ def build_session_tools(
             ),
             params=[],
             handler=impl.list_agents,
-            annotations={
-                "readOnlyHint": True,
-                "destructiveHint": False,
-                "idempotentHint": True,
-                "openWorldHint": False,
-            },
+            annotations=_hints(
+                read_only=True, destructive=False, idempotent=True, open_world=False
+            ),
             engine_timeout=engine["list_agents"],
         ),
     ]
