@@ -123,21 +123,15 @@ class ChildRuns:
                         # run_local inlined (the common case); a str stays a str, which the
                         # envelope takes as the output (no Result record for it).
                         raw: object = await spec.runner(handle._request, ctx)
-                        checked = False
+                        result = raw if type(raw) is str else coerce_result(spec.name, raw)
                     else:
                         if handle._trace is None:
                             raw = await backend(spec, handle._request, ctx)
                         else:
                             raw = await self._telemetry.run(backend, handle, ctx)
-                        checked = backend is run_local  # it coerced and checked the return
-                    # A custom backend may hand back anything, and a bad return must end
-                    # this child in an error envelope.
-                    if checked:
-                        result = cast("Result", raw)
-                    elif type(raw) is str:
-                        result = raw
-                    else:
-                        result = coerce_result(spec.name, raw)
+                        # run_local checked its return; a custom backend may hand back
+                        # anything, and a bad return must end this child in an error envelope.
+                        result = raw if backend is run_local else coerce_result(spec.name, raw)
                 except Exception as exc:
                     error = exc
                 except anyio.get_cancelled_exc_class() as exc:
