@@ -47,6 +47,7 @@ MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
 _ENTERED: Final = nullcontext()  # a scope the caller has entered already
 _NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
+_COMPLETED: Final = Status.COMPLETED
 
 
 class ChildRuns:
@@ -173,6 +174,27 @@ class ChildRuns:
             envelope = self._ended(handle, Status.TIMEOUT, ctx)
         elif error is not None:
             envelope = self._ended(handle, Status.ERROR, ctx, error=error)
+        elif type(result) is str and not handle._files_changed and len(result) <= MAX_OUTPUT_CHARS:
+            # _ended's completed-text case, inlined: the envelope of most children, and a
+            # call with keywords plus its branches cost about 0.4 µs of a no-op child's ~11.
+            spawned = handle._spawned_at
+            envelope = trusted_envelope(
+                handle._spec.name,
+                handle.task_id,
+                _COMPLETED,
+                result,
+                (),
+                "",
+                "",
+                int((perf_counter() - spawned) * 1000),
+                int((started - spawned) * 1000),
+                handle._iterations,
+                ctx.attempt,
+                handle._usage,
+                now_ms(),
+                handle.agent_path,
+                handle.parent_path,
+            )
         else:
             assert result is not None
             envelope = self._ended(handle, Status.COMPLETED, ctx, result=result)

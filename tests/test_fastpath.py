@@ -396,6 +396,47 @@ async def test_a_plain_text_result_keeps_what_the_runner_reported() -> None:
             assert envelope.files_changed == ("a.py",)
 
 
+async def test_inlined_text_envelope_equals_the_general_one() -> None:
+    """A plain str with no reported paths takes the inlined envelope in ``_run``; it must be
+    the envelope ``_ended`` builds for the same child (usage, iterations, cleaning, times)."""
+    from subagents import Usage
+
+    async def texty(request: Request, ctx: RunContext) -> str:
+        ctx.report(usage=Usage(input_tokens=5, output_tokens=7), iterations=3)
+        return "ok \udcff" if request.input == "sub" else "ok"
+
+    spec = AgentSpec(name="texty", description="d", runner=texty)
+    async with SubagentManager([spec]) as manager:
+        for text in ("plain", "sub"):
+            handle = manager.spawn("texty", text)
+            envelope = await handle.wait()
+            general = manager._ended(handle, Status.COMPLETED, None, result=envelope.output)
+            fields = ("agent", "task_id", "status", "output", "files_changed", "error")
+            assert {f: getattr(envelope, f) for f in fields} == {
+                f: getattr(general, f) for f in fields
+            }
+            assert envelope.output == ("ok ?" if text == "sub" else "ok")
+            assert envelope.usage == Usage(input_tokens=5, output_tokens=7)
+            assert envelope.iterations == 3
+            assert envelope.attempts == 1
+            assert envelope.agent_path == handle.agent_path
+            assert 0 <= envelope.queue_ms <= envelope.duration_ms
+
+
+async def test_an_oversized_plain_text_is_still_bounded() -> None:
+    """The inlined envelope is only for texts within the output bound."""
+    from subagents._child_run import MAX_OUTPUT_CHARS
+
+    async def huge(request: Request, ctx: RunContext) -> str:
+        return "x" * (MAX_OUTPUT_CHARS + 10)
+
+    spec = AgentSpec(name="huge", description="d", runner=huge)
+    async with SubagentManager([spec]) as manager:
+        envelope = await manager.spawn("huge").wait()
+    assert envelope.output.startswith("x" * MAX_OUTPUT_CHARS)
+    assert envelope.output.endswith("[… 10 characters dropped …]")
+
+
 def test_trusted_request_equals_the_attrs_built_one() -> None:
     """The spawn path's fast Request is the runner's ordinary Request."""
     from subagents._spec import trusted_request
