@@ -45,6 +45,8 @@ def clean_text(text: str) -> str:
     passes through unchanged (a converter must not mask a type error checked elsewhere)."""
     if not isinstance(text, str):
         return text
+    if text.isascii():  # O(1) in CPython (a flag): no surrogates, and no copy of a big text
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
