@@ -97,11 +97,12 @@ class Admission:
                         self._busy += 1
                         if self._queued:
                             self._pump()
+                        # Not reset after the run: an ended child neither holds nor lends a
+                        # slot, so lend_slot() sees nothing to lend until the next is set.
                         _SLOT_OWNER.set(handle)
                         try:
                             await self._run(handle, scope)
                         finally:
-                            _SLOT_OWNER.set(None)
                             self._busy -= 1
                             if handle._holds_slot:
                                 self._release_slot(handle)
