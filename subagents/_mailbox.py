@@ -218,6 +218,9 @@ class Mailbox(BaseMailbox):
         self._task_subs: dict[str, dict[str, Signal]] = {}
         self._sub_task: dict[str, str] = {}
         self._all_subs: dict[str, Signal] = {}
+        # What a put fires: the all-puts callbacks as of the last (un)subscribe, so a put
+        # does not copy them (a callback may unsubscribe while they run).
+        self._all_fire: tuple[Signal, ...] = ()
         self._ids = itertools.count(1)
         self._closed = False
 
@@ -248,8 +251,8 @@ class Mailbox(BaseMailbox):
             for sub_id in waiting:
                 del self._sub_task[sub_id]
             _fire(waiting.values())
-        if self._all_subs:
-            _fire(list(self._all_subs.values()))
+        if self._all_fire:
+            _fire(self._all_fire)
         return True
 
     def peek(self, task_id: str) -> DelegateResult | None:
@@ -287,6 +290,7 @@ class Mailbox(BaseMailbox):
         self._task_subs.clear()
         self._sub_task.clear()
         self._all_subs.clear()
+        self._all_fire = ()
         _fire(callbacks)
 
     def subscribe_once(self, task_id: str, callback: Signal) -> str | None:
@@ -304,12 +308,14 @@ class Mailbox(BaseMailbox):
             _fire((callback,))  # the drop signal, as subscribe_once gives it
         else:
             self._all_subs[sub_id] = callback
+            self._all_fire = tuple(self._all_subs.values())
         return sub_id
 
     def unsubscribe(self, subscription_id: str | None) -> None:
         if subscription_id is None:
             return
         if self._all_subs.pop(subscription_id, None) is not None:
+            self._all_fire = tuple(self._all_subs.values())
             return
         task_id = self._sub_task.pop(subscription_id, None)
         if task_id is None:
