@@ -130,11 +130,14 @@ class NameAllocator:
         while True:
             suffix = f"-{n}"
             n += 1
+            # Names are ASCII (validated), so lowering the stem alone is lowering the whole.
             if len(name) + len(suffix) > MAX_NAME_LENGTH:
-                candidate = name[: MAX_NAME_LENGTH - len(suffix)] + suffix
+                cut = MAX_NAME_LENGTH - len(suffix)
+                candidate = name[:cut] + suffix
+                lowered = key[:cut] + suffix
             else:
                 candidate = name + suffix
-            lowered = candidate.lower()
+                lowered = key + suffix
             if lowered not in self._used:
                 self._next[key] = n
                 self._used.add(lowered)
