@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Final, Literal
 
 import anyio
-import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from ._handle import QUEUED, SpawnHandle
@@ -47,6 +46,8 @@ class Admission:
     _watch_at: float
     _watch_wake: anyio.Event | None
     _clock: Callable[[], float]
+    _checkpoint: Callable[[], Awaitable[None]]
+    _new_event: Callable[[], anyio.Event]
 
     _live: dict[str, dict[SpawnHandle, None]]
 
@@ -90,7 +91,7 @@ class Admission:
                             # wake is not delayed by this worker's exit) and take what they
                             # spawn next instead of a new worker being started for it.
                             lingered = True
-                            await anyio.lowlevel.checkpoint()
+                            await self._checkpoint()
                             continue
                         lingered = False
                         self._take_slot(handle)
@@ -167,7 +168,7 @@ class Admission:
         # never end on their own). Cancel it now, so the slot waited for here frees.
         if anyio.current_effective_deadline() == -math.inf:  # this task is being cancelled
             self._cancel_under_cancelled(owner)
-        event = anyio.Event()
+        event = self._new_event()
         self._resumers.append((owner, event))
         # Shielded: a child must not run on without a slot, even when it is being
         # cancelled (its cleanup may catch the cancellation and go on).
@@ -209,7 +210,7 @@ class Admission:
             if self._watch_wake is None:
                 tg = self._tg
                 assert tg is not None
-                self._watch_wake = anyio.Event()
+                self._watch_wake = self._new_event()
                 tg.start_soon(self._watchdog)
             else:
                 self._watch_wake.set()
@@ -217,7 +218,7 @@ class Admission:
     async def _watchdog(self) -> None:
         """Cancel every watched child still running at its deadline (status: timeout)."""
         while True:
-            wake = self._watch_wake = anyio.Event()
+            wake = self._watch_wake = self._new_event()
             with anyio.CancelScope(deadline=self._watch_at):
                 await wake.wait()
             now = self._clock()

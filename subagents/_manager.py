@@ -10,12 +10,13 @@ import logging
 import math
 import os
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Literal
 
 import anyio
+import anyio.lowlevel
 import attrs
 from anyio.abc import TaskGroup
 
@@ -30,7 +31,7 @@ from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
 from ._events import SPAWNED, EventBus
 from ._handle import QUEUED, RUNNING, SETTLED, SpawnHandle
 from ._lookup import live_ids_sentence, similar_ids
-from ._loop_clock_asyncio import loop_clock
+from ._loop_clock_asyncio import loop_checkpoint, loop_clock, loop_event
 from ._mailbox import BaseMailbox, Mailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
@@ -137,6 +138,8 @@ class SubagentManager(Admission, ChildRuns):
         self._deadlines: dict[SpawnHandle, float] = {}  # running spawns under the watchdog
         self._watch_at = math.inf  # the watchdog wakes then (<= every deadline it holds)
         self._clock: Callable[[], float] = anyio.current_time  # the loop's, once entered
+        self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint  # likewise
+        self._new_event: Callable[[], anyio.Event] = anyio.Event  # likewise
         self._watch_wake: anyio.Event | None = None
         self._queued = 0
         self._active = 0  # slots held (spawned children running, not lending)
@@ -156,6 +159,8 @@ class SubagentManager(Admission, ChildRuns):
         if self._state != "new":
             raise RuntimeError("a SubagentManager can be entered only once")
         self._clock = loop_clock()
+        self._checkpoint = loop_checkpoint()
+        self._new_event = loop_event()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -199,6 +204,10 @@ class SubagentManager(Admission, ChildRuns):
             await tg.__aexit__(None, None, None)
         finally:
             self._state = "closed"
+            # A handle read after this run (even under another backend) asks anyio again.
+            self._new_event = anyio.Event
+            self._clock = anyio.current_time
+            self._checkpoint = anyio.lowlevel.checkpoint
             for mailbox in self._mailboxes.values():
                 release(mailbox)
             self._mailboxes.clear()

@@ -18,6 +18,7 @@ from subagents import (
     AgentSpec,
     Request,
     RunContext,
+    SpawnHandle,
     Status,
     SubagentConfig,
     SubagentManager,
@@ -455,3 +456,28 @@ async def test_the_cached_loop_clock_is_anyios_clock() -> None:
     clock = loop_clock()
     assert clock is not anyio.current_time  # the fast path was taken
     assert abs(clock() - anyio.current_time()) < 0.001
+
+
+def test_a_handle_read_after_its_run_works_under_another_backend() -> None:
+    """The manager caches its backend's event type while running; a handle read after the
+    run (here under trio, the run was asyncio) must get an event of the reader's backend."""
+
+    async def quick(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    spec = AgentSpec(name="quick", description="d", runner=quick)
+
+    async def run_one() -> SpawnHandle:
+        async with SubagentManager([spec]) as manager:
+            handle = manager.spawn("quick")
+            await handle.wait()
+            return handle
+
+    handle = anyio.run(run_one, backend="asyncio")
+
+    async def read_later() -> bool:
+        with anyio.fail_after(5):
+            await handle.done.wait()
+        return handle.done.is_set()
+
+    assert anyio.run(read_later, backend="trio")
