@@ -13,20 +13,19 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 from anyio.abc import TaskGroup
 
-from ._handle import QUEUED, SpawnHandle
+from ._handle import NO_LEND, QUEUED, SpawnHandle
 
 __all__ = ["Admission"]
 
 # The spawned child whose slot the current task runs on (None outside worker runs).
 _SLOT_OWNER: ContextVar[SpawnHandle | None] = ContextVar("subagents_slot_owner", default=None)
-_NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
 
 
 class Admission:
@@ -141,7 +140,7 @@ class Admission:
         """
         owner = _SLOT_OWNER.get()
         if owner is None or (owner._lends == 0 and not owner._holds_slot):
-            return _NO_LEND  # the common wait of a root parent: no generator machinery
+            return NO_LEND  # the common wait of a root parent: no generator machinery
         return self._lend(owner)
 
     @asynccontextmanager

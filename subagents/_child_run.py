@@ -29,7 +29,7 @@ from ._envelope import (
     trusted_envelope,
 )
 from ._events import COMPLETED, STARTED, EventBus
-from ._handle import RUNNING, SETTLED, SpawnHandle
+from ._handle import NO_LEND, RUNNING, SETTLED, SpawnHandle
 from ._mailbox import BaseMailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import NameAllocator
@@ -46,7 +46,6 @@ MAX_FILES: Final = 1000  # files_changed entries kept in an envelope (the last s
 MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
 _ENTERED: Final = nullcontext()  # a scope the caller has entered already
-_NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
 _COMPLETED: Final = Status.COMPLETED
 
 
@@ -225,7 +224,7 @@ class ChildRuns:
             self._release_slot(handle)
             if self._state == "running":
                 self._pump()
-            lend = _NO_LEND
+            lend = NO_LEND
         else:
             lend = self.lend_slot()
         with anyio.CancelScope(shield=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import TYPE_CHECKING, Final, Literal
 
 import anyio
@@ -14,12 +15,14 @@ if TYPE_CHECKING:
     from ._permissions import Ruleset
     from ._spec import AgentSpec, Request
 
-__all__ = ["QUEUED", "RUNNING", "SETTLED", "SpawnHandle", "TaskState"]
+__all__ = ["NO_LEND", "QUEUED", "RUNNING", "SETTLED", "SpawnHandle", "TaskState"]
 
 TaskState = Literal["queued", "running", "done"]
 QUEUED: Final = "queued"
 RUNNING: Final = "running"
 SETTLED: Final = "done"
+NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
+"""What ``lend_slot()`` returns when the caller has no slot to lend (a root parent)."""
 
 
 class SpawnHandle:
@@ -149,8 +152,12 @@ class SpawnHandle:
         Does not consume the mailbox entry. Cancelling the caller does not affect the child.
         """
         if self._envelope is None:
-            async with self._manager.lend_slot():
+            lend = self._manager.lend_slot()
+            if lend is NO_LEND:  # a root parent: no context to enter and leave
                 await self.done.wait()
+            else:
+                async with lend:
+                    await self.done.wait()
         assert self._envelope is not None
         return self._envelope
 

@@ -29,7 +29,7 @@ from ._envelope import (
 )
 from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
 from ._events import SPAWNED, EventBus
-from ._handle import QUEUED, RUNNING, SETTLED, SpawnHandle
+from ._handle import NO_LEND, QUEUED, RUNNING, SETTLED, SpawnHandle
 from ._lookup import live_ids_sentence, similar_ids
 from ._loop_clock_asyncio import loop_checkpoint, loop_clock, loop_event
 from ._mailbox import BaseMailbox, Mailbox, release
@@ -631,12 +631,18 @@ class SubagentManager(Admission, ChildRuns):
         timeout = check_timeout(timeout)
         handle = self.handle(task_id, session_id=session_id)
         if handle._envelope is None and timeout != 0:
-            async with self.lend_slot():
-                if timeout is None:  # no cancel scope needed without a timeout
-                    await handle.done.wait()
-                else:
-                    with anyio.move_on_after(timeout):
+            lend = self.lend_slot()
+            if lend is NO_LEND and timeout is None:
+                # A root parent's plain wait (wait_agent's, W3's): neither the no-op context
+                # nor a cancel scope; each costs more than the wake-up itself.
+                await handle.done.wait()
+            else:
+                async with lend:
+                    if timeout is None:
                         await handle.done.wait()
+                    else:
+                        with anyio.move_on_after(timeout):
+                            await handle.done.wait()
         if handle._envelope is None:
             return None
         self.collect(handle)
