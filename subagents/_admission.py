@@ -144,17 +144,29 @@ class Admission:
 
     @asynccontextmanager
     async def _lend(self, owner: SpawnHandle) -> AsyncIterator[None]:
+        # ``_lends`` counts the owner's tasks inside a lend, the last one out included while
+        # it waits for a slot: a sibling task's wait starting meanwhile must lend the slot
+        # that one is taking back (else the owner resumes holding it while that wait's
+        # children queue behind it). Outside these transitions ``_lends > 0`` implies the
+        # owner holds no slot.
         owner._lends += 1
-        if owner._lends == 1:
+        if owner._holds_slot:
             self._release_slot(owner)
             if self._state == "running":
                 self._pump()
         try:
             yield
         finally:
-            owner._lends -= 1
-            if owner._lends == 0:
+            if owner._lends == 1 and not owner._holds_slot:
                 await self._reacquire(owner)
+            owner._lends -= 1
+            if owner._lends and owner._holds_slot:
+                # A sibling task began waiting while this one waited for the slot: this
+                # task runs on the lent slot, like any task whose wait ends before its
+                # siblings' (design/core.md).
+                self._release_slot(owner)
+                if self._state == "running":
+                    self._pump()
 
     async def _reacquire(self, owner: SpawnHandle) -> None:
         if self._active < self._limit and not self._resumers:
