@@ -186,18 +186,28 @@ class Admission:
             await event.wait()
 
     def _cancel_under_cancelled(self, owner: SpawnHandle) -> None:
-        """Cancel the live descendants of every cancelled child in ``owner``'s subtree."""
-        pending = [(owner, False)]
+        """Cancel the live descendants of every cancelled child in ``owner``'s subtree.
+
+        Called in a task being cancelled. An execute() delegate is cancelled too when the
+        cancellation comes from a scope of its caller's around it (a ``move_on_after`` in
+        the parent's runner): its own scope is not cancelled then, but it would not be
+        cancelled here if its scope were shielded. Only the delegates under ``owner`` that
+        run in its tasks can enclose this point (a spawned child runs on a worker of its own).
+        """
+        pending = [(owner, False, True)]
         while pending:
-            handle, doomed = pending.pop()
+            handle, doomed, in_tasks = pending.pop()
             scope = handle._scope
-            doomed = doomed or (scope is not None and scope.cancel_called)
+            if not doomed and scope is not None:
+                doomed = scope.cancel_called or (
+                    handle.sync and in_tasks and _cancelled_from_outside(scope)
+                )
             live = self._live.get(handle.task_id)
             if live:
                 for child in list(live):
                     if doomed:
                         self._cancel(child, "its parent agent ended")
-                    pending.append((child, doomed))
+                    pending.append((child, doomed, in_tasks and child.sync))
 
     def _next_queued(self) -> SpawnHandle | None:
         queue = self._queue
@@ -241,3 +251,17 @@ class Admission:
                 elif deadline < earliest:
                     earliest = deadline
             self._watch_at = earliest
+
+
+def _cancelled_from_outside(scope: anyio.CancelScope) -> bool:
+    """Whether the current task, which is being cancelled, is cancelled from outside
+    ``scope``: it would not be cancelled here were ``scope`` shielded. False for a scope not
+    enclosing this point (its shield changes nothing here). The shield is set and restored
+    with no checkpoint between, so no task observes it."""
+    if scope.shield:
+        return False
+    scope.shield = True
+    try:
+        return anyio.current_effective_deadline() != -math.inf
+    finally:
+        scope.shield = False

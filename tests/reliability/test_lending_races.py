@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from subagents import Event, Request, RunContext, SubagentManager
+from subagents import DelegateResult, Event, Request, RunContext, SubagentManager
 
 from .support import completed_events, make_manager, recorded
 
@@ -153,3 +153,200 @@ async def test_a_wait_starting_while_its_sibling_waits_for_the_slot_lends_too() 
         assert envelope.output == "g2"
         _check_accounting(manager, samples)
         _check_one_envelope_each(manager, events)
+
+
+# ------------------------------------------------------------------ 2. execute() cancelled
+
+
+async def _forever(request: Request, ctx: RunContext) -> str:
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("how", ["cancel", "deadline", "task group"])
+async def test_execute_cancelled_by_its_callers_scope_cancels_its_lending_subtree(
+    how: str,
+) -> None:
+    """A spawned parent holds one of two slots and delegates with execute(); the delegate
+    waits on two grandchildren (lending the parent's slot, which one of them takes; an
+    unrelated child holds the other slot). A scope of the *parent's* around the execute is
+    cancelled: the delegate must end `cancelled` at once, its grandchildren cancelled,
+    instead of waiting (shielded) for a slot that only its own grandchildren can free.
+    Before: the parent hung until its watchdog."""
+    scopes: list[anyio.CancelScope] = []
+    delegated: list[DelegateResult] = []
+    gate = anyio.Event()
+    samples: list[int] = []
+
+    async def unrelated(request: Request, ctx: RunContext) -> str:
+        await gate.wait()
+        return "unrelated"
+
+    async def grandchild(request: Request, ctx: RunContext) -> str:
+        samples.append(ctx.manager.statistics().running)
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def delegate(request: Request, ctx: RunContext) -> str:
+        first = ctx.spawn("grandchild")
+        second = ctx.spawn("grandchild")  # queued behind the full limit
+        await first.wait()
+        await second.wait()
+        return "delegate"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        if how == "task group":
+
+            async def run() -> None:
+                delegated.append(await ctx.execute("delegate"))
+
+            async with anyio.create_task_group() as tg:
+                scopes.append(tg.cancel_scope)
+                tg.start_soon(run)
+        else:
+            with anyio.CancelScope() as scope:
+                scopes.append(scope)
+                delegated.append(await ctx.execute("delegate"))
+        samples.append(ctx.manager.statistics().running)
+        return "parent went on"
+
+    manager = make_manager(
+        {"unrelated": unrelated, "grandchild": grandchild, "delegate": delegate, "parent": parent},
+        limit=2,
+        settle_timeout=30,
+        spawn_timeout=30,
+    )
+    async with manager:
+        with recorded(manager) as events:
+            other = manager.spawn("unrelated")
+            handle = manager.spawn("parent")
+            await _until(lambda: manager.statistics().spawned == 5 and samples != [])
+            await anyio.wait_all_tasks_blocked()
+            assert manager.statistics().running == 2  # the unrelated child and a grandchild
+            assert handle._lends == 1
+            (scope,) = scopes
+            if how == "deadline":
+                scope.deadline = anyio.current_time()
+            else:
+                scope.cancel()
+            with anyio.fail_after(5):
+                envelope = await handle.wait()
+            assert envelope.status == "completed", envelope
+            assert envelope.output == "parent went on"
+            assert delegated == []  # the execute was cancelled, not returned
+            (d,) = manager.tasks(handle.task_id)
+            assert d.result is not None
+            assert d.result.status == "cancelled"
+            assert d.result.error == "cancelled: the caller was cancelled"
+            grandchildren = manager.tasks(d.task_id)
+            assert len(grandchildren) == 2
+            for g in grandchildren:
+                assert g.result is not None
+                assert g.result.status == "cancelled"
+            assert other.result is None  # an unrelated child is left alone
+            gate.set()
+            with anyio.fail_after(5):
+                assert (await other.wait()).status == "completed"
+        _check_accounting(manager, samples)
+        _check_one_envelope_each(manager, events)
+
+
+async def test_a_delegates_own_timed_out_wait_leaves_the_grandchild_running() -> None:
+    """The other side of the test above: a scope *inside* the delegate's runner (a wait it
+    gives up on) cancels nothing. The delegate waits for the slot its grandchild holds and
+    goes on once the grandchild has finished normally."""
+    stop_waiting: list[anyio.CancelScope] = []
+    gate = anyio.Event()
+
+    async def grandchild(request: Request, ctx: RunContext) -> str:
+        await gate.wait()
+        return "grandchild"
+
+    async def delegate(request: Request, ctx: RunContext) -> str:
+        child = ctx.spawn("grandchild")
+        with anyio.CancelScope() as scope:
+            stop_waiting.append(scope)
+            await child.wait()
+        assert child.result is not None  # it held the only slot: resuming waited for it
+        return f"gave up waiting; {child.result.status}"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        return (await ctx.execute("delegate")).output
+
+    manager = make_manager(
+        {"grandchild": grandchild, "delegate": delegate, "parent": parent}, limit=1
+    )
+    async with manager:
+        handle = manager.spawn("parent")
+        await _until(lambda: manager.statistics().spawned == 3 and stop_waiting != [])
+        await anyio.wait_all_tasks_blocked()
+        stop_waiting[0].cancel()
+        await _until(lambda: len(manager._resumers) == 1)  # waits for the grandchild's slot
+        gate.set()
+        with anyio.fail_after(5):
+            envelope = await handle.wait()
+        assert envelope.output == "gave up waiting; completed"
+        assert manager.statistics().high_water == 1
+        assert manager.statistics().running == 0
+
+
+async def test_a_scope_between_two_nested_delegates_cancels_only_the_inner_ones_subtree() -> None:
+    """parent -> execute(outer) -> [scope] -> execute(inner) -> grandchild. Cancelling the
+    scope, which lies inside the outer delegate's runner, dooms the inner delegate (its
+    grandchild holding the last slot is cancelled) but not the outer one: the outer
+    delegate's own spawned child runs on and completes."""
+    scopes: list[anyio.CancelScope] = []
+    gate = anyio.Event()
+
+    async def gated(request: Request, ctx: RunContext) -> str:
+        await gate.wait()
+        return "gated"
+
+    async def inner(request: Request, ctx: RunContext) -> str:
+        await ctx.spawn("grandchild").wait()
+        return "inner"
+
+    async def outer(request: Request, ctx: RunContext) -> str:
+        kept = ctx.spawn("gated")  # takes the free slot
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await ctx.execute("inner")
+        assert kept.result is None  # not cancelled with the inner delegate's subtree
+        gate.set()
+        return (await kept.wait()).status
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        return (await ctx.execute("outer")).output
+
+    manager = make_manager(
+        {
+            "gated": gated,
+            "grandchild": _forever,
+            "inner": inner,
+            "outer": outer,
+            "parent": parent,
+        },
+        limit=2,
+        settle_timeout=30,
+        spawn_timeout=30,
+        max_depth=4,
+    )
+    async with manager:
+        handle = manager.spawn("parent")
+        await _until(lambda: manager.statistics().spawned == 5 and handle._lends == 1)
+        await anyio.wait_all_tasks_blocked()
+        assert manager.statistics().running == 2  # the gated child and the grandchild
+        scopes[0].cancel()
+        with anyio.fail_after(5):
+            envelope = await handle.wait()
+        assert envelope.output == "completed"
+        statuses = {h.agent: h.result.status for h in manager._tasks.values() if h.result}
+        assert statuses == {
+            "gated": "completed",
+            "grandchild": "cancelled",
+            "inner": "cancelled",
+            "outer": "completed",
+            "parent": "completed",
+        }
+        assert manager.statistics().running == 0
+        assert manager.statistics().high_water == 2
