@@ -350,3 +350,119 @@ async def test_a_scope_between_two_nested_delegates_cancels_only_the_inner_ones_
         }
         assert manager.statistics().running == 0
         assert manager.statistics().high_water == 2
+
+
+# ------------------------------------------------------------------ 3. aclose
+
+
+async def test_aclose_is_bounded_with_cancellation_catchers_lenders_and_resumers() -> None:
+    """At aclose, runners that catch the cancellation and sleep on hold both slots, one
+    parent lends its slot to such a child and another waits in the resumer queue. aclose
+    still finishes near settle_timeout (cancellation is level-triggered: the sleep after
+    the catch is cancelled too), every child ends in one envelope, no slot is left held."""
+    entered = anyio.Event()
+
+    async def catcher(request: Request, ctx: RunContext) -> str:
+        try:
+            entered.set()
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            await anyio.sleep(30)  # ignores the cancellation... for one checkpoint
+            raise
+        raise AssertionError("unreachable")
+
+    async def leaf(request: Request, ctx: RunContext) -> str:
+        return "leaf"
+
+    async def lender(request: Request, ctx: RunContext) -> str:
+        await ctx.spawn("catcher").wait()
+        return "lender"
+
+    async def resumer(request: Request, ctx: RunContext) -> str:
+        first = ctx.spawn("leaf")
+        ctx.spawn("catcher")  # queued behind leaf: takes the slot the moment it frees
+        await first.wait()
+        return "resumer"
+
+    manager = make_manager(
+        {"catcher": catcher, "leaf": leaf, "lender": lender, "resumer": resumer},
+        limit=2,
+        settle_timeout=0.05,
+    )
+    with recorded(manager) as events, anyio.fail_after(5):
+        async with manager:
+            manager.spawn("lender")
+            await entered.wait()
+            manager.spawn("resumer")
+            await _until(lambda: len(manager._resumers) == 1)
+            assert manager.statistics().running == 2
+            started = anyio.current_time()
+        assert anyio.current_time() - started < 2  # aclose, on leaving the block
+    stats = manager.statistics()
+    assert stats.running == 0
+    assert stats.settled == stats.spawned == 5
+    assert not manager._resumers
+    _check_one_envelope_each(manager, events)
+    statuses = {h.agent: h.result.status for h in manager._tasks.values() if h.result}
+    assert statuses == {
+        "catcher": "cancelled",
+        "leaf": "completed",
+        "lender": "cancelled",
+        "resumer": "cancelled",
+    }
+
+
+async def test_aclose_waits_for_a_shielded_child_but_not_for_a_resumer_behind_it() -> None:
+    """A child shielding itself from cancellation cannot be cut off (structured concurrency:
+    aclose waits for it, a documented limit), but a parent waiting in the resumer queue for
+    the slot that child holds adds nothing: aclose returns as soon as the shield lifts."""
+    release_shield = anyio.Event()
+    entered = anyio.Event()
+
+    async def shielded(request: Request, ctx: RunContext) -> str:
+        entered.set()
+        with anyio.CancelScope(shield=True):
+            await release_shield.wait()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def leaf(request: Request, ctx: RunContext) -> str:
+        return "leaf"
+
+    async def resumer(request: Request, ctx: RunContext) -> str:
+        first = ctx.spawn("leaf")
+        ctx.spawn("shielded")  # takes the only slot once leaf frees it
+        await first.wait()
+        return "resumer"
+
+    manager = make_manager(
+        {"shielded": shielded, "leaf": leaf, "resumer": resumer}, limit=1, settle_timeout=0.05
+    )
+    closing_for: list[float] = []
+
+    async def lift_the_shield_later() -> None:
+        await _until(lambda: manager._state == "closing")
+        await anyio.sleep(0.2)  # well past settle_timeout
+        assert manager._state == "closing"  # the shielded child still holds aclose
+        lifted = anyio.current_time()
+        release_shield.set()
+        await _until(lambda: manager._state == "closed")
+        closing_for.append(anyio.current_time() - lifted)
+
+    with recorded(manager) as events:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lift_the_shield_later)
+            with anyio.fail_after(5):
+                async with manager:
+                    handle = manager.spawn("resumer")
+                    await entered.wait()
+                    await _until(lambda: len(manager._resumers) == 1)
+                # aclose (the entering task's) returned once the shield lifted
+    assert len(closing_for) == 1
+    assert closing_for[0] < 1  # the resumer behind it added no wait
+    assert handle.result is not None
+    assert handle.result.status == "cancelled"
+    stats = manager.statistics()
+    assert stats.running == 0
+    assert stats.settled == stats.spawned == 3
+    _check_one_envelope_each(manager, events)
