@@ -145,17 +145,29 @@ class Admission:
 
     @asynccontextmanager
     async def _lend(self, owner: SpawnHandle) -> AsyncIterator[None]:
+        # ``_lends`` counts the owner's tasks inside a lend, the last one out included while
+        # it waits for a slot: a sibling task's wait starting meanwhile must lend the slot
+        # that one is taking back (else the owner resumes holding it while that wait's
+        # children queue behind it). Outside these transitions ``_lends > 0`` implies the
+        # owner holds no slot.
         owner._lends += 1
-        if owner._lends == 1:
+        if owner._holds_slot:
             self._release_slot(owner)
             if self._state == "running":
                 self._pump()
         try:
             yield
         finally:
-            owner._lends -= 1
-            if owner._lends == 0:
+            if owner._lends == 1 and not owner._holds_slot:
                 await self._reacquire(owner)
+            owner._lends -= 1
+            if owner._lends and owner._holds_slot:
+                # A sibling task began waiting while this one waited for the slot: this
+                # task runs on the lent slot, like any task whose wait ends before its
+                # siblings' (design/core.md).
+                self._release_slot(owner)
+                if self._state == "running":
+                    self._pump()
 
     async def _reacquire(self, owner: SpawnHandle) -> None:
         if self._active < self._limit and not self._resumers:
@@ -175,18 +187,28 @@ class Admission:
             await event.wait()
 
     def _cancel_under_cancelled(self, owner: SpawnHandle) -> None:
-        """Cancel the live descendants of every cancelled child in ``owner``'s subtree."""
-        pending = [(owner, False)]
+        """Cancel the live descendants of every cancelled child in ``owner``'s subtree.
+
+        Called in a task being cancelled. An execute() delegate is cancelled too when the
+        cancellation comes from a scope of its caller's around it (a ``move_on_after`` in
+        the parent's runner): its own scope is not cancelled then, but it would not be
+        cancelled here if its scope were shielded. Only the delegates under ``owner`` that
+        run in its tasks can enclose this point (a spawned child runs on a worker of its own).
+        """
+        pending = [(owner, False, True)]
         while pending:
-            handle, doomed = pending.pop()
+            handle, doomed, in_tasks = pending.pop()
             scope = handle._scope
-            doomed = doomed or (scope is not None and scope.cancel_called)
+            if not doomed and scope is not None:
+                doomed = scope.cancel_called or (
+                    handle.sync and in_tasks and _cancelled_from_outside(scope)
+                )
             live = self._live.get(handle.task_id)
             if live:
                 for child in list(live):
                     if doomed:
                         self._cancel(child, "its parent agent ended")
-                    pending.append((child, doomed))
+                    pending.append((child, doomed, in_tasks and child.sync))
 
     def _next_queued(self) -> SpawnHandle | None:
         queue = self._queue
@@ -230,3 +252,17 @@ class Admission:
                 elif deadline < earliest:
                     earliest = deadline
             self._watch_at = earliest
+
+
+def _cancelled_from_outside(scope: anyio.CancelScope) -> bool:
+    """Whether the current task, which is being cancelled, is cancelled from outside
+    ``scope``: it would not be cancelled here were ``scope`` shielded. False for a scope not
+    enclosing this point (its shield changes nothing here). The shield is set and restored
+    with no checkpoint between, so no task observes it."""
+    if scope.shield:
+        return False
+    scope.shield = True
+    try:
+        return anyio.current_effective_deadline() != -math.inf
+    finally:
+        scope.shield = False

@@ -178,9 +178,12 @@ class SubagentManager(Admission, ChildRuns):
     async def aclose(self) -> None:
         """Cancel every child (queued or running), wait for all to settle, stop the workers.
 
-        Every child ends in an envelope (``cancelled`` unless it finished first). Children
-        that ignore cancellation longer than ``config.settle_timeout`` are cut off. Must be
-        called from the task that entered the manager. Idempotent.
+        Every child ends in an envelope (``cancelled`` unless it finished first). After
+        ``config.settle_timeout`` the task group is cancelled; a runner that catches the
+        cancellation is cancelled again at its next checkpoint, and parents waiting to take
+        back a lent slot add no wait of their own, but a runner that shields itself holds
+        ``aclose`` until it ends (nothing can abandon it). Must be called from the task that
+        entered the manager. Idempotent.
         """
         if self._state in ("closing", "closed"):
             return
