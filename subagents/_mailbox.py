@@ -78,9 +78,28 @@ class BaseMailbox(ABC):
     around the blocking part. The manager sets it to ``SubagentManager.lend_slot`` on the
     mailboxes it creates, so a child blocked in ``ctx.mailbox.wait(...)`` lends its
     concurrency slot (nested trees cannot deadlock); ``None`` blocks plainly.
+
+    ``consumed`` is called with each envelope the mailbox hands out consumingly (by
+    :meth:`drain`, :meth:`drain_all` and so :meth:`wait`; never by :meth:`peek`, a TTL
+    expiry or :meth:`drop`). The manager sets it on the mailboxes it creates, to mark that
+    child's handle collected (:attr:`SpawnHandle.collected`, which the retention policy
+    ``SubagentConfig.retain_collected`` acts on). A custom implementation must call it
+    (when not ``None``) for every envelope its ``drain`` and ``drain_all`` return; the
+    default :meth:`wait` consumes through ``drain``. A hook that raises is logged and
+    ignored: the envelope is still returned.
     """
 
     blocking: Callable[[], AbstractAsyncContextManager[None]] | None = None
+    consumed: Callable[[DelegateResult], object] | None = None
+
+    def _consumed(self, envelope: DelegateResult) -> None:
+        """Call the ``consumed`` hook for an envelope handed out; never raises."""
+        hook = self.consumed
+        if hook is not None:
+            try:
+                hook(envelope)
+            except Exception:
+                logger.exception("mailbox consumed hook %r raised; ignored", hook)
 
     @abstractmethod
     def put(self, task_id: str, envelope: DelegateResult) -> bool:
@@ -100,11 +119,13 @@ class BaseMailbox(ABC):
 
     @abstractmethod
     def drain(self, task_id: str) -> DelegateResult | None:
-        """Remove and return the envelope under ``task_id``, or ``None``."""
+        """Remove and return the envelope under ``task_id``, or ``None``; calls
+        ``consumed`` with it."""
 
     @abstractmethod
     def drain_all(self) -> list[DelegateResult]:
-        """Remove and return every unread envelope, in arrival order."""
+        """Remove and return every unread envelope, in arrival order; calls ``consumed``
+        with each."""
 
     @abstractmethod
     def __len__(self) -> int:
@@ -261,6 +282,8 @@ class Mailbox(BaseMailbox):
         if entry is None:
             return None
         del self._entries[task_id]
+        if self.consumed is not None:
+            self._consumed(entry[0])
         return entry[0]
 
     def drain_all(self) -> list[DelegateResult]:
@@ -268,6 +291,9 @@ class Mailbox(BaseMailbox):
             self._purge_expired()
         envelopes = [envelope for envelope, _ in self._entries.values()]
         self._entries.clear()
+        if self.consumed is not None:
+            for envelope in envelopes:
+                self._consumed(envelope)
         return envelopes
 
     def __len__(self) -> int:

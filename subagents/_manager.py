@@ -553,7 +553,15 @@ class SubagentManager(Admission, ChildRuns):
             mailbox = Mailbox(capacity=self.config.mailbox_capacity, ttl=self.config.mailbox_ttl)
         if mailbox.blocking is None:
             mailbox.blocking = self.lend_slot  # a child waiting here lends its slot
+        if mailbox.consumed is None:
+            mailbox.consumed = self._mailbox_consumed  # a drained envelope is collected
         return mailbox
+
+    def _mailbox_consumed(self, envelope: DelegateResult) -> None:
+        """A session mailbox handed ``envelope`` out: its child counts as collected."""
+        handle = self._tasks.get(envelope.task_id)
+        if handle is not None and not handle._collected and handle._envelope is not None:
+            handle._collected = True
 
     def _delivery_mailbox(self, session_id: str) -> BaseMailbox | None:
         mailbox = self._mailboxes.get(session_id)
