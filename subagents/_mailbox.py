@@ -30,6 +30,7 @@ __all__ = [
     "MailboxStatistics",
     "Signal",
     "check_timeout",
+    "closed_mailbox",
     "release",
 ]
 
@@ -371,6 +372,13 @@ class Mailbox(BaseMailbox):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._entries)}/{self._capacity}"
         return f"<Mailbox {state}>"
+
+
+def closed_mailbox() -> Mailbox:
+    """A new mailbox, dropped already: what the mailbox of a closed session reads as."""
+    mailbox = Mailbox(capacity=1)
+    mailbox.drop()
+    return mailbox
 
 
 def release(mailbox: BaseMailbox) -> None:
