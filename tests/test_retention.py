@@ -4,6 +4,7 @@ collected ones), ``SubagentManager.forget`` removes one on request."""
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -399,6 +400,30 @@ async def test_a_closed_root_session_drops_its_listing_once_empty() -> None:
         assert manager.forget(task_id) is not None
         assert "s" not in manager._by_session
         assert manager.session_closed("s")  # a root session closes for good
+
+
+# ---------------------------------------------------------------- memory
+
+
+async def test_retain_zero_holds_no_handle_after_many_drained_children() -> None:
+    async with manager_with(
+        spec("echo", echo), retain_collected=0, max_concurrent_spawns=64, mailbox_capacity=4096
+    ) as manager:
+        box = manager.mailbox()
+        for _ in range(4):
+            handles = [manager.spawn("echo", "x") for _ in range(500)]
+            await handles[-1].wait()
+            for handle in handles:
+                await handle.wait()
+            del handle, handles
+            box.drain_all()
+        await anyio.wait_all_tasks_blocked()  # workers gone (one lives on a context copy)
+        assert manager._tasks == {}
+        assert manager.tasks() == []
+        assert len(manager._retained) == 0
+        assert manager.statistics().settled == 2000
+        gc.collect()
+        assert sum(isinstance(o, SpawnHandle) for o in gc.get_objects()) == 0
 
 
 # ---------------------------------------------------------------- a property over any sequence
