@@ -93,15 +93,6 @@ class BaseMailbox(ABC):
     blocking: Callable[[], AbstractAsyncContextManager[None]] | None = None
     consumed: Callable[[DelegateResult], object] | None = None
 
-    def _consumed(self, envelope: DelegateResult) -> None:
-        """Call the ``consumed`` hook for an envelope handed out; never raises."""
-        hook = self.consumed
-        if hook is not None:
-            try:
-                hook(envelope)
-            except Exception:
-                logger.exception("mailbox consumed hook %r raised; ignored", hook)
-
     @abstractmethod
     def put(self, task_id: str, envelope: DelegateResult) -> bool:
         """Store ``envelope`` under ``task_id`` and signal subscribers.
@@ -283,8 +274,12 @@ class Mailbox(BaseMailbox):
         if entry is None:
             return None
         del self._entries[task_id]
-        if self.consumed is not None:
-            self._consumed(entry[0])
+        hook = self.consumed
+        if hook is not None:
+            try:
+                hook(entry[0])
+            except Exception:
+                logger.exception("mailbox consumed hook %r raised; ignored", hook)
         return entry[0]
 
     def drain_all(self) -> list[DelegateResult]:
@@ -292,9 +287,13 @@ class Mailbox(BaseMailbox):
             self._purge_expired()
         envelopes = [envelope for envelope, _ in self._entries.values()]
         self._entries.clear()
-        if self.consumed is not None:
+        hook = self.consumed
+        if hook is not None:
             for envelope in envelopes:
-                self._consumed(envelope)
+                try:
+                    hook(envelope)
+                except Exception:
+                    logger.exception("mailbox consumed hook %r raised; ignored", hook)
         return envelopes
 
     def __len__(self) -> int:
