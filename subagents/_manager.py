@@ -651,10 +651,16 @@ class SubagentManager(Admission, ChildRuns):
         envelope = handle._envelope
         if envelope is None:
             return None
-        handle._collected = True
         mailbox = self._mailboxes.get(handle.session_id)
         if mailbox is not None:
-            mailbox.drain(handle.task_id)
+            collected = handle._collected
+            handle._collected = True  # so the mailbox hook does not count a collection
+            try:
+                mailbox.drain(handle.task_id)
+            except BaseException:
+                handle._collected = collected  # a backend that failed: nothing forgotten
+                raise
+        handle._collected = True
         self._drop_record(handle)
         return envelope
 
@@ -734,13 +740,13 @@ class SubagentManager(Admission, ChildRuns):
         if handle._envelope is None:
             return None
         envelope = handle._envelope
-        first = not handle._collected
-        handle._collected = True
         mailbox = self._mailboxes.get(handle.session_id)
         if mailbox is not None:
-            mailbox.drain(handle.task_id)
-        if first and self._retain is not None:
-            self._retire(handle)
+            mailbox.drain(handle.task_id)  # if it is there, the hook marks it collected
+        if not handle._collected:  # not in the mailbox (full, dropped, or read already)
+            handle._collected = True
+            if self._retain is not None:
+                self._retire(handle)
         return envelope
 
     def _similar_ids(self, task_id: str, session_id: str | None) -> list[str]:

@@ -255,6 +255,14 @@ async def test_retain_n_keeps_the_n_latest_collected() -> None:
         assert [h.task_id for h in manager.tasks()] == kept
 
 
+async def test_forgetting_an_uncollected_record_is_not_a_collection() -> None:
+    async with manager_with(spec("echo", echo), retain_collected=1) as manager:
+        a, b = await spawn_ended(manager, 2)
+        await manager.wait_result(a)
+        assert manager.forget(b) is not None  # drains b's entry: not counted as collected
+        assert [h.task_id for h in manager.tasks()] == [a]
+
+
 # ---------------------------------------------------------------- never an uncollected record
 
 
@@ -298,6 +306,46 @@ async def test_running_children_are_never_forgotten() -> None:
         assert manager.tasks() == [slow]  # ended, not collected
         with pytest.raises(UnknownTask):
             manager.result(fast)
+
+
+class FlakyMailbox(Mailbox):
+    """Its next ``drain`` raises (a durable backend that failed), once per ``fail``."""
+
+    fail = 0
+
+    def drain(self, task_id: str) -> DelegateResult | None:
+        if self.fail:
+            self.fail -= 1
+            raise OSError("backend down")
+        return super().drain(task_id)
+
+
+async def test_a_failed_collection_forgets_nothing() -> None:
+    boxes: list[FlakyMailbox] = []
+
+    def factory(session_id: str) -> FlakyMailbox:
+        boxes.append(FlakyMailbox())
+        return boxes[-1]
+
+    manager = SubagentManager(
+        [spec("echo", echo)],
+        config=SubagentConfig(retain_collected=0),
+        mailbox_factory=factory,
+    )
+    async with manager:
+        a, b = await spawn_ended(manager, 2)
+        boxes[0].fail = 2
+        with pytest.raises(OSError, match="backend down"):
+            await manager.wait_result(a)
+        with pytest.raises(OSError, match="backend down"):
+            manager.forget(b)
+        for task_id in (a, b):
+            assert not manager.handle(task_id).collected
+            assert manager.result(task_id) is not None
+        assert await manager.wait_result(a) is not None  # the retry collects, then forgets
+        assert manager.forget(b) is not None
+        assert manager.tasks() == []
+        assert len(boxes[0]) == 0
 
 
 # ---------------------------------------------------------------- forget()
