@@ -713,7 +713,8 @@ class SubagentManager(Admission, ChildRuns):
         Returns ``None`` if ``timeout`` seconds pass first; a result landing at the deadline
         is returned. Collecting removes the entry from the session mailbox; the manager's
         record stays, so a second call returns the same envelope at once (see
-        :attr:`SpawnHandle.collected`). Works when the mailbox was full.
+        :attr:`SpawnHandle.collected`), unless ``config.retain_collected`` has forgotten it
+        (then the id is unknown). Works when the mailbox was full.
 
         Raises:
             UnknownTask: unknown id, or (with ``session_id``) another session's.
@@ -736,7 +737,8 @@ class SubagentManager(Admission, ChildRuns):
         return handle._envelope
 
     def collect(self, handle: SpawnHandle) -> DelegateResult | None:
-        """Mark an ended child's envelope as consumed and remove it from its mailbox."""
+        """Mark an ended child's envelope as consumed and remove it from its mailbox (the
+        record may then be forgotten, see ``config.retain_collected``)."""
         if handle._envelope is None:
             return None
         envelope = handle._envelope
