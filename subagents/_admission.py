@@ -232,7 +232,13 @@ class Admission:
                 tg = self._tg
                 assert tg is not None
                 self._watch_wake = self._new_event()
-                tg.start_soon(self._watchdog)
+                # Started from inside a child run: a task copies its context, and the
+                # watchdog's must not hold (pin) this child's handle for good.
+                token = _SLOT_OWNER.set(None)
+                try:
+                    tg.start_soon(self._watchdog)
+                finally:
+                    _SLOT_OWNER.reset(token)
             else:
                 self._watch_wake.set()
 

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ._envelope import DelegateResult, Usage, clean_text
-from ._errors import ConfigError
+from ._errors import ConfigError, SpawnRejected
 from ._events import PROGRESS
+from ._handle import RUNNING, SETTLED
+from ._mailbox import closed_mailbox
 from ._paths import AgentPath
 from ._permissions import Ruleset
 from ._spec import UNSET_TIMEOUT
@@ -177,7 +179,11 @@ class RunContext:
         timeout: float | None = _UNSET,
         options: SpawnOptions | None = None,
     ) -> SpawnHandle:
-        """Spawn a grandchild into this run's session; see :meth:`SubagentManager.spawn`."""
+        """Spawn a grandchild into this run's session; see :meth:`SubagentManager.spawn`.
+
+        Raises :class:`SpawnRejected` (``session_closed``) once this run has ended.
+        """
+        self._check_open()
         return self._manager.spawn(
             agent, input, session_id=self.session_id, name=name, timeout=timeout, options=options
         )
@@ -191,15 +197,32 @@ class RunContext:
         timeout: float | None = _UNSET,
         options: SpawnOptions | None = None,
     ) -> DelegateResult:
-        """Delegate synchronously from this run; see :meth:`SubagentManager.execute`."""
+        """Delegate synchronously from this run; see :meth:`SubagentManager.execute`.
+
+        Raises :class:`SpawnRejected` (``session_closed``) once this run has ended.
+        """
+        self._check_open()
         return await self._manager.execute(
             agent, input, session_id=self.session_id, name=name, timeout=timeout, options=options
         )
 
     @property
     def mailbox(self) -> BaseMailbox:
-        """This run's own mailbox, where its spawned children's envelopes land."""
+        """This run's own mailbox, where its spawned children's envelopes land (a dropped
+        one once this run has ended)."""
+        if self._handle.state == SETTLED:  # its record may be forgotten: never reopen it
+            return closed_mailbox()
         return self._manager.mailbox(self.session_id)
+
+    def _check_open(self) -> None:
+        # Checked on the run's own handle, not through the manager's index: once the
+        # record is forgotten, the manager would take the id for a new root session.
+        handle = self._handle
+        if handle.state != RUNNING or handle._scope is None:
+            raise SpawnRejected(
+                "session_closed",
+                f"session {handle.task_id!r} has ended; its agent can no longer delegate",
+            )
 
     async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
         """Collect a child's envelope; see :meth:`SubagentManager.wait_result`."""

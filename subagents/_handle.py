@@ -143,7 +143,9 @@ class SpawnHandle:
 
     @property
     def collected(self) -> bool:
-        """True once the envelope was consumed through the mailbox or ``wait_result``."""
+        """True once the envelope was consumed: drained from the mailbox (``drain``,
+        ``drain_all``, ``wait``), by ``wait_result`` or ``wait_agent``, or returned by
+        ``execute``. ``config.retain_collected`` may then forget the manager's record."""
         return self._collected
 
     async def wait(self) -> DelegateResult:

@@ -30,6 +30,7 @@ __all__ = [
     "MailboxStatistics",
     "Signal",
     "check_timeout",
+    "closed_mailbox",
     "release",
 ]
 
@@ -78,9 +79,19 @@ class BaseMailbox(ABC):
     around the blocking part. The manager sets it to ``SubagentManager.lend_slot`` on the
     mailboxes it creates, so a child blocked in ``ctx.mailbox.wait(...)`` lends its
     concurrency slot (nested trees cannot deadlock); ``None`` blocks plainly.
+
+    ``consumed`` is called with each envelope the mailbox hands out consumingly (by
+    :meth:`drain`, :meth:`drain_all` and so :meth:`wait`; never by :meth:`peek`, a TTL
+    expiry or :meth:`drop`). The manager sets it on the mailboxes it creates, to mark that
+    child's handle collected (:attr:`SpawnHandle.collected`, which the retention policy
+    ``SubagentConfig.retain_collected`` acts on). A custom implementation must call it
+    (when not ``None``) for every envelope its ``drain`` and ``drain_all`` return; the
+    default :meth:`wait` consumes through ``drain``. A hook that raises is logged and
+    ignored: the envelope is still returned.
     """
 
     blocking: Callable[[], AbstractAsyncContextManager[None]] | None = None
+    consumed: Callable[[DelegateResult], object] | None = None
 
     @abstractmethod
     def put(self, task_id: str, envelope: DelegateResult) -> bool:
@@ -100,11 +111,13 @@ class BaseMailbox(ABC):
 
     @abstractmethod
     def drain(self, task_id: str) -> DelegateResult | None:
-        """Remove and return the envelope under ``task_id``, or ``None``."""
+        """Remove and return the envelope under ``task_id``, or ``None``; calls
+        ``consumed`` with it."""
 
     @abstractmethod
     def drain_all(self) -> list[DelegateResult]:
-        """Remove and return every unread envelope, in arrival order."""
+        """Remove and return every unread envelope, in arrival order; calls ``consumed``
+        with each."""
 
     @abstractmethod
     def __len__(self) -> int:
@@ -264,6 +277,12 @@ class Mailbox(BaseMailbox):
         if entry is None:
             return None
         del self._entries[task_id]
+        hook = self.consumed
+        if hook is not None:
+            try:
+                hook(entry[0])
+            except Exception:
+                logger.exception("mailbox consumed hook %r raised; ignored", hook)
         return entry[0]
 
     def drain_all(self) -> list[DelegateResult]:
@@ -271,6 +290,13 @@ class Mailbox(BaseMailbox):
             self._purge_expired()
         envelopes = [envelope for envelope, _ in self._entries.values()]
         self._entries.clear()
+        hook = self.consumed
+        if hook is not None:
+            for envelope in envelopes:
+                try:
+                    hook(envelope)
+                except Exception:
+                    logger.exception("mailbox consumed hook %r raised; ignored", hook)
         return envelopes
 
     def __len__(self) -> int:
@@ -351,6 +377,13 @@ class Mailbox(BaseMailbox):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._entries)}/{self._capacity}"
         return f"<Mailbox {state}>"
+
+
+def closed_mailbox() -> Mailbox:
+    """A new mailbox, dropped already: what the mailbox of a closed session reads as."""
+    mailbox = Mailbox(capacity=1)
+    mailbox.drop()
+    return mailbox
 
 
 def release(mailbox: BaseMailbox) -> None:

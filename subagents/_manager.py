@@ -32,7 +32,7 @@ from ._events import SPAWNED, EventBus
 from ._handle import NO_LEND, QUEUED, RUNNING, SETTLED, SpawnHandle
 from ._lookup import live_ids_sentence, similar_ids
 from ._loop_clock_asyncio import loop_checkpoint, loop_clock, loop_event
-from ._mailbox import BaseMailbox, Mailbox, release
+from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
 from ._spec import UNSET_TIMEOUT, AgentSpec, SpawnOptions, SubagentConfig, trusted_request
@@ -48,12 +48,6 @@ logger = logging.getLogger("subagents")
 
 _UNSET: Final = UNSET_TIMEOUT
 _ROOT: Final = AgentPath.root()
-
-
-def _closed_mailbox() -> BaseMailbox:
-    mailbox = Mailbox(capacity=1)
-    mailbox.drop()
-    return mailbox
 
 
 @attrs.frozen(kw_only=True)
@@ -127,10 +121,19 @@ class SubagentManager(Admission, ChildRuns):
         self._backend: Backend = backend if backend is not None else run_local
         self._tasks: dict[str, SpawnHandle] = {}
         self._live: dict[str, dict[SpawnHandle, None]] = {}
-        self._by_session: dict[str, list[SpawnHandle]] = {}
+        # Every recorded child by session, oldest first (a dict: forgetting one is O(1)).
+        self._by_session: dict[str, dict[SpawnHandle, None]] = {}
         self._mailboxes: dict[str, BaseMailbox] = {}
         self._names: dict[str, NameAllocator] = {}
         self._closed_sessions: set[str] = set()
+        # Retention (see forget()): collected records in collection order, kept at most
+        # config.retain_collected of them; None keeps every record.
+        self._retain = self.config.retain_collected
+        self._retained: deque[SpawnHandle] = deque()
+        self._forgot = False  # any record forgotten yet (unknown-id messages say so)
+        # Sessions of forgotten children that still list children of their own: closed
+        # until their listing empties (a late grandchild must not reopen them).
+        self._forgotten_sessions: set[str] = set()
         # Callbacks run once when a session starts closing (session_signal: wait_agent).
         self._close_watchers: dict[str, dict[int, Callable[[], object]]] = {}
         self._watch_ids = itertools.count()
@@ -349,8 +352,12 @@ class SubagentManager(Admission, ChildRuns):
             UnknownAgent, SpawnRejected, ConfigError: as :meth:`spawn`.
         """
         handle = self._new_handle(agent, input, session_id, name, timeout, options, sync=True)
-        handle._collected = True
-        await self._run(handle)
+        handle._collected = True  # returned to the caller: collected as it ends
+        try:
+            await self._run(handle)
+        finally:
+            if self._retain is not None and handle._envelope is not None:
+                self._retire(handle)
         assert handle._envelope is not None
         return handle._envelope
 
@@ -448,8 +455,8 @@ class SubagentManager(Admission, ChildRuns):
         live[handle] = None
         by_session = self._by_session.get(session_id)
         if by_session is None:
-            by_session = self._by_session[session_id] = []
-        by_session.append(handle)
+            by_session = self._by_session[session_id] = {}
+        by_session[handle] = None
         self._spawned += 1
         if self.events.active:
             self.events.publish(
@@ -516,6 +523,8 @@ class SubagentManager(Admission, ChildRuns):
             if mailbox is not None:
                 release(mailbox)
             self._names.pop(session_id, None)
+            if not self._by_session.get(session_id, True):
+                del self._by_session[session_id]  # every record of it was forgotten
 
     def _watch_close(self, session_id: str, callback: Callable[[], object]) -> int:
         """Run ``callback()`` once when ``session_id`` starts closing (before its children
@@ -540,7 +549,13 @@ class SubagentManager(Admission, ChildRuns):
                 logger.exception("a close watcher of session %r raised; ignored", session_id)
 
     def session_closed(self, session_id: str) -> bool:
-        """True once :meth:`close_session` was called (or the child owning it ended)."""
+        """True once :meth:`close_session` was called (or the child owning it ended).
+
+        The session of a forgotten child (see :meth:`forget`) stays closed while records of
+        its own children remain; after that its id is unknown, like a session name never
+        used (its mailbox was released when the child ended, and its :class:`RunContext`
+        refuses to delegate on its own).
+        """
         if session_id in self._closed_sessions:
             return True
         owner = self._tasks.get(session_id)
@@ -549,11 +564,12 @@ class SubagentManager(Admission, ChildRuns):
     # ------------------------------------------------------------------ mailboxes & results
 
     def mailbox(self, session_id: str = DEFAULT_SESSION) -> BaseMailbox:
-        """The mailbox of ``session_id`` (created on first use; a dropped one once closed)."""
+        """The mailbox of ``session_id`` (created on first use; a dropped one once closed,
+        see :meth:`session_closed` for the session of a forgotten child)."""
         mailbox = self._mailboxes.get(session_id)
         if mailbox is None:
             if self.session_closed(session_id) or self._state == "closed":
-                return _closed_mailbox()
+                return closed_mailbox()
             mailbox = self._new_mailbox(session_id)
             self._mailboxes[session_id] = mailbox
         return mailbox
@@ -565,7 +581,17 @@ class SubagentManager(Admission, ChildRuns):
             mailbox = Mailbox(capacity=self.config.mailbox_capacity, ttl=self.config.mailbox_ttl)
         if mailbox.blocking is None:
             mailbox.blocking = self.lend_slot  # a child waiting here lends its slot
+        if mailbox.consumed is None:
+            mailbox.consumed = self._mailbox_consumed  # a drained envelope is collected
         return mailbox
+
+    def _mailbox_consumed(self, envelope: DelegateResult) -> None:
+        """A session mailbox handed ``envelope`` out: its child counts as collected."""
+        handle = self._tasks.get(envelope.task_id)
+        if handle is not None and not handle._collected and handle._envelope is not None:
+            handle._collected = True
+            if self._retain is not None:
+                self._retire(handle)
 
     def _delivery_mailbox(self, session_id: str) -> BaseMailbox | None:
         mailbox = self._mailboxes.get(session_id)
@@ -584,11 +610,10 @@ class SubagentManager(Admission, ChildRuns):
         """
         handle = self._tasks.get(task_id) if isinstance(task_id, str) else None
         if handle is None:
-            raise UnknownTask(
-                str(task_id),
-                self._similar_ids(str(task_id), session_id),
-                live_ids_sentence(session_id, self._by_session.get(session_id or "", ())),
-            )
+            detail = live_ids_sentence(session_id, self._by_session.get(session_id or "", ()))
+            if self._retain is not None or self._forgot:
+                detail = f"{self._forgotten_sentence()} {detail}".rstrip()
+            raise UnknownTask(str(task_id), self._similar_ids(str(task_id), session_id), detail)
         if session_id is not None and handle.session_id != session_id:
             raise UnknownTask(
                 task_id,
@@ -599,17 +624,94 @@ class SubagentManager(Admission, ChildRuns):
             )
         return handle
 
+    def _forgotten_sentence(self) -> str:
+        if self._retain is None:
+            return "Records are forgotten on request (forget), so a forgotten id is unknown."
+        return (
+            f"Collected results are forgotten (retain_collected={self._retain}), so an id "
+            "already collected may be unknown."
+        )
+
     def result(self, task_id: str) -> DelegateResult | None:
         """The envelope of ``task_id`` if it has ended, else ``None``. Never consumes.
 
         This is the record of last resort: it holds every envelope even when the mailbox
-        was full or closed. Raises :class:`UnknownTask` for an unknown id.
+        was full or closed, until the envelope has been collected and the record forgotten
+        (``config.retain_collected``, :meth:`forget`). Raises :class:`UnknownTask` for an
+        unknown (or forgotten) id.
         """
         return self.handle(task_id)._envelope
 
     def tasks(self, session_id: str = DEFAULT_SESSION) -> list[SpawnHandle]:
-        """Every child ever spawned into ``session_id``, oldest first."""
+        """Every child spawned into ``session_id`` and not forgotten, oldest first."""
         return list(self._by_session.get(session_id, ()))
+
+    def forget(self, task_id: str) -> DelegateResult | None:
+        """Drop the record of an ended child and return its envelope. Never blocks.
+
+        If the envelope is still in its session's mailbox it is consumed from there first,
+        so nothing is left behind; afterwards the id is unknown (:meth:`result`,
+        :meth:`handle` and ``wait_agent`` answer as for any unknown id) and the child is
+        no longer listed by :meth:`tasks`. A child that has not ended is left alone and
+        ``None`` is returned. ``config.retain_collected`` does the same automatically for
+        collected children.
+
+        Raises:
+            UnknownTask: no such id (or it was forgotten already).
+        """
+        handle = self.handle(task_id)
+        envelope = handle._envelope
+        if envelope is None:
+            return None
+        mailbox = self._mailboxes.get(handle.session_id)
+        if mailbox is not None:
+            collected = handle._collected
+            handle._collected = True  # so the mailbox hook does not count a collection
+            try:
+                mailbox.drain(handle.task_id)
+            except BaseException:
+                handle._collected = collected  # a backend that failed: nothing forgotten
+                raise
+        handle._collected = True
+        self._drop_record(handle)
+        return envelope
+
+    def _retire(self, handle: SpawnHandle) -> None:
+        """``handle`` was just collected: keep it among the ``retain_collected`` newest
+        collected records and forget the oldest beyond them. O(1)."""
+        retain = self._retain
+        assert retain is not None
+        if retain == 0:
+            self._drop_record(handle)
+            return
+        retained = self._retained
+        retained.append(handle)
+        if len(retained) > retain:
+            self._drop_record(retained.popleft())
+
+    def _drop_record(self, handle: SpawnHandle) -> None:
+        """Forget ``handle``: out of the task index and its session's listing. O(1)."""
+        task_id = handle.task_id
+        if self._tasks.get(task_id) is not handle:
+            return  # forgotten already
+        del self._tasks[task_id]
+        self._forgot = True
+        session = handle.session_id
+        listing = self._by_session.get(session)
+        if listing is not None:
+            listing.pop(handle, None)
+            if not listing and self.session_closed(session):
+                del self._by_session[session]
+                if session in self._forgotten_sessions:  # its last child: nothing can land
+                    self._forgotten_sessions.discard(session)
+                    self._closed_sessions.discard(session)
+        children = self._by_session.get(task_id)
+        if children is not None:
+            if children:  # records of its own children remain: keep its session closed
+                self._forgotten_sessions.add(task_id)
+                self._closed_sessions.add(task_id)
+            else:
+                del self._by_session[task_id]
 
     async def wait_result(
         self,
@@ -623,7 +725,8 @@ class SubagentManager(Admission, ChildRuns):
         Returns ``None`` if ``timeout`` seconds pass first; a result landing at the deadline
         is returned. Collecting removes the entry from the session mailbox; the manager's
         record stays, so a second call returns the same envelope at once (see
-        :attr:`SpawnHandle.collected`). Works when the mailbox was full.
+        :attr:`SpawnHandle.collected`), unless ``config.retain_collected`` has forgotten it
+        (then the id is unknown). Works when the mailbox was full.
 
         Raises:
             UnknownTask: unknown id, or (with ``session_id``) another session's.
@@ -652,14 +755,19 @@ class SubagentManager(Admission, ChildRuns):
         return handle._envelope
 
     def collect(self, handle: SpawnHandle) -> DelegateResult | None:
-        """Mark an ended child's envelope as consumed and remove it from its mailbox."""
+        """Mark an ended child's envelope as consumed and remove it from its mailbox (the
+        record may then be forgotten, see ``config.retain_collected``)."""
         if handle._envelope is None:
             return None
-        handle._collected = True
+        envelope = handle._envelope
         mailbox = self._mailboxes.get(handle.session_id)
         if mailbox is not None:
-            mailbox.drain(handle.task_id)
-        return handle._envelope
+            mailbox.drain(handle.task_id)  # if it is there, the hook marks it collected
+        if not handle._collected:  # not in the mailbox (full, dropped, or read already)
+            handle._collected = True
+            if self._retain is not None:
+                self._retire(handle)
+        return envelope
 
     def _similar_ids(self, task_id: str, session_id: str | None) -> list[str]:
         pool = (

@@ -160,6 +160,11 @@ def _check_depth(_: object, attribute: attrs.Attribute[int], value: int) -> None
         raise ConfigError(attribute.name, "an integer >= 0", value)
 
 
+def _check_retain(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError(attribute.name, "an integer >= 0 or None", value)
+
+
 @attrs.frozen(kw_only=True)
 class SpawnOptions:
     """Per-spawn overrides. Every field left ``None`` takes the default."""
@@ -201,6 +206,11 @@ class SubagentConfig:
     """Unread envelopes a session's mailbox holds before degrading to events."""
     mailbox_ttl: float | None = attrs.field(default=None, validator=_check_timeout)
     """Seconds an unread envelope stays in the mailbox; ``None`` keeps it until read."""
+    retain_collected: int | None = attrs.field(default=None, validator=_check_retain)
+    """How many collected children's records the manager keeps (the newest by collection):
+    ``None`` keeps every record for the manager's lifetime; ``0`` forgets a record once its
+    envelope is collected (mailbox, ``wait_result``, ``wait_agent``, or returned by
+    ``execute``). A record not yet collected is never forgotten."""
     truncate_chars: int = attrs.field(default=DEFAULT_TRUNCATE_CHARS, validator=_check_positive_int)
     """Length bound of the compact text view given to models."""
     notify_completion: bool = True
