@@ -10,7 +10,8 @@ whatever else the machine does). Each implementation runs W1's fan-out (spawn N 
 children, collect every result) in a fresh process at two sizes; the difference divided by
 the difference in N is the cost of one more child, with interpreter start-up and imports
 cancelled out. The garbage collector's share is the inclusive count of CPython's
-``gc_collect_main``. Takes about a minute per implementation; needs valgrind (Debian's
+``gc_collect_main``. Hash seed and task ids are fixed, so a count repeats to within a few
+instructions per child. Takes about a minute per implementation; needs valgrind (Debian's
 ``valgrind`` package), which ``.ci/run`` does not install: this is a tool for
 optimisation work, not part of CI.
 """
@@ -18,6 +19,7 @@ optimisation work, not part of CI.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +37,13 @@ _GC = re.compile(r"^\s*([\d,]+)\s.*gcmodule\.c:gc_collect_main\s", re.MULTILINE)
 
 def _child(impl: str, n: int, limit: int) -> None:
     import asyncio
+    import os
+    import random
+
+    # Repeatable counts: task ids come from os.urandom, and a different set of ids lays
+    # out the runtime's dicts differently (about 1 % of the count between runs).
+    rng = random.Random(0)
+    os.urandom = rng.randbytes
 
     import anyio
     import workloads as wl
@@ -62,6 +71,7 @@ def _measure(impl: str, n: int, limit: int, out_dir: Path) -> tuple[int, int]:
         ],
         check=True,
         capture_output=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},  # repeatable str hashes, likewise
     )
     text = out.read_text()
     total = _TOTAL.search(text)
