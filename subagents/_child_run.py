@@ -204,6 +204,8 @@ class ChildRuns:
         unless it has unfinished children, which it returns for :meth:`_settle_children`."""
         handle._scope = None
         self._deadlines.pop(handle, None)
+        if not handle._owns_session:  # most children: no mailbox, names or children
+            return None
         session = handle.task_id
         live = self._live.pop(session, None)
         if live:

@@ -45,6 +45,7 @@ class SpawnHandle:
         "_iterations",
         "_lends",
         "_manager",
+        "_owns_session",
         "_partial_output",
         "_permissions",
         "_request",
@@ -116,6 +117,8 @@ class SpawnHandle:
         self._ending = False
         self._lends = 0
         self._traceback: str | None = None
+        # True once its own session has state to release (children, names, a mailbox).
+        self._owns_session = False
 
     @property
     def agent(self) -> str:

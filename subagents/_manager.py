@@ -399,6 +399,7 @@ class SubagentManager(Admission, ChildRuns):
                 )
             parent_path = parent.agent_path
             permissions = spec.permissions.intersect(parent._permissions)
+            parent._owns_session = True  # its names and live children, released as it ends
         else:
             parent_path = _ROOT
             permissions = spec.permissions.intersect(self.config.permissions)
@@ -572,6 +573,9 @@ class SubagentManager(Admission, ChildRuns):
                 return closed_mailbox()
             mailbox = self._new_mailbox(session_id)
             self._mailboxes[session_id] = mailbox
+            owner = self._tasks.get(session_id)
+            if owner is not None:
+                owner._owns_session = True  # released as it ends
         return mailbox
 
     def _new_mailbox(self, session_id: str) -> BaseMailbox:

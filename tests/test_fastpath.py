@@ -481,3 +481,37 @@ def test_a_handle_read_after_its_run_works_under_another_backend() -> None:
         return handle.done.is_set()
 
     assert anyio.run(read_later, backend="trio")
+
+
+async def test_a_child_session_is_released_when_it_ends() -> None:
+    """A child that only opened its mailbox, or only delegated, has its session state
+    (mailbox, names, live children) released as it ends; one that did neither has none."""
+    mailboxes: list[object] = []
+
+    async def opens_mailbox(request: Request, ctx: RunContext) -> str:
+        mailboxes.append(ctx.mailbox)
+        return "ok"
+
+    async def delegates(request: Request, ctx: RunContext) -> str:
+        await ctx.spawn("plain").wait()
+        mailboxes.append(ctx.mailbox)
+        return "ok"
+
+    async def plain(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    specs = [
+        AgentSpec(name="opens", description="d", runner=opens_mailbox),
+        AgentSpec(name="delegates", description="d", runner=delegates),
+        AgentSpec(name="plain", description="d", runner=plain),
+    ]
+    async with SubagentManager(specs) as manager:
+        for agent in ("opens", "delegates", "plain"):
+            handle = manager.spawn(agent)
+            await handle.wait()
+            session = handle.task_id
+            assert session not in manager._mailboxes
+            assert session not in manager._names
+            assert session not in manager._live
+        assert len(mailboxes) == 2
+        assert all(mailbox.closed for mailbox in mailboxes)  # type: ignore[attr-defined]
