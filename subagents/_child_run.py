@@ -89,7 +89,7 @@ class ChildRuns:
         """
         handle.state = RUNNING
         started = handle._started_at = perf_counter()
-        if self.events.active:
+        if self.events._subscribers:  # .active without the property call
             self.events.publish(
                 STARTED,
                 session_id=handle.session_id,
@@ -343,7 +343,7 @@ class ChildRuns:
         self, event_type: str, session_id: str, envelope: DelegateResult
     ) -> None:
         bus = self.events
-        if not bus.active:
+        if not bus._subscribers:  # not .active: no property call per child
             return
         data = envelope.to_dict()
         handle = self._tasks.get(envelope.task_id)

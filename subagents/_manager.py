@@ -326,7 +326,8 @@ class SubagentManager(Admission, ChildRuns):
         self._queued += 1
         if handle._trace is not None:
             self._telemetry.queued(handle)
-        self._pump()
+        if self._workers == self._busy:  # no idle worker will take it: _pump decides
+            self._pump()
         return handle
 
     async def execute(
@@ -459,7 +460,7 @@ class SubagentManager(Admission, ChildRuns):
             by_session = self._by_session[session_id] = {}
         by_session[handle] = None
         self._spawned += 1
-        if self.events.active:
+        if self.events._subscribers:  # .active without the property call, once per spawn
             self.events.publish(
                 SPAWNED,
                 session_id=session_id,
