@@ -62,6 +62,7 @@ class ChildRuns:
     _mailboxes: dict[str, BaseMailbox]
     _names: dict[str, NameAllocator]
     _deadlines: dict[SpawnHandle, float]
+    _watch_at: float
     _settled: int
     _clock: Callable[[], float]
     _state: Literal["new", "running", "closing", "closed"]
@@ -109,7 +110,10 @@ class ChildRuns:
         error: Exception | None = None
         try:
             if worker_scope is not None and timeout is not None:
-                self._watch(handle, deadline)
+                if deadline < self._watch_at:
+                    self._watch(handle, deadline)  # the watchdog must wake earlier
+                else:
+                    self._deadlines[handle] = deadline
             # On a worker its scope is already entered (by the worker): nothing to enter.
             scope = anyio.CancelScope(deadline=deadline) if worker_scope is None else worker_scope
             with scope if worker_scope is None else _ENTERED:
