@@ -226,8 +226,11 @@ class Mailbox(BaseMailbox):
         self._capacity = capacity
         self._ttl = ttl
         self._clock = clock
-        # dict order is arrival order; the value is (envelope, expiry or None)
-        self._entries: dict[str, tuple[DelegateResult, float | None]] = {}
+        # dict order is arrival order. Expiry times live apart, and only with a TTL: an
+        # (envelope, expiry) pair per entry would be one more GC-tracked object per unread
+        # envelope (100,000 of them in a big fan-out).
+        self._entries: dict[str, DelegateResult] = {}
+        self._expiry: dict[str, float] = {}
         self._task_subs: dict[str, dict[str, Signal]] = {}
         self._sub_task: dict[str, str] = {}
         self._all_subs: dict[str, Signal] = {}
@@ -257,8 +260,9 @@ class Mailbox(BaseMailbox):
                 self._purge_expired()
             if len(entries) >= self._capacity:
                 raise MailboxFull(self._capacity, task_id)
-        expiry = None if self._ttl is None else self._clock() + self._ttl
-        entries[task_id] = (envelope, expiry)
+        entries[task_id] = envelope
+        if self._ttl is not None:
+            self._expiry[task_id] = self._clock() + self._ttl
         waiting = self._task_subs.pop(task_id, None)
         if waiting:
             for sub_id in waiting:
@@ -269,27 +273,29 @@ class Mailbox(BaseMailbox):
         return True
 
     def peek(self, task_id: str) -> DelegateResult | None:
-        entry = self._live(task_id)
-        return None if entry is None else entry[0]
+        return self._live(task_id)
 
     def drain(self, task_id: str) -> DelegateResult | None:
-        entry = self._live(task_id)
-        if entry is None:
+        envelope = self._live(task_id)
+        if envelope is None:
             return None
         del self._entries[task_id]
+        if self._ttl is not None:
+            self._expiry.pop(task_id, None)
         hook = self.consumed
         if hook is not None:
             try:
-                hook(entry[0])
+                hook(envelope)
             except Exception:
                 logger.exception("mailbox consumed hook %r raised; ignored", hook)
-        return entry[0]
+        return envelope
 
     def drain_all(self) -> list[DelegateResult]:
         if self._ttl is not None:
             self._purge_expired()
-        envelopes = [envelope for envelope, _ in self._entries.values()]
+        envelopes = list(self._entries.values())
         self._entries.clear()
+        self._expiry.clear()
         hook = self.consumed
         if hook is not None:
             for envelope in envelopes:
@@ -309,6 +315,7 @@ class Mailbox(BaseMailbox):
             return
         self._closed = True
         self._entries.clear()
+        self._expiry.clear()
         callbacks: list[Signal] = []
         for subs in self._task_subs.values():
             callbacks.extend(subs.values())
@@ -361,18 +368,22 @@ class Mailbox(BaseMailbox):
             closed=self._closed,
         )
 
-    def _live(self, task_id: str) -> tuple[DelegateResult, float | None] | None:
-        entry = self._entries.get(task_id)
-        if entry is not None and entry[1] is not None and entry[1] <= self._clock():
-            del self._entries[task_id]
-            return None
-        return entry
+    def _live(self, task_id: str) -> DelegateResult | None:
+        envelope = self._entries.get(task_id)
+        if envelope is not None and self._ttl is not None:
+            expiry = self._expiry.get(task_id)
+            if expiry is not None and expiry <= self._clock():
+                del self._entries[task_id]
+                del self._expiry[task_id]
+                return None
+        return envelope
 
     def _purge_expired(self) -> None:
         now = self._clock()
-        expired = [k for k, (_, exp) in self._entries.items() if exp is not None and exp <= now]
+        expired = [key for key, expiry in self._expiry.items() if expiry <= now]
         for key in expired:
             del self._entries[key]
+            del self._expiry[key]
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._entries)}/{self._capacity}"
