@@ -46,7 +46,7 @@ import workloads as wl  # noqa: E402
 import subagents  # noqa: E402
 
 IMPLS = wl.IMPLS
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7")
 
 FULL: dict[str, Any] = {
     "reps": 5,
@@ -68,6 +68,10 @@ FULL: dict[str, Any] = {
     "w6_limit": 4,
     "w6_reps": 3,
     "w6_repeat": 3,
+    "w7_batches": 10,
+    "w7_n": 10_000,
+    "w7_limit": 4,
+    "w7_reps": 2,
 }
 QUICK: dict[str, Any] = {
     "reps": 1,
@@ -89,6 +93,10 @@ QUICK: dict[str, Any] = {
     "w6_limit": 4,
     "w6_reps": 1,
     "w6_repeat": 1,
+    "w7_batches": 3,
+    "w7_n": 300,
+    "w7_limit": 4,
+    "w7_reps": 1,
 }
 
 
@@ -167,8 +175,40 @@ def tracing_switch() -> str | None:
     return None
 
 
+def sustained_main(spec: dict[str, Any]) -> None:
+    """W7 in this fresh process: wall time, peak RSS growth and records kept, one JSON line."""
+    batches, n, limit, variant = spec["batches"], spec["n"], spec["limit"], spec["variant"]
+    if variant == "asyncio":
+        import asyncio
+
+        def once(count: int) -> int:
+            return asyncio.run(wl.sustained_asyncio(batches, count, limit))
+
+    else:
+        config: dict[str, Any] = {} if variant == "keep" else {"retain_collected": 0}
+
+        async def body(count: int) -> int:
+            return await wl.sustained_subagents(batches, count, limit, **config)
+
+        def once(count: int) -> int:
+            return anyio.run(body, count, backend=spec["backend"])  # type: ignore[no-any-return]
+
+    once(min(n, 200))  # warm up
+    gc.collect()
+    base_kb = _status_kb("VmRSS")
+    _reset_peak()
+    t0 = perf_counter()
+    kept = once(n)
+    wall = perf_counter() - t0
+    peak_kb = _status_kb("VmHWM")
+    print(json.dumps({"wall": wall, "peak_growth_kb": peak_kb - base_kb, "kept": kept}))
+
+
 def child_main(spec: dict[str, Any]) -> None:
     """Run one fan-out in this fresh process and print its figures as one JSON line."""
+    if spec.get("kind") == "sustained":
+        sustained_main(spec)
+        return
     impl, n, limit, backend = spec["impl"], spec["n"], spec["limit"], spec["backend"]
     config: dict[str, Any] = {}
     if "variant" in spec:
@@ -528,6 +568,50 @@ class Bench:
                     row["meets_target"] = row["x_disabled"] <= 1.10
             self.rows.append(row)
 
+    def w7(self) -> None:
+        s = self.size
+        batches, n, limit = s["w7_batches"], s["w7_n"], s["w7_limit"]
+        variants = ("asyncio", "keep", "retain0")
+        out: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        for rep in range(s["w7_reps"]):
+            for variant in variants[rep % 3 :] + variants[: rep % 3]:
+                out[variant].append(
+                    in_child(
+                        {
+                            "kind": "sustained",
+                            "variant": variant,
+                            "batches": batches,
+                            "n": n,
+                            "limit": limit,
+                            "backend": self.backend,
+                        }
+                    )
+                )
+        total = batches * n
+        what = f"{batches} batches x {n:,} through one manager, limit {limit}"
+        for variant, label in (
+            ("keep", "retain_collected=None"),
+            ("retain0", "retain_collected=0"),
+        ):
+            self.add(
+                "W7",
+                f"{what}, {label}: us/agent",
+                "us",
+                {
+                    "asyncio": [r["wall"] / total * 1e6 for r in out["asyncio"]],
+                    "subagents": [r["wall"] / total * 1e6 for r in out[variant]],
+                },
+            )
+            self.add(
+                "W7",
+                f"{what}, {label}: peak RSS growth ({out[variant][-1]['kept']:,} records kept)",
+                "MB",
+                {
+                    "asyncio": [r["peak_growth_kb"] / 1024 for r in out["asyncio"]],
+                    "subagents": [r["peak_growth_kb"] / 1024 for r in out[variant]],
+                },
+            )
+
 
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -626,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         "-w",
         "--workloads",
         default=",".join(WORKLOADS),
-        help="comma-separated subset of W1..W6 (default: all)",
+        help="comma-separated subset of W1..W7 (default: all)",
     )
     parser.add_argument("-r", "--reps", type=int, help="repetitions of in-process timings")
     parser.add_argument(

@@ -379,6 +379,29 @@ async def tree_subagents(depth: int, fanout: int, limit: int) -> int:
 TREE = {"asyncio": tree_asyncio, "anyio": tree_anyio, "subagents": tree_subagents}
 
 
+# --------------------------------------------------------------------------- W7 long-lived
+
+
+async def sustained_asyncio(batches: int, n: int, limit: int) -> int:
+    """``batches`` fan-outs of ``n`` one after another (the floor keeps nothing between)."""
+    for _ in range(batches):
+        await fanout_asyncio(n, limit)
+    return 0
+
+
+async def sustained_subagents(batches: int, n: int, limit: int, **config: Any) -> int:
+    """``batches`` fan-outs of ``n`` through one long-lived manager, each collected through
+    the mailbox before the next. Returns the records the manager still keeps."""
+    async with manager(limit, n, **config) as m:
+        mailbox = m.mailbox()
+        spawn = m.spawn
+        for _ in range(batches):
+            for _ in range(n):
+                spawn("noop")
+            await _collect(mailbox, n)
+        return len(m.tasks())
+
+
 # --------------------------------------------------------------------------- running
 
 
