@@ -4,16 +4,16 @@
     python benchmarks/instructions.py --limit 1024
     python benchmarks/instructions.py --impl subagents --sizes 2000,6000
 
-Wall-clock figures on a shared 2-core machine move by 5-10 % between runs; instruction counts
-from ``valgrind --tool=callgrind`` do not (the same binary and input give the same count
-whatever else the machine does). Each implementation runs W1's fan-out (spawn N no-op
-children, collect every result) in a fresh process at two sizes; the difference divided by
-the difference in N is the cost of one more child, with interpreter start-up and imports
-cancelled out. The garbage collector's share is the inclusive count of CPython's
-``gc_collect_main``. Hash seed and task ids are fixed, so a count repeats to within a few
-instructions per child. Takes about a minute per implementation; needs valgrind (Debian's
-``valgrind`` package), which ``.ci/run`` does not install: this is a tool for
-optimisation work, not part of CI.
+Wall-clock figures on a shared 2-core machine move by 5-10 % between runs; instruction
+counts from ``valgrind --tool=callgrind`` do not depend on what else the machine is doing.
+Each implementation runs W1's fan-out (spawn N no-op children, collect every result) in a
+fresh process at two sizes; the difference divided by the difference in N is the cost of
+one more child, with interpreter start-up and imports cancelled out. The garbage
+collector's share is the inclusive count of CPython's ``gc_collect_main``. Hash seed and
+task ids are fixed; what still varies between runs (handles hash by address, clock
+readings) moves the per-child count by about 1 %, against 5-10 % for wall time here. Takes
+about a minute per implementation; needs valgrind (Debian's ``valgrind`` package), which
+``.ci/run`` does not install: this is a tool for optimisation work, not part of CI.
 """
 
 from __future__ import annotations
