@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 from anyio.abc import TaskGroup
@@ -26,6 +26,24 @@ __all__ = ["Admission"]
 
 # The spawned child whose slot the current task runs on (None outside worker runs).
 _SLOT_OWNER: ContextVar[SpawnHandle | None] = ContextVar("subagents_slot_owner", default=None)
+
+
+def _start_unowned(tg: TaskGroup, func: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``tg.start_soon(func)`` from a context with no slot owner.
+
+    It may be called inside a child's run (a spawn or a lend in a runner, the first
+    deadline). A task copies the context it is started from, and anyio keeps another copy
+    for the task's done callback, for as long as the task lives: a long-lived worker or the
+    watchdog would keep that child's handle alive long after its record was forgotten.
+    """
+    if _SLOT_OWNER.get() is None:
+        tg.start_soon(func)
+        return
+    token = _SLOT_OWNER.set(None)
+    try:
+        tg.start_soon(func)
+    finally:
+        _SLOT_OWNER.reset(token)
 
 
 class Admission:
@@ -70,10 +88,9 @@ class Admission:
         # An idle (or starting) worker will take the next queued child and a slot.
         if self._queued and self._workers == self._busy and self._active < self._limit:
             self._workers += 1
-            tg.start_soon(self._worker)
+            _start_unowned(tg, self._worker)
 
     async def _worker(self) -> None:
-        token = _SLOT_OWNER.set(None)
         try:
             while self._active < self._limit:
                 # One cancel scope serves child after child (entering a scope per child
@@ -115,7 +132,9 @@ class Admission:
                                 if self._resumers:
                                     self._wake_resumers()
         finally:
-            _SLOT_OWNER.reset(token)
+            # The last child's handle: a finished task's context outlives it (until its
+            # done callbacks have run).
+            _SLOT_OWNER.set(None)
             self._workers -= 1
 
     def _take_slot(self, handle: SpawnHandle) -> None:
@@ -240,13 +259,7 @@ class Admission:
                 tg = self._tg
                 assert tg is not None
                 self._watch_wake = self._new_event()
-                # Started from inside a child run: a task copies its context, and the
-                # watchdog's must not hold (pin) this child's handle for good.
-                token = _SLOT_OWNER.set(None)
-                try:
-                    tg.start_soon(self._watchdog)
-                finally:
-                    _SLOT_OWNER.reset(token)
+                _start_unowned(tg, self._watchdog)
             else:
                 self._watch_wake.set()
 

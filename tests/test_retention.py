@@ -475,6 +475,36 @@ async def test_retain_zero_holds_no_handle_after_many_drained_children() -> None
         assert left == []  # (handles of other tests' managers may still be around)
 
 
+async def test_a_worker_started_inside_a_child_does_not_pin_that_child() -> None:
+    """A spawn from inside a runner can start a worker, which copies the runner's context
+    (its slot owner, the runner's handle). That worker lives on with other children; the
+    runner's record, once collected and forgotten, must not stay reachable through it."""
+    release = anyio.Event()
+    started = anyio.Event()
+
+    async def hold(request: Request, ctx: RunContext) -> str:
+        started.set()
+        await release.wait()
+        return "held"
+
+    async def starter(request: Request, ctx: RunContext) -> str:
+        ctx.manager.spawn("hold")  # a root-session child: outlives this one
+        await started.wait()
+        return "ok"
+
+    async with manager_with(
+        spec("hold", hold), spec("starter", starter), retain_collected=0, max_concurrent_spawns=2
+    ) as manager:
+        task_id = manager.spawn("starter").task_id
+        assert (await manager.wait_result(task_id)) is not None
+        await anyio.wait_all_tasks_blocked()  # the starter's own worker has left
+        assert task_id not in manager._tasks  # forgotten
+        gc.collect()
+        alive = [o for o in gc.get_objects() if isinstance(o, SpawnHandle) and o.task_id == task_id]
+        release.set()
+    assert alive == []
+
+
 # ---------------------------------------------------------------- a property over any sequence
 
 OPS = st.lists(
