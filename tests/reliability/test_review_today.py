@@ -6,7 +6,13 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from subagents import Request, RunContext, SubagentManager
+from subagents import (
+    Request,
+    RunContext,
+    SubagentManager,
+    Toolset,
+    build_tools,
+)
 from tests.helpers import manager_with, spec
 
 pytestmark = pytest.mark.anyio
@@ -53,3 +59,30 @@ async def test_a_child_cancelled_in_the_queue_releases_the_mailbox_of_its_sessio
             assert session_state(manager, queued.task_id) == []
             gate.set()
             await running.wait()
+
+
+async def test_the_tools_of_a_forgotten_child_cannot_delegate() -> None:
+    """A child's tools (``build_tools(manager, ctx.session_id)``) used after the child has
+    ended refuse to spawn or delegate, also once retention forgot its record: its id must
+    not read as a fresh root session (a child at ``/root`` with the root's permissions)."""
+    kept: list[Toolset] = []
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        kept.append(build_tools(ctx._manager, ctx.session_id))
+        return "done"
+
+    async def echo(request: Request, ctx: RunContext) -> str:
+        return request.input
+
+    async with manager_with(spec("p", parent), spec("e", echo), retain_collected=0) as manager:
+        with anyio.fail_after(5):
+            child = manager.spawn("p")
+            await manager.wait_result(child.task_id)
+            assert child not in manager._tasks.values()  # forgotten
+            (tools,) = kept
+            for tool in ("spawn_agent", "delegate_to_agent"):
+                answer = await tools.call(tool, {"agent": "e", "input": "hi"})
+                assert answer.is_error, answer
+                assert answer.details["reason"] == "session_closed"
+            assert manager.tasks(child.task_id) == []
+            assert manager.statistics().spawned == 1
