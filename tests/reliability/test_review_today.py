@@ -347,3 +347,50 @@ def test_the_consumed_hook_sees_exactly_what_is_handed_out(
         else:
             assert len(box) == len(model)
         assert hooked == handed
+
+
+# ---------------------------------------------------------------- forget() during a settle
+
+
+async def test_forget_during_a_parents_settle_and_the_chain_after_it() -> None:
+    """While a parent settles a stubborn child, neither can be forgotten (both unfinished);
+    the child's envelope lands in the parent's mailbox, which is released as the parent
+    ends, so under ``retain_collected=0`` collecting the parent keeps the child (uncollected)
+    and the parent's session closed until the child is collected too."""
+    release = anyio.Event()
+    parent_returned = anyio.Event()
+
+    async def stubborn(request: Request, ctx: RunContext) -> str:
+        with anyio.CancelScope(shield=True):
+            await release.wait()
+        return "late"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        ctx.spawn("stubborn")
+        await anyio.wait_all_tasks_blocked()
+        parent_returned.set()
+        return "parent"
+
+    async with manager_with(
+        spec("parent", parent), spec("stubborn", stubborn), retain_collected=0
+    ) as manager:
+        with anyio.fail_after(5):
+            p = manager.spawn("parent")
+            await parent_returned.wait()
+            await anyio.wait_all_tasks_blocked()
+            (g,) = manager.tasks(p.task_id)
+            assert p.result is None  # settling its child
+            assert manager.forget(p.task_id) is None
+            assert manager.forget(g.task_id) is None
+            release.set()
+            await manager.wait_result(p.task_id)
+            assert p not in manager._tasks.values()
+            assert g.result is not None
+            assert not g.collected
+            assert manager.tasks(p.task_id) == [g]  # kept: never collected
+            assert manager.session_closed(p.task_id)
+            assert session_state(manager, p.task_id) == []
+            await manager.wait_result(g.task_id)
+            assert manager.tasks(p.task_id) == []
+            assert not manager.session_closed(p.task_id)  # unknown now, like an unused name
+            assert p.task_id not in manager._by_session
