@@ -498,6 +498,8 @@ class SubagentManager(Admission, ChildRuns):
         handle._cancel_requested = reason
         if handle.state == QUEUED and not handle.sync:
             self._queued -= 1
+            if handle._owns_session:  # a mailbox made for it while queued: as if it ran
+                self._release_session(handle.task_id)
             self._finalize(handle, self._ended(handle, Status.CANCELLED, None))
         elif handle._scope is not None:
             handle._scope.cancel()

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._envelope import _cut_middle, bound_text
+from ._errors import SpawnRejected
+from ._handle import RUNNING
 from ._json import JSONValue
 from ._tool_wait_agent import WaitAgent, int_arg, ms, status_of
 from ._tools import Tool, ToolLimits, ToolResult, make_tool
@@ -39,10 +41,22 @@ class SessionTools(WaitAgent):
         self.manager = manager
         self.session_id = session_id
         self.limits = limits
+        # The child owning the session, if any: once its record is forgotten (retention)
+        # its id reads as an unused session, so its own handle says whether it has ended.
+        self._owner = manager._tasks.get(session_id)
+
+    def _check_open(self) -> None:
+        owner = self._owner
+        if owner is not None and (owner.state != RUNNING or owner._scope is None):
+            raise SpawnRejected(
+                "session_closed",
+                f"session {owner.task_id!r} has ended; its agent can no longer delegate",
+            )
 
     # ------------------------------------------------------------------ spawn_agent
 
     async def spawn(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
+        self._check_open()
         manager = self.manager
         agent = str(args["agent"])
         kwargs: dict[str, object] = {}
@@ -88,6 +102,7 @@ class SessionTools(WaitAgent):
     # ------------------------------------------------------------------ delegate_to_agent
 
     async def delegate(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
+        self._check_open()
         manager = self.manager
         agent = str(args["agent"])
         spec = manager.get_agent(agent)

@@ -58,7 +58,10 @@ async def test_fuzzed_spawn_arguments(args: dict[str, object]) -> None:
             with anyio.fail_after(10):
                 env = await handle.wait()
     assert isinstance(env, DelegateResult)
-    assert env.status is Status.COMPLETED, env
+    timeout = args["timeout"]
+    # A valid timeout far below a scheduler pass (hypothesis draws 1e-34) may fire first.
+    tiny = isinstance(timeout, float) and timeout < 1.0
+    assert env.status is Status.COMPLETED or (tiny and env.status is Status.TIMEOUT), env
     env.to_json()
     # What was accepted had the documented types.
     assert isinstance(args["session_id"], str), args
