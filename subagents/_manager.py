@@ -354,11 +354,11 @@ class SubagentManager(Admission, ChildRuns):
         """
         handle = self._new_handle(agent, input, session_id, name, timeout, options, sync=True)
         handle._collected = True  # returned to the caller: collected as it ends
-        try:
-            await self._run(handle)
-        finally:
-            if self._retain is not None and handle._envelope is not None:
-                self._retire(handle)
+        await self._run(handle)
+        # Only now is it collected for retention: a caller cancelled meanwhile never got the
+        # envelope, so its record stays (result(), tasks(), the completed event) until forget().
+        if self._retain is not None:
+            self._retire(handle)
         assert handle._envelope is not None
         return handle._envelope
 

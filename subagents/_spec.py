@@ -210,7 +210,8 @@ class SubagentConfig:
     """How many collected children's records the manager keeps (the newest by collection):
     ``None`` keeps every record for the manager's lifetime; ``0`` forgets a record once its
     envelope is collected (mailbox, ``wait_result``, ``wait_agent``, or returned by
-    ``execute``). A record not yet collected is never forgotten."""
+    ``execute``). A record not yet collected is never forgotten, nor is that of an
+    ``execute`` whose caller was cancelled (nobody received its envelope)."""
     truncate_chars: int = attrs.field(default=DEFAULT_TRUNCATE_CHARS, validator=_check_positive_int)
     """Length bound of the compact text view given to models."""
     notify_completion: bool = True

@@ -505,6 +505,31 @@ async def test_a_worker_started_inside_a_child_does_not_pin_that_child() -> None
     assert alive == []
 
 
+async def test_an_execute_whose_caller_was_cancelled_keeps_its_record() -> None:
+    """retain_collected=0 forgets what its caller received; a cancelled caller of execute()
+    received nothing, so that envelope stays obtainable."""
+    started = anyio.Event()
+
+    async def slow(request: Request, ctx: RunContext) -> str:
+        started.set()
+        await anyio.sleep_forever()
+        return "never"
+
+    async with manager_with(spec("slow", slow), retain_collected=0) as manager:
+        async with anyio.create_task_group() as tg:
+
+            async def delegate() -> None:
+                await manager.execute("slow")
+
+            tg.start_soon(delegate)
+            await started.wait()
+            tg.cancel_scope.cancel()
+        (handle,) = manager.tasks()
+        envelope = manager.result(handle.task_id)
+        assert envelope is not None
+        assert envelope.status is Status.CANCELLED
+
+
 # ---------------------------------------------------------------- a property over any sequence
 
 OPS = st.lists(
