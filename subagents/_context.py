@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ._envelope import DelegateResult, Usage, clean_text
-from ._errors import ConfigError, SpawnRejected
+from ._errors import ConfigError
 from ._events import PROGRESS
-from ._handle import RUNNING, SETTLED
+from ._handle import SETTLED
 from ._mailbox import closed_mailbox
 from ._paths import AgentPath
 from ._permissions import Ruleset
@@ -183,7 +183,7 @@ class RunContext:
 
         Raises :class:`SpawnRejected` (``session_closed``) once this run has ended.
         """
-        self._check_open()
+        self._handle._check_can_delegate()
         return self._manager.spawn(
             agent, input, session_id=self.session_id, name=name, timeout=timeout, options=options
         )
@@ -201,7 +201,7 @@ class RunContext:
 
         Raises :class:`SpawnRejected` (``session_closed``) once this run has ended.
         """
-        self._check_open()
+        self._handle._check_can_delegate()
         return await self._manager.execute(
             agent, input, session_id=self.session_id, name=name, timeout=timeout, options=options
         )
@@ -213,16 +213,6 @@ class RunContext:
         if self._handle.state == SETTLED:  # its record may be forgotten: never reopen it
             return closed_mailbox()
         return self._manager.mailbox(self.session_id)
-
-    def _check_open(self) -> None:
-        # Checked on the run's own handle, not through the manager's index: once the
-        # record is forgotten, the manager would take the id for a new root session.
-        handle = self._handle
-        if handle.state != RUNNING or handle._scope is None:
-            raise SpawnRejected(
-                "session_closed",
-                f"session {handle.task_id!r} has ended; its agent can no longer delegate",
-            )
 
     async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
         """Collect a child's envelope; see :meth:`SubagentManager.wait_result`."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import anyio
 
 from ._envelope import DelegateResult, Usage
+from ._errors import SpawnRejected
 
 if TYPE_CHECKING:
     from ._manager import SubagentManager
@@ -165,6 +166,18 @@ class SpawnHandle:
                     await self.done.wait()
         assert self._envelope is not None
         return self._envelope
+
+    def _check_can_delegate(self) -> None:
+        """Raise :class:`SpawnRejected` unless this child is running (its session open).
+
+        Every way into its session asks its own handle, not the manager's index: once its
+        record is forgotten, the manager would take the id for a new root session.
+        """
+        if self.state != RUNNING or self._scope is None:
+            raise SpawnRejected(
+                "session_closed",
+                f"session {self.task_id!r} has ended; its agent can no longer delegate",
+            )
 
     def cancel(self) -> bool:
         """Ask the child to stop; see :meth:`SubagentManager.cancel`."""

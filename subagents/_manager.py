@@ -29,7 +29,7 @@ from ._envelope import (
 )
 from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
 from ._events import SPAWNED, EventBus
-from ._handle import NO_LEND, QUEUED, RUNNING, SETTLED, SpawnHandle
+from ._handle import NO_LEND, QUEUED, SETTLED, SpawnHandle
 from ._lookup import live_ids_sentence, similar_ids
 from ._loop_clock_asyncio import loop_checkpoint, loop_clock, loop_event
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
@@ -393,11 +393,7 @@ class SubagentManager(Admission, ChildRuns):
             )
         parent = self._tasks.get(session_id)
         if parent is not None:
-            if parent.state != RUNNING or parent._scope is None:
-                raise SpawnRejected(
-                    "session_closed",
-                    f"session {session_id!r} has ended; its agent can no longer delegate",
-                )
+            parent._check_can_delegate()
             parent_path = parent.agent_path
             permissions = spec.permissions.intersect(parent._permissions)
             parent._owns_session = True  # its names and live children, released as it ends

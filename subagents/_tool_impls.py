@@ -6,8 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._envelope import _cut_middle, bound_text
-from ._errors import SpawnRejected
-from ._handle import RUNNING
 from ._json import JSONValue
 from ._tool_wait_agent import WaitAgent, int_arg, ms, status_of
 from ._tools import Tool, ToolLimits, ToolResult, make_tool
@@ -46,12 +44,8 @@ class SessionTools(WaitAgent):
         self._owner = manager._tasks.get(session_id)
 
     def _check_open(self) -> None:
-        owner = self._owner
-        if owner is not None and (owner.state != RUNNING or owner._scope is None):
-            raise SpawnRejected(
-                "session_closed",
-                f"session {owner.task_id!r} has ended; its agent can no longer delegate",
-            )
+        if self._owner is not None:
+            self._owner._check_can_delegate()
 
     # ------------------------------------------------------------------ spawn_agent
 
