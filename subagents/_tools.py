@@ -199,11 +199,29 @@ async def traced(
                 logger.exception("could not open the span of tool %s", tool)
                 span = ToolSpan()
             result = await run(span)
+            if result.is_error:
+                span.set_error(
+                    tool_error_type(result.details), bound_text(result.content, _DESCRIPTION_CHARS)
+                )
     except Exception as exc:  # only the span's exit can get here
         logger.exception("could not close the span of tool %s", tool)
         if result is None:
             result = error_result(exc, tool)
     return result
+
+
+_DESCRIPTION_CHARS: Final = 300
+"""Bound of the span status description of a failed call (the start of its content)."""
+
+
+def tool_error_type(details: Mapping[str, object]) -> str:
+    """The ``error.type`` of a failed call: the exception class (``details["error_type"]``)
+    when one is known, else the stable error code (``details["error"]``), else ``_OTHER``."""
+    for key in ("error_type", "error"):
+        value = details.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return "_OTHER"
 
 
 def make_tool(

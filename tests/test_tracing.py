@@ -33,6 +33,7 @@ from subagents import (
     SubagentManager,
     Usage,
     _tracing,
+    build_tools,
 )
 from subagents._tracing import Telemetry, tool_span
 
@@ -416,6 +417,82 @@ async def test_tool_span_inside_child_and_on_error(exporter: InMemorySpanExporte
     assert read.status.status_code is StatusCode.ERROR
     assert crash.status.status_code is StatusCode.ERROR
     assert dict(crash.attributes or {})["error.type"] == "KeyError"
+
+
+async def _broken(request: Request, ctx: RunContext) -> str:
+    raise ValueError("disk on fire")
+
+
+# Each case: tool name, arguments, the expected error.type of its execute_tool span.
+TOOL_ERRORS = {
+    "unknown agent": ("spawn_agent", {"agent": "nobody", "input": "x"}, "unknown_agent"),
+    "invalid arguments": ("spawn_agent", {"agent": "general"}, "invalid_arguments"),
+    "arguments not JSON": ("spawn_agent", "{not json", "invalid_arguments"),
+    "unknown task id": ("wait_agent", {"task_ids": ["nope"]}, "unknown_task"),
+    "unknown task ids": ("wait_agent", {"task_ids": ["nope", "nada"]}, "unknown_task"),
+    "cancel unknown task": ("cancel_agent", {"task_id": "nope"}, "unknown_task"),
+    "unknown tool": ("no_such_tool", {}, "unknown_tool"),
+    "failed delegate, string mode": (
+        "delegate_to_agent",
+        {"agent": "broken", "input": "x"},
+        "ValueError",
+    ),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", list(TOOL_ERRORS))
+async def test_tool_error_results_mark_their_span(
+    exporter: InMemorySpanExporter, case: str
+) -> None:
+    tool, args, error_type = TOOL_ERRORS[case]
+    async with SubagentManager([spec("general"), spec("broken", _broken)]) as manager:
+        tools = build_tools(manager, "root", return_mode="string")
+        result = await tools.call(tool, args, call_id="c1")
+    assert result.is_error
+    span = one(exporter, f"execute_tool {tool}")
+    attrs = dict(span.attributes or {})
+    assert attrs["error.type"] == error_type
+    assert span.status.status_code is StatusCode.ERROR
+    description = span.status.description or ""
+    assert description
+    assert description in result.content or result.content.startswith(description[:-1])
+
+
+@pytest.mark.anyio
+async def test_tool_internal_failure_marks_its_span_with_the_exception_class(
+    exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_spawn(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("manager bug")
+
+    async with SubagentManager([spec("general")]) as manager:
+        monkeypatch.setattr(manager, "spawn", broken_spawn)
+        result = await build_tools(manager, "root").call(
+            "spawn_agent", {"agent": "general", "input": "x"}
+        )
+    assert result.is_error
+    assert result.details["error"] == "internal"
+    span = one(exporter, "execute_tool spawn_agent")
+    assert dict(span.attributes or {})["error.type"] == "RuntimeError"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+@pytest.mark.anyio
+async def test_tool_successes_leave_their_span_unset(exporter: InMemorySpanExporter) -> None:
+    async with SubagentManager([spec("general")]) as manager:
+        tools = build_tools(manager, "root", return_mode="string")
+        spawned = await tools.call("spawn_agent", {"agent": "general", "input": "x"})
+        task_id = spawned.details["task_id"]
+        waited = await tools.call("wait_agent", {"task_ids": [task_id], "timeout_ms": 5000})
+        delegated = await tools.call("delegate_to_agent", {"agent": "general", "input": "y"})
+        timed_out = await tools.call("wait_agent", {"task_ids": [task_id], "timeout_ms": 0})
+    assert not any(r.is_error for r in (spawned, waited, delegated, timed_out))
+    tool_spans = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
+    assert len(tool_spans) == 4
+    for span in tool_spans:
+        assert span.status.status_code is StatusCode.UNSET, span.name
+        assert "error.type" not in dict(span.attributes or {})
 
 
 def test_span_context_map_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
