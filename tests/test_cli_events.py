@@ -333,3 +333,33 @@ def test_summary_of_a_directory_is_a_one_line_error(
     assert capsys.readouterr().err == (
         f"subagents events summary: cannot read {tmp_path}: Is a directory\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "err"),
+    [
+        (KeyboardInterrupt(), 130, ""),
+        (
+            PermissionError(13, "Permission denied"),
+            1,
+            "subagents events: [Errno 13] Permission denied\n",
+        ),
+    ],
+    ids=["ctrl-c", "os-error"],
+)
+def test_main_turns_interrupts_and_stray_os_errors_into_a_status(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    raised: BaseException,
+    status: int,
+    err: str,
+) -> None:
+    import subagents._cli_events as cli_events
+
+    def fails(args: object) -> int:
+        raise raised
+
+    monkeypatch.setattr(cli_events, "_run_summary", fails)
+    assert main(["events", "summary", str(tmp_path / "x.jsonl")]) == status
+    assert capsys.readouterr().err == err
