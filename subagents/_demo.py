@@ -17,6 +17,7 @@ import argparse
 import random
 import sys
 from collections import Counter
+from importlib.util import find_spec
 from typing import Any
 
 import anyio
@@ -75,6 +76,14 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns 0 when every spawn ended in exactly one envelope."""
+    if find_spec(args.backend) is None:
+        # trio is an optional dependency; anyio would report it as a LookupError traceback.
+        print(
+            f"subagents demo: --backend {args.backend} needs the {args.backend} package "
+            f"(pip install {args.backend})",
+            file=sys.stderr,
+        )
+        return 1
     sink = None
     if args.events:
         try:

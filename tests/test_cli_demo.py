@@ -138,3 +138,17 @@ def test_demo_line_marks_what_it_cut() -> None:
         agent="a", task_id="t", status=Status.COMPLETED, output="fits", agent_path="/root/a"
     )
     assert _line(short).endswith("  fits")
+
+
+def test_demo_on_a_backend_that_is_not_installed_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subagents._demo as demo
+
+    monkeypatch.setattr(demo, "find_spec", lambda name: None if name == "trio" else object())
+    assert main(["demo", "--backend", "trio"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "subagents demo: --backend trio needs the trio package (pip install trio)\n"
+    )
