@@ -155,19 +155,28 @@ class SpawnHandle:
         return self._collected
 
     async def wait(self) -> DelegateResult:
-        """Block until the child has ended and return its envelope.
+        """Block until the child has ended, then collect and return its envelope.
 
-        Does not consume the mailbox entry. Cancelling the caller does not affect the child.
+        Returning the envelope to its caller is a collection, as :meth:`SubagentManager.
+        wait_result`'s: the mailbox entry is consumed, :attr:`collected` becomes true and
+        ``config.retain_collected`` may forget the record. Waiting again returns the same
+        envelope (this handle keeps it). A spawned child waiting here lends its slot.
+        Cancellation: the caller's cancellation does not affect the child and collects
+        nothing.
         """
-        if self._envelope is None:
+        envelope = self._envelope
+        if envelope is None:
             lend = self._manager.lend_slot()
             if lend is NO_LEND:  # a root parent: no context to enter and leave
                 await self.done.wait()
             else:
                 async with lend:
                     await self.done.wait()
-        assert self._envelope is not None
-        return self._envelope
+            envelope = self._envelope
+            assert envelope is not None
+        if not self._collected:
+            self._manager.collect(self)
+        return envelope
 
     def _check_can_delegate(self) -> None:
         """Raise :class:`SpawnRejected` unless this child is running (its session open).

@@ -1,38 +1,102 @@
 """Helpful answers to an unknown task id: the ids probably meant and the live ones.
 
-An unknown id must never look like "no result yet" (reference 004): the error names the
-closest known ids (prefix, truncation, case, edit distance) and the session's live tasks.
+An unknown id must never look like "no result yet": the error names the closest known ids
+(a prefix or truncation, another case, a typo) and the session's unfinished tasks. The
+answer costs a bounded amount whatever the number of records: candidates come from an
+index of the ids by their first and last characters, at most :data:`MAX_CANDIDATES` of
+them are compared, and the unfinished tasks are read from the session's live set.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Final
 
-from ._handle import SETTLED, SpawnHandle
+if TYPE_CHECKING:
+    from ._handle import SpawnHandle
 
-__all__ = ["live_ids_sentence", "similar_ids"]
+__all__ = ["MAX_CANDIDATES", "IdIndex", "live_ids_sentence"]
 
-
-def similar_ids(task_id: str, pool: Sequence[str]) -> list[str]:
-    """Up to three ids of ``pool`` that ``task_id`` was probably meant to be."""
-    needle = task_id.strip().lower()
-    if not needle:
-        return []
-    close = [t for t in pool if t.lower() == needle or t.startswith(needle) or needle.startswith(t)]
-    if len(close) < 3:
-        for t in difflib.get_close_matches(needle, pool, n=3, cutoff=0.6):
-            if t not in close:
-                close.append(t)
-    return close[:3]
+MAX_CANDIDATES: Final = 64
+"""Known ids compared with one unknown id, at most."""
+_KEY: Final = 3  # characters an index key takes from either end of an id
+_SHOWN: Final = 10  # unfinished tasks named in a sentence
 
 
-def live_ids_sentence(session_id: str | None, handles: Iterable[SpawnHandle]) -> str:
-    """A sentence listing the unfinished tasks of ``session_id`` (empty without one)."""
+def _keys(task_id: str) -> tuple[str, str]:
+    lowered = task_id.lower()
+    return "<" + lowered[:_KEY], ">" + lowered[-_KEY:]
+
+
+class IdIndex:
+    """Task ids bucketed by their first and by their last three characters.
+
+    A mistyped id usually keeps one end: a truncated or extended id keeps its start, a typo
+    near the start keeps the end. Adding and discarding are O(1); :meth:`similar` looks at
+    two buckets and compares at most :data:`MAX_CANDIDATES` ids.
+    """
+
+    __slots__ = ("_buckets",)
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, set[str]] = {}
+
+    def add(self, task_id: str) -> None:
+        buckets = self._buckets
+        for key in _keys(task_id):
+            bucket = buckets.get(key)
+            if bucket is None:
+                buckets[key] = {task_id}
+            else:
+                bucket.add(task_id)
+
+    def discard(self, task_id: str) -> None:
+        buckets = self._buckets
+        for key in _keys(task_id):
+            bucket = buckets.get(key)
+            if bucket is not None:
+                bucket.discard(task_id)
+                if not bucket:
+                    del buckets[key]
+
+    def similar(
+        self, task_id: str, known: Callable[[str], bool], prefer: Callable[[str], bool]
+    ) -> list[str]:
+        """Up to three indexed ids that ``task_id`` was probably meant to be, those for which
+        ``prefer(id)`` holds (the caller's session) first. ``known(id)`` tells an exact hit."""
+        needle = task_id.strip().lower()
+        if len(needle) < _KEY:
+            return []  # too short to mean one id rather than many
+        if needle != task_id and known(needle):
+            return [needle]  # the same id in another case or with spaces around it
+        head, tail = _keys(needle)
+        buckets = self._buckets
+        pool = itertools.chain(buckets.get(head, ()), buckets.get(tail, ()))
+        candidates = list(dict.fromkeys(itertools.islice(pool, 2 * MAX_CANDIDATES)))
+        preferred = [c for c in candidates if prefer(c)]
+        ranked: list[str] = []
+        for group in (preferred, candidates):
+            group = group[:MAX_CANDIDATES]
+            close = [c for c in group if c.startswith(needle) or needle.startswith(c)]
+            close += difflib.get_close_matches(needle, group, n=3, cutoff=0.6)
+            ranked += [c for c in close if c not in ranked]
+            if len(ranked) >= 3:
+                break
+        return ranked[:3]
+
+
+def live_ids_sentence(session_id: str | None, live: Collection[SpawnHandle]) -> str:
+    """A sentence naming the unfinished tasks of ``session_id`` (empty without one).
+
+    ``live`` holds only unfinished tasks (the manager's live set of the session), so ten
+    are read whatever the number of records.
+    """
     if session_id is None:
         return ""
-    live = [h.task_id for h in handles if h.state != SETTLED]
     if not live:
         return f"Session {session_id!r} has no unfinished tasks."
-    shown = ", ".join(live[:10]) + (f" (+{len(live) - 10} more)" if len(live) > 10 else "")
-    return f"Unfinished tasks of session {session_id!r}: {shown}."
+    shown = [h.task_id for h in itertools.islice(live, _SHOWN)]
+    more = f" (+{len(live) - len(shown)} more)" if len(live) > len(shown) else ""
+    return f"Unfinished tasks of session {session_id!r}: {', '.join(shown)}{more}."

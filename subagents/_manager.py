@@ -30,7 +30,7 @@ from ._envelope import (
 from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
 from ._events import SPAWNED, EventBus
 from ._handle import NO_LEND, QUEUED, SETTLED, SpawnHandle
-from ._lookup import live_ids_sentence, similar_ids
+from ._lookup import IdIndex, live_ids_sentence
 from ._loop_clock_asyncio import loop_checkpoint, loop_clock, loop_event
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._notifier import CompletionNotifier
@@ -127,6 +127,7 @@ class SubagentManager(Admission, ChildRuns):
         )
         self._backend: Backend = backend if backend is not None else run_local
         self._tasks: dict[str, SpawnHandle] = {}
+        self._ids = IdIndex()  # what an unknown id was probably meant to be
         self._live: dict[str, dict[SpawnHandle, None]] = {}
         # Every recorded child by session, oldest first (a dict: forgetting one is O(1)).
         self._by_session: dict[str, dict[SpawnHandle, None]] = {}
@@ -365,12 +366,10 @@ class SubagentManager(Admission, ChildRuns):
             UnknownAgent, SpawnRejected, ConfigError: as :meth:`spawn`.
         """
         handle = self._new_handle(agent, input, session_id, name, timeout, options, sync=True)
-        handle._collected = True  # returned to the caller: collected as it ends
         await self._run(handle)
-        # Only now is it collected for retention: a caller cancelled meanwhile never got the
-        # envelope, so its record stays (result(), tasks(), the completed event) until forget().
-        if self._retain is not None:
-            self._retire(handle)
+        # Collected only once returned: a caller cancelled meanwhile never got the envelope,
+        # so it stays uncollected (result(), tasks(), completions(), wait_result collect it).
+        self.collect(handle)
         assert handle._envelope is not None
         return handle._envelope
 
@@ -459,6 +458,7 @@ class SubagentManager(Admission, ChildRuns):
             sync=sync,
         )
         self._tasks[task_id] = handle
+        self._ids.add(task_id)
         live = self._live.get(session_id)
         if live is None:
             live = self._live[session_id] = {}
@@ -537,7 +537,9 @@ class SubagentManager(Admission, ChildRuns):
                 release(mailbox)
             self._names.pop(session_id, None)
             if not self._by_session.get(session_id, True):
-                del self._by_session[session_id]  # every record of it was forgotten
+                # Every record of it was forgotten: forget the session too (see _drop_record).
+                del self._by_session[session_id]
+                self._closed_sessions.discard(session_id)
 
     def _watch_close(self, session_id: str, callback: Callable[[], object]) -> int:
         """Run ``callback()`` once when ``session_id`` starts closing (before its children
@@ -626,7 +628,7 @@ class SubagentManager(Admission, ChildRuns):
         """
         handle = self._tasks.get(task_id) if isinstance(task_id, str) else None
         if handle is None:
-            detail = live_ids_sentence(session_id, self._by_session.get(session_id or "", ()))
+            detail = live_ids_sentence(session_id, self._live.get(session_id or "", {}))
             if self._retain is not None or self._forgot:
                 detail = f"{self._forgotten_sentence()} {detail}".rstrip()
             raise UnknownTask(str(task_id), self._similar_ids(str(task_id), session_id), detail)
@@ -636,7 +638,7 @@ class SubagentManager(Admission, ChildRuns):
                 (),
                 f"It belongs to another session ({handle.session_id!r}), not {session_id!r}; "
                 "only the session that spawned a task can collect it."
-                + (" " + live_ids_sentence(session_id, self._by_session.get(session_id, ()))),
+                + (" " + live_ids_sentence(session_id, self._live.get(session_id, {}))),
             )
         return handle
 
@@ -711,22 +713,29 @@ class SubagentManager(Admission, ChildRuns):
         if self._tasks.get(task_id) is not handle:
             return  # forgotten already
         del self._tasks[task_id]
+        self._ids.discard(task_id)
         self._forgot = True
         session = handle.session_id
         listing = self._by_session.get(session)
         if listing is not None:
             listing.pop(handle, None)
             if not listing and self.session_closed(session):
+                # Its last record gone, a closed session is forgotten too: its id is unknown
+                # again, like a session name never used (nothing of it is left to find).
                 del self._by_session[session]
-                if session in self._forgotten_sessions:  # its last child: nothing can land
-                    self._forgotten_sessions.discard(session)
-                    self._closed_sessions.discard(session)
+                self._forgotten_sessions.discard(session)
+                self._closed_sessions.discard(session)
         children = self._by_session.get(task_id)
         if children is not None:
-            if children:  # records of its own children remain: keep its session closed
+            # Its ended children go with it, collected or not: their session is over and
+            # nobody holds their ids but through this record. Unfinished ones (past
+            # settle_timeout) stay until they end, and keep its session closed meanwhile.
+            for child in [c for c in children if c._envelope is not None]:
+                self._drop_record(child)
+            if children:
                 self._forgotten_sessions.add(task_id)
                 self._closed_sessions.add(task_id)
-            else:
+            elif task_id in self._by_session:
                 del self._by_session[task_id]
 
     async def wait_result(
@@ -777,7 +786,8 @@ class SubagentManager(Admission, ChildRuns):
         if handle._envelope is None:
             return None
         envelope = handle._envelope
-        mailbox = self._mailboxes.get(handle.session_id)
+        # An execute()'s envelope never goes to a mailbox (it is returned to its caller).
+        mailbox = None if handle.sync else self._mailboxes.get(handle.session_id)
         if mailbox is not None:
             mailbox.drain(handle.task_id)  # if it is there, the hook marks it collected
         if not handle._collected:  # not in the mailbox (full, dropped, or read already)
@@ -787,12 +797,13 @@ class SubagentManager(Admission, ChildRuns):
         return envelope
 
     def _similar_ids(self, task_id: str, session_id: str | None) -> list[str]:
-        pool = (
-            [h.task_id for h in self._by_session.get(session_id, ())]
-            if session_id is not None
-            else []
-        )
-        return similar_ids(task_id, pool or list(self._tasks))
+        tasks = self._tasks
+
+        def in_session(candidate: str) -> bool:
+            handle = tasks.get(candidate)
+            return handle is not None and handle.session_id == session_id
+
+        return self._ids.similar(task_id, tasks.__contains__, in_session)
 
     # ------------------------------------------------------------------ waking an idle host
     # (added for the LLM tools, issue 3)

@@ -110,35 +110,50 @@ class NameAllocator:
     """Gives children of one parent distinct names: ``name``, ``name-2``, ``name-3``...
 
     Comparison is case-insensitive (``Anna`` then ``anna`` gives ``anna-2``); the spelling
-    asked for is kept. Allocation is O(1) amortised per call.
+    asked for is kept. Allocation is O(1) amortised per call, and memory grows with the
+    distinct names asked for, not with the children named: the suffixed names of a stem are
+    the range below its counter, so a thousand ``quick`` children cost one counter.
     """
 
-    __slots__ = ("_next", "_used")
+    __slots__ = ("_next", "_taken")
 
     def __init__(self) -> None:
-        self._used: set[str] = set()
+        # Lowered names given out as they were asked for (or cut to fit), not from a range.
+        self._taken: set[str] = set()
+        # Lowered stem -> the next suffix to try: every ``stem-k`` with 2 <= k below it is
+        # given out (by this counter, or earlier as a name of its own).
         self._next: dict[str, int] = {}
+
+    def _used(self, lowered: str) -> bool:
+        if lowered in self._taken:
+            return True
+        cut = lowered.rfind("-")
+        if cut <= 0:
+            return False
+        digits = lowered[cut + 1 :]
+        # Only the canonical spelling counts: the range holds "x-2", never "x-02".
+        if not digits.isdigit() or not digits.isascii() or digits[0] == "0":
+            return False
+        return 2 <= int(digits) < self._next.get(lowered[:cut], 2)
 
     def allocate(self, name: str) -> str:
         """Reserve and return a unique spelling of ``name`` (validated first)."""
         validate_name(name)
         key = name.lower()
-        if key not in self._used:
-            self._used.add(key)
+        if not self._used(key):
+            self._taken.add(key)
             return name
         n = self._next.get(key, 2)
         while True:
             suffix = f"-{n}"
             n += 1
             # Names are ASCII (validated), so lowering the stem alone is lowering the whole.
-            if len(name) + len(suffix) > MAX_NAME_LENGTH:
-                cut = MAX_NAME_LENGTH - len(suffix)
-                candidate = name[:cut] + suffix
-                lowered = key[:cut] + suffix
-            else:
-                candidate = name + suffix
-                lowered = key + suffix
-            if lowered not in self._used:
+            cut = len(name) + len(suffix) > MAX_NAME_LENGTH
+            stem_len = MAX_NAME_LENGTH - len(suffix) if cut else len(name)
+            candidate = name[:stem_len] + suffix
+            lowered = key[:stem_len] + suffix
+            if not self._used(lowered):
                 self._next[key] = n
-                self._used.add(lowered)
+                if cut:  # not of the form key-k: the range does not cover it
+                    self._taken.add(lowered)
                 return candidate

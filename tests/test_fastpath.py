@@ -163,7 +163,9 @@ async def _mixed_batch(manager: SubagentManager, seen: list[str]) -> None:
             text = "0.001" if kind == "nap" else str(i)
             handles.append(manager.spawn(kind, text, timeout=0.03))
         handles[7].cancel()  # queued at cancel time
-        envelopes = [await h.wait() for h in handles]
+        for h in handles:
+            await h.done.wait()  # ended, not collected: the mailbox still holds them
+        envelopes = [h.result for h in handles if h.result is not None]
         drained = manager.mailbox().drain_all()
     assert len(seen) == len(handles) == len(set(seen))
     assert sorted(e.task_id for e in drained) == sorted(h.task_id for h in handles)
@@ -470,7 +472,7 @@ def test_a_handle_read_after_its_run_works_under_another_backend() -> None:
     async def run_one() -> SpawnHandle:
         async with SubagentManager([spec]) as manager:
             handle = manager.spawn("quick")
-            await handle.wait()
+            await handle.done.wait()
             return handle
 
     handle = anyio.run(run_one, backend="asyncio")
@@ -508,7 +510,7 @@ async def test_a_child_session_is_released_when_it_ends() -> None:
     async with SubagentManager(specs) as manager:
         for agent in ("opens", "delegates", "plain"):
             handle = manager.spawn(agent)
-            await handle.wait()
+            await handle.done.wait()
             session = handle.task_id
             assert session not in manager._mailboxes
             assert session not in manager._names

@@ -74,7 +74,7 @@ async def test_children_start_in_fifo_order() -> None:
     async with manager_with(spec("w", runner), max_concurrent_spawns=3) as manager:
         handles = [manager.spawn("w", str(i)) for i in range(60)]
         for h in handles:
-            await h.wait()
+            await h.done.wait()
     assert started == list(range(60))
     assert manager.statistics().high_water == 3
 
@@ -500,7 +500,7 @@ async def test_exactly_one_envelope(case: str) -> None:
         elif case == "session_close":
             await manager.close_session("s")
         if case != "manager_close":
-            await handle.wait()
+            await handle.done.wait()
             if blocker is not None:
                 blocker.cancel()
         await anyio.wait_all_tasks_blocked()
@@ -551,7 +551,7 @@ async def test_full_mailbox_loses_nothing() -> None:
         )
         handles = [manager.spawn("w", str(i)) for i in range(5)]
         for h in handles:
-            await h.wait()
+            await h.done.wait()
         assert len(manager.mailbox()) == 2
         for h in handles:
             env = manager.result(h.task_id)

@@ -107,7 +107,9 @@ async def test_notify_never_blocks_the_child() -> None:
         handles = [manager.spawn("w", str(i)) for i in range(5)]
         with anyio.fail_after(5):
             for h in handles:
-                assert (await h.wait()).output == h.request.input
+                await h.done.wait()  # ended, not collected: the mailbox keeps what fits
+                assert h.result is not None
+                assert h.result.output == h.request.input
         assert len(manager.mailbox()) == 1
 
 
@@ -120,7 +122,7 @@ async def test_manager_notifier_delivers_to_session_mailbox_and_event() -> None:
     async with manager_with(spec("w", runner)) as manager:
         manager.events.subscribe(lambda e: events.append(e) if e.type.endswith("ed") else None)
         handle = manager.spawn("w")
-        await handle.wait()
+        await handle.done.wait()
         assert manager.mailbox().peek(handle.task_id) == handle.result
     completed = [e for e in events if getattr(e, "type", "") == "subagent.completed"]
     assert len(completed) == 1

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from subagents import AgentPath, InvalidName, Request, RunContext
 from subagents._paths import MAX_NAME_LENGTH, NameAllocator
@@ -114,3 +116,43 @@ async def test_nested_children_have_their_own_namespace() -> None:
     async with manager_with(spec("parent", parent), spec("echo", echo)) as manager:
         env = await manager.spawn("parent").wait()
     assert env.output == "/root/parent/echo /root/parent/echo-2"
+
+
+class _ReferenceAllocator:
+    """The allocator's rule spelled out with a set of every name given out."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def allocate(self, name: str) -> str:
+        n = 1
+        while True:
+            suffix = "" if n == 1 else f"-{n}"
+            candidate = name[: MAX_NAME_LENGTH - len(suffix)] + suffix if suffix else name
+            if candidate.lower() not in self.used:
+                self.used.add(candidate.lower())
+                return candidate
+            n += 1
+
+
+_NAMES = st.sampled_from(
+    ["quick", "Quick", "quick-2", "quick-3", "quick-02", "a", "a-2", "a-2-2", "x" * 64, "x" * 62]
+)
+
+
+@given(st.lists(_NAMES, max_size=60))
+def test_allocator_gives_what_a_set_of_every_name_would(names: list[str]) -> None:
+    """The compact allocator (a counter per stem) gives the names a set of every name
+    given out would, whatever the mix of plain, suffixed and overlong names."""
+    compact, reference = NameAllocator(), _ReferenceAllocator()
+    given_out = [compact.allocate(n) for n in names]
+    assert given_out == [reference.allocate(n) for n in names]
+    assert len({g.lower() for g in given_out}) == len(given_out)
+
+
+def test_allocator_memory_grows_with_distinct_names_not_children() -> None:
+    allocator = NameAllocator()
+    for _ in range(10_000):
+        allocator.allocate("quick")
+    assert allocator.allocate("quick") == "quick-10001"
+    assert len(allocator._taken) == 1  # no public view of its state; the point is its size

@@ -358,7 +358,7 @@ async def test_list_agents() -> None:
     async with toolset(spec, echo_agent()) as tools:
         done = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))
         live = check(await tools.call("spawn_agent", {"agent": "gated", "input": "a"}))
-        await tools.manager.handle(str(done.details["task_id"])).wait()
+        await tools.manager.handle(str(done.details["task_id"])).done.wait()
         await anyio.wait_all_tasks_blocked()  # the gated child has left the queue
         result = check(await tools.call("list_agents", {}))
         assert "gated: Blocks until released." in result.content

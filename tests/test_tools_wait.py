@@ -89,7 +89,7 @@ async def test_zero_timeout_checks_without_waiting() -> None:
             result = await tools.call("wait_agent", {"task_ids": live, "timeout_ms": 0})
         assert result.details["timed_out"] is True
         done = await spawn(tools, "echo", "x")
-        await tools.manager.handle(done).wait()
+        await tools.manager.handle(done).done.wait()
         result = await tools.call("wait_agent", {"task_ids": done, "timeout_ms": 0})
         assert results_of(result)[0]["output"] == "echo: x"
         release("a")
@@ -119,7 +119,7 @@ async def test_cancelled_wait_consumes_nothing() -> None:
             await tools.call("wait_agent", {"task_ids": a, "timeout_ms": 10_000})
         assert scope.cancelled_caught  # the caller's cancellation went through, not swallowed
         release("a")
-        await tools.manager.handle(a).wait()
+        await tools.manager.handle(a).done.wait()
         assert not tools.manager.handle(a).collected
         result = await tools.call("wait_agent", {"task_ids": a})
         assert results_of(result)[0]["already_collected"] is False
@@ -185,7 +185,7 @@ async def test_results_are_bounded_in_total_and_none_is_lost() -> None:
     async with toolset(spec, config=config) as tools:
         ids = [await spawn(tools, "long", letter) for letter in "abcdefgh"]
         for task_id in ids:
-            await tools.manager.handle(task_id).wait()
+            await tools.manager.handle(task_id).done.wait()
         seen: list[str] = []
         for _ in range(len(ids)):
             result = await tools.call("wait_agent", {"task_ids": ids})
@@ -220,7 +220,7 @@ async def test_full_mailbox_never_hides_a_result() -> None:
     async with toolset(config=config) as tools:
         ids = [await spawn(tools, "echo", str(i)) for i in range(3)]
         for task_id in ids:
-            await tools.manager.handle(task_id).wait()
+            await tools.manager.handle(task_id).done.wait()
         assert len(tools.manager.mailbox("root")) == 1  # two results never made it in
         result = await tools.call("wait_agent", {"task_ids": ids})
         assert sorted(str(e["output"]) for e in results_of(result)) == [
@@ -419,7 +419,7 @@ async def test_small_budget_keeps_the_notes() -> None:
         done = [await spawn(tools, "long", str(i % 10)) for i in range(30)]
         live = [await spawn(tools, "gated", str(i)) for i in range(5)]
         for task_id in done:
-            await tools.manager.handle(task_id).wait()
+            await tools.manager.handle(task_id).done.wait()
         result = await tools.call("wait_agent", {"task_ids": done + live, "mode": "any"})
         assert len(result.content) <= 600
         assert "did not fit" in result.content

@@ -350,7 +350,7 @@ async def test_timeout_zero_checks_once() -> None:
         assert time.perf_counter() - start < 0.1
         assert r.details["timed_out"] is True
         gate.event.set()
-        await m.handle(tid).wait()
+        await m.handle(tid).done.wait()
         r = await toolset.call("wait_agent", {"task_ids": [tid], "timeout_ms": 0})
         assert r.details["completed"] is True
         assert "gated x" in r.content
@@ -473,7 +473,7 @@ async def test_wait_agent_content_is_bounded_in_total() -> None:
         toolset = build_tools(m, "root")
         ids = [await spawn(toolset, "echo", str(i) * 5000) for i in range(6)]
         for tid in ids:
-            await m.handle(tid).wait()
+            await m.handle(tid).done.wait()  # ended, not collected
         r = await toolset.call("wait_agent", {"task_ids": ids, "timeout_ms": 1000})
         assert len(r.content) <= 2000
         fresh = {e["task_id"] for e in r.details["results"] if not e["already_collected"]}
@@ -508,7 +508,7 @@ async def test_full_mailbox_never_hides_a_result() -> None:
         toolset = build_tools(m, "root")
         ids = [await spawn(toolset, "echo", f"r{i}") for i in range(4)]
         for tid in ids:
-            await m.handle(tid).wait()
+            await m.handle(tid).done.wait()
         r = await toolset.call("wait_agent", {"task_ids": ids, "timeout_ms": 1000})
         assert r.details["completed"] is True
         for i in range(4):
@@ -594,7 +594,7 @@ async def test_cancelling_a_wait_consumes_nothing() -> None:
         with anyio.move_on_after(0.05):
             await toolset.call("wait_agent", {"task_ids": [tid]})
         gate.event.set()
-        await m.handle(tid).wait()
+        await m.handle(tid).done.wait()
         r = await toolset.call("wait_agent", {"task_ids": [tid], "timeout_ms": 0})
         assert r.details["results"][0]["already_collected"] is False
 
@@ -657,7 +657,7 @@ async def test_cancel_agent_reports_previous_status_and_is_idempotent() -> None:
         first = await toolset.call("cancel_agent", {"task_id": tid})
         assert not first.is_error
         assert "running" in first.content
-        await m.handle(tid).wait()
+        await m.handle(tid).done.wait()
         second = await toolset.call("cancel_agent", {"task_id": tid})
         assert not second.is_error
         assert "cancelled" in second.content
@@ -682,7 +682,7 @@ async def test_list_agents() -> None:
     async with mgr(gate) as m:
         toolset = build_tools(m, "root")
         done = await spawn(toolset, "echo", "x", name="finisher")
-        await m.handle(done).wait()
+        await m.handle(done).done.wait()
         running = await spawn(toolset, "gated", "y")
         await anyio.wait_all_tasks_blocked()
         r = await toolset.call("list_agents", {})

@@ -249,13 +249,21 @@ async def test_a_failing_mailbox_backend_loses_nothing() -> None:
         async with manager:
             handles = [manager.spawn("parent", session_id="s") for _ in range(3)]
             for handle in handles:
-                assert (await handle.wait()).status is Status.COMPLETED
+                await handle.done.wait()
+                assert handle.result is not None
+                assert handle.result.status is Status.COMPLETED
+            # Collecting drains the mailbox: its backend's failure reaches the collector.
             with pytest.raises(OSError, match="drain"):
                 await manager.wait_result(handles[0].task_id, timeout=0)
+            with pytest.raises(OSError, match="drain"):
+                await handles[1].wait()
+            assert not handles[1].collected  # a failed collection collects nothing
             await manager.close_session("s")
             assert manager.running
-            after = await manager.spawn("leaf").wait()
-            assert after.status is Status.COMPLETED
+            late = manager.spawn("leaf")
+            await late.done.wait()
+            assert late.result is not None
+            assert late.result.status is Status.COMPLETED
     spawned = {e.task_id for e in events if e.type == "subagent.spawned"}
     assert len(spawned) == 3 * 3 + 1
     for task_id in spawned:

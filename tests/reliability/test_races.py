@@ -473,7 +473,7 @@ async def test_mailbox_at_capacity_when_many_children_finish_together() -> None:
             release.set()
             with anyio.fail_after(5):
                 for handle in handles:
-                    await handle.wait()
+                    await handle.done.wait()
         mailbox = manager.mailbox()
         assert len(mailbox) == 3
         for i, handle in enumerate(handles):
@@ -486,7 +486,7 @@ async def test_mailbox_at_capacity_when_many_children_finish_together() -> None:
         # The mailbox works again once drained.
         again = manager.spawn("together", "again")
         with anyio.fail_after(5):
-            await again.wait()
+            await again.done.wait()
         assert mailbox.drain(again.task_id) is again.result
 
 

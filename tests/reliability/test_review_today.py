@@ -173,9 +173,21 @@ async def _run_retention_model(retain: int | None, ops: list[tuple[str, int]]) -
             assert listed == [h for h in handles if h.session_id == session and h in known]
             if retain == 0:
                 assert not [h for h in manager.tasks(session) if h.sync], "execute() kept"
+        by_id = {h.task_id: h for h in handles}
+
+        def ancestor_forgotten(h: SpawnHandle) -> bool:
+            parent = by_id.get(h.session_id)
+            while parent is not None:
+                if parent not in known:
+                    return True
+                parent = by_id.get(parent.session_id)
+            return False
+
         for h in handles:
             if h.task_id in explicitly_forgotten:
                 assert h not in known
+            elif h.result is not None and ancestor_forgotten(h):
+                assert h not in known, "an ended child outlived its parent's record"
             elif not h.collected:
                 assert h in known, "an uncollected record was forgotten"
             elif retain == 0:
@@ -247,7 +259,7 @@ async def _run_retention_model(retain: int | None, ops: list[tuple[str, int]]) -
             for gate in gates.values():
                 gate.set()
             for h in handles:
-                await h.wait()
+                await h.done.wait()
             await anyio.wait_all_tasks_blocked()
             check()
             stats = manager.statistics()
@@ -355,8 +367,8 @@ def test_the_consumed_hook_sees_exactly_what_is_handed_out(
 async def test_forget_during_a_parents_settle_and_the_chain_after_it() -> None:
     """While a parent settles a stubborn child, neither can be forgotten (both unfinished);
     the child's envelope lands in the parent's mailbox, which is released as the parent
-    ends, so under ``retain_collected=0`` collecting the parent keeps the child (uncollected)
-    and the parent's session closed until the child is collected too."""
+    ends, so under ``retain_collected=0`` collecting the parent forgets the ended child with
+    it, and the parent's session with them."""
     release = anyio.Event()
     parent_returned = anyio.Event()
 
@@ -387,10 +399,9 @@ async def test_forget_during_a_parents_settle_and_the_chain_after_it() -> None:
             assert p not in manager._tasks.values()
             assert g.result is not None
             assert not g.collected
-            assert manager.tasks(p.task_id) == [g]  # kept: never collected
-            assert manager.session_closed(p.task_id)
-            assert session_state(manager, p.task_id) == []
-            await manager.wait_result(g.task_id)
+            # The parent's record took its ended child along: nobody can collect it now.
+            assert g not in manager._tasks.values()
             assert manager.tasks(p.task_id) == []
             assert not manager.session_closed(p.task_id)  # unknown now, like an unused name
+            assert session_state(manager, p.task_id) == []
             assert p.task_id not in manager._by_session

@@ -582,7 +582,10 @@ async def test_cancel_racing_completion_reports_the_right_previous_status() -> N
                 tg.start_soon(race, task_id, rng.choice([0, 0.001, 0.002]))
         statuses: Counter[str] = Counter()
         for task_id in ids:
-            envelope = await tools.manager.handle(task_id).wait()
+            handle = tools.manager.handle(task_id)
+            await handle.done.wait()  # ended; the ledger below collects
+            envelope = handle.result
+            assert envelope is not None
             report = reports[task_id]
             statuses[envelope.status.value] += 1
             assert seen[task_id] == 1
