@@ -5,7 +5,8 @@
 * OpenAI Responses: ``{"type": "function", "name", "description", "parameters",
   "strict"}`` (flat; ``strict`` is a required field there).
 * Anthropic Messages: ``{"name", "description", "input_schema"}``.
-* MCP ``tools/list``: ``{"name", "title", "description", "inputSchema", "annotations"}``.
+* MCP ``tools/list``: ``{"name", "title", "description", "inputSchema", "outputSchema",
+  "annotations"}``.
 
 ``strict=True`` (OpenAI) rewrites the schema the way OpenAI's strict mode demands: every
 property listed in ``required``, optional ones made nullable, keywords strict mode does
@@ -103,11 +104,13 @@ def to_anthropic(tool: Tool) -> dict[str, JSONValue]:
 
 
 def to_mcp(tool: Tool) -> dict[str, JSONValue]:
-    """The MCP ``tools/list`` descriptor of ``tool`` (behaviour hints in ``annotations``)."""
+    """The MCP ``tools/list`` descriptor of ``tool`` (behaviour hints in ``annotations``;
+    ``outputSchema`` describes the ``structuredContent`` of its results)."""
     return {
         "name": tool.name,
         "title": tool.title,
         "description": tool.description,
         "inputSchema": copy.deepcopy(tool.input_schema),
+        "outputSchema": copy.deepcopy(tool.output_schema),
         "annotations": {"title": tool.title, **tool.annotations},
     }

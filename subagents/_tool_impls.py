@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ._envelope import _cut_middle, bound_text
 from ._json import JSONValue
+from ._tool_output import output_schema
 from ._tool_wait_agent import WaitAgent, int_arg, ms, status_of
 from ._tools import Tool, ToolLimits, ToolResult, make_tool
 from ._tracing import ToolSpan
@@ -268,6 +269,7 @@ def build_session_tools(
     return [
         make_tool(
             name="spawn_agent",
+            output_schema=output_schema("spawn_agent"),
             title="Spawn subagent",
             description=(
                 "Start a subagent in the background and return at once with its task id "
@@ -297,6 +299,7 @@ def build_session_tools(
         ),
         make_tool(
             name="wait_agent",
+            output_schema=output_schema("wait_agent"),
             title="Wait for subagents",
             description=(
                 "Collect the results of subagents started with spawn_agent. Give one task "
@@ -340,6 +343,7 @@ def build_session_tools(
         ),
         make_tool(
             name="delegate_to_agent",
+            output_schema=output_schema("delegate_to_agent"),
             title="Delegate to subagent",
             description=(
                 "Run a subagent and wait for its result in this call (synchronous). Use it "
@@ -359,6 +363,7 @@ def build_session_tools(
         ),
         make_tool(
             name="cancel_agent",
+            output_schema=output_schema("cancel_agent"),
             title="Cancel subagent",
             description=(
                 "Stop a subagent started with spawn_agent: a queued one never starts, a "
@@ -381,6 +386,7 @@ def build_session_tools(
         ),
         make_tool(
             name="list_agents",
+            output_schema=output_schema("list_agents"),
             title="List agents",
             description=(
                 "List the agent types you can spawn or delegate to, with what each is good "
