@@ -130,8 +130,9 @@ class Tool:
     """When to use it, what it returns and its limits, written for a model."""
     input_schema: dict[str, JSONValue]
     """JSON Schema (draft 2020-12) of the arguments; ``additionalProperties`` is false."""
-    output_schema: dict[str, JSONValue] = attrs.field(factory=dict)
-    """JSON Schema (draft 2020-12) of :attr:`ToolResult.details`: the answer or an error."""
+    output_schema: dict[str, JSONValue] = attrs.field(factory=lambda: {"type": "object"})
+    """JSON Schema (draft 2020-12) of :attr:`ToolResult.details`: the answer or an error
+    (by default only what every ``details`` is, an object)."""
     annotations: dict[str, bool] = attrs.field(factory=dict)
     """MCP behaviour hints (``readOnlyHint``, ``destructiveHint``, ...)."""
     engine_timeout: float | None = None
