@@ -5,12 +5,14 @@
 * OpenAI Responses: ``{"type": "function", "name", "description", "parameters",
   "strict"}`` (flat; ``strict`` is a required field there).
 * Anthropic Messages: ``{"name", "description", "input_schema"}``.
-* MCP ``tools/list``: ``{"name", "title", "description", "inputSchema", "annotations"}``.
+* MCP ``tools/list``: ``{"name", "title", "description", "inputSchema", "outputSchema",
+  "annotations"}``.
 
 ``strict=True`` (OpenAI) rewrites the schema the way OpenAI's strict mode demands: every
-property listed in ``required``, optional ones made nullable, keywords strict mode does
-not support (``minLength``, ``maxLength``, ``default``) dropped; the tools treat ``null``
-as omitted and still check everything, so both forms are accepted at execution time.
+property listed in ``required``, optional ones nullable (the input schemas already say
+so), keywords strict mode does not support (``minLength``, ``maxLength``, ``default``)
+dropped (``pattern`` stays); the tools treat ``null`` as omitted and still check
+everything, so both forms are accepted at execution time.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ def _drop_unsupported(node: JSONValue) -> None:
             _drop_unsupported(item)
 
 
+def _nullable(prop: dict[str, JSONValue]) -> bool:
+    any_of = prop.get("anyOf")
+    kind = prop.get("type")
+    if isinstance(any_of, list):
+        return {"type": "null"} in any_of
+    return kind == "null" or (isinstance(kind, list) and "null" in kind)
+
+
 def _strict(schema: dict[str, JSONValue]) -> dict[str, JSONValue]:
     out = copy.deepcopy(schema)
     out.pop("$schema", None)
@@ -51,7 +61,7 @@ def _strict(schema: dict[str, JSONValue]) -> dict[str, JSONValue]:
     assert isinstance(props, dict)
     assert isinstance(required, list)
     for name, prop in props.items():
-        if name in required or not isinstance(prop, dict):
+        if name in required or not isinstance(prop, dict) or _nullable(prop):
             continue
         any_of = prop.get("anyOf")
         enum = prop.get("enum")
@@ -103,11 +113,13 @@ def to_anthropic(tool: Tool) -> dict[str, JSONValue]:
 
 
 def to_mcp(tool: Tool) -> dict[str, JSONValue]:
-    """The MCP ``tools/list`` descriptor of ``tool`` (behaviour hints in ``annotations``)."""
+    """The MCP ``tools/list`` descriptor of ``tool`` (behaviour hints in ``annotations``;
+    ``outputSchema`` describes the ``structuredContent`` of its results)."""
     return {
         "name": tool.name,
         "title": tool.title,
         "description": tool.description,
         "inputSchema": copy.deepcopy(tool.input_schema),
+        "outputSchema": copy.deepcopy(tool.output_schema),
         "annotations": {"title": tool.title, **tool.annotations},
     }

@@ -7,12 +7,15 @@ from typing import Final
 
 from ._errors import InvalidName
 
-__all__ = ["MAX_NAME_LENGTH", "AgentPath", "NameAllocator", "child_path"]
+__all__ = ["MAX_NAME_LENGTH", "NAME_PATTERN", "AgentPath", "NameAllocator", "child_path"]
 
 MAX_NAME_LENGTH: Final = 64
+NAME_PATTERN: Final = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""A valid segment (with at most :data:`MAX_NAME_LENGTH` characters), as a regex that
+means the same in ECMA-262 (JSON Schema's dialect) and, with ``re.fullmatch``, Python."""
 _ROOT: Final = "root"
 # A segment starts with a letter or digit and continues with letters, digits, '_', '-', '.'.
-_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_SEGMENT: Final = re.compile(NAME_PATTERN)
 
 
 # Names already found valid (plain str only): spawning re-validates the same few agent

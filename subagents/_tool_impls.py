@@ -3,10 +3,12 @@ cancel_agent and list_agents. Texts are written for a model; see design/tools.md
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ._envelope import _cut_middle, bound_text
 from ._json import JSONValue
+from ._paths import MAX_NAME_LENGTH, NAME_PATTERN
+from ._tool_output import output_schema
 from ._tool_wait_agent import WaitAgent, int_arg, ms, status_of
 from ._tools import Tool, ToolLimits, ToolResult, make_tool
 from ._tracing import ToolSpan
@@ -30,6 +32,10 @@ _INPUT = Param(
     required=True,
     description="The complete task for the subagent: it sees nothing of your conversation.",
 )
+TASK_ID_PATTERN: Final = "^[!-~]+$"
+"""A task id as the tools take it: visible ASCII, no spaces (ids are 12 hex digits)."""
+TASK_ID_MAX: Final = 64
+_TASK_ID_FORM: Final = f"a task id: 1 to {TASK_ID_MAX} visible ASCII characters, no spaces"
 
 
 class SessionTools(WaitAgent):
@@ -270,6 +276,7 @@ def build_session_tools(
     return [
         make_tool(
             name="spawn_agent",
+            output_schema=output_schema("spawn_agent"),
             title="Spawn subagent",
             description=(
                 "Start a subagent in the background and return at once with its task id "
@@ -287,6 +294,10 @@ def build_session_tools(
                     kind="string",
                     description="Optional short name for the subagent's path (letters, "
                     "digits, '_', '-', '.'); defaults to the agent type.",
+                    max_length=MAX_NAME_LENGTH,
+                    pattern=NAME_PATTERN,
+                    form=f"1 to {MAX_NAME_LENGTH} letters, digits, '_', '-' or '.', "
+                    "starting with a letter or digit",
                 ),
                 _TIMEOUT_SPAWN,
             ],
@@ -299,6 +310,7 @@ def build_session_tools(
         ),
         make_tool(
             name="wait_agent",
+            output_schema=output_schema("wait_agent"),
             title="Wait for subagents",
             description=(
                 "Collect the results of subagents started with spawn_agent. Give one task "
@@ -318,6 +330,9 @@ def build_session_tools(
                     kind="ids",
                     required=True,
                     description="A task id from spawn_agent, or a list of them.",
+                    max_length=TASK_ID_MAX,
+                    pattern=TASK_ID_PATTERN,
+                    form=_TASK_ID_FORM,
                 ),
                 Param(
                     name="mode",
@@ -342,6 +357,7 @@ def build_session_tools(
         ),
         make_tool(
             name="delegate_to_agent",
+            output_schema=output_schema("delegate_to_agent"),
             title="Delegate to subagent",
             description=(
                 "Run a subagent and wait for its result in this call (synchronous). Use it "
@@ -361,6 +377,7 @@ def build_session_tools(
         ),
         make_tool(
             name="cancel_agent",
+            output_schema=output_schema("cancel_agent"),
             title="Cancel subagent",
             description=(
                 "Stop a subagent started with spawn_agent: a queued one never starts, a "
@@ -373,6 +390,9 @@ def build_session_tools(
                     kind="string",
                     required=True,
                     description="The task id returned by spawn_agent.",
+                    max_length=TASK_ID_MAX,
+                    pattern=TASK_ID_PATTERN,
+                    form=_TASK_ID_FORM,
                 )
             ],
             handler=impl.cancel,
@@ -383,6 +403,7 @@ def build_session_tools(
         ),
         make_tool(
             name="list_agents",
+            output_schema=output_schema("list_agents"),
             title="List agents",
             description=(
                 "List the agent types you can spawn or delegate to, with what each is good "

@@ -8,6 +8,7 @@ layering rule (``wait_agent`` answers before the host would kill it) is enforced
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -97,8 +98,18 @@ class ToolResult:
         }
 
     def to_mcp(self) -> dict[str, JSONValue]:
-        """An MCP ``tools/call`` result: one text content block and ``isError``."""
-        return {"content": [{"type": "text", "text": self.content}], "isError": self.is_error}
+        """An MCP ``tools/call`` result, valid on protocol 2026-07-28 and 2025-11-25.
+
+        ``content`` is one text block (the text a model reads), ``structuredContent`` the
+        :attr:`details` (they match the tool's ``outputSchema``), ``isError`` the flag and
+        ``resultType`` ``"complete"``: 2026-07-28 requires it and earlier peers ignore it.
+        """
+        return {
+            "content": [{"type": "text", "text": self.content}],
+            "structuredContent": copy.deepcopy(self.details),
+            "isError": self.is_error,
+            "resultType": "complete",
+        }
 
 
 Handler = Callable[[dict[str, object], ToolSpan], Awaitable[ToolResult]]
@@ -119,6 +130,9 @@ class Tool:
     """When to use it, what it returns and its limits, written for a model."""
     input_schema: dict[str, JSONValue]
     """JSON Schema (draft 2020-12) of the arguments; ``additionalProperties`` is false."""
+    output_schema: dict[str, JSONValue] = attrs.field(factory=lambda: {"type": "object"})
+    """JSON Schema (draft 2020-12) of :attr:`ToolResult.details`: the answer or an error
+    (by default only what every ``details`` is, an object)."""
     annotations: dict[str, bool] = attrs.field(factory=dict)
     """MCP behaviour hints (``readOnlyHint``, ``destructiveHint``, ...)."""
     engine_timeout: float | None = None
@@ -270,6 +284,7 @@ def make_tool(
     title: str,
     description: str,
     params: Sequence[Param],
+    output_schema: Mapping[str, JSONValue],
     handler: Handler,
     annotations: Mapping[str, bool],
     engine_timeout: float | None,
@@ -281,6 +296,7 @@ def make_tool(
         title=title,
         description=description,
         input_schema=schema_for(params),
+        output_schema=dict(output_schema),
         annotations=dict(annotations),
         engine_timeout=engine_timeout,
         params=tuple(params),

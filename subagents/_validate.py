@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Final, Literal
 
@@ -21,7 +22,7 @@ __all__ = ["SCHEMA_DIALECT", "ArgumentError", "Param", "parse_args", "schema_for
 
 SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 MAX_INT: Final = 2**53 - 1
-"""Largest integer a JSON number carries exactly (and the bound of our integer fields)."""
+"""Largest integer a JSON number carries exactly; larger integer arguments are clamped to it."""
 _SHOW_CHARS: Final = 80
 
 Kind = Literal["string", "integer", "ids", "enum"]
@@ -56,31 +57,41 @@ class Param:
     """Documented default (schema only; the tool applies it)."""
     max_items: int = 64
     """Upper bound on the number of ids of an ``ids`` field."""
+    max_length: int | None = None
+    """Upper bound on the characters of a ``string`` (of each id of an ``ids`` field)."""
+    pattern: str | None = None
+    """Regex a ``string`` (each id of an ``ids`` field) must match: anchored ``^...$``, in
+    the subset where ECMA-262 (JSON Schema's dialect) search and Python's
+    ``re.fullmatch`` agree, with no lookaround (some providers refuse it)."""
+    form: str = ""
+    """What ``max_length`` and ``pattern`` ask for, in words, for the error message."""
 
 
 def schema_for(params: Sequence[Param]) -> dict[str, JSONValue]:
-    """The JSON Schema (draft 2020-12) of an object with ``params`` and nothing else."""
+    """The JSON Schema (draft 2020-12) of an object with ``params`` and nothing else.
+
+    It accepts exactly what :func:`parse_args` accepts: an optional field may also be
+    ``null`` (taken as omitted, as OpenAI's strict mode sends it) and integers have no
+    upper bound (larger values are clamped)."""
     properties: dict[str, JSONValue] = {}
     for p in params:
         prop: dict[str, JSONValue]
         if p.kind == "string":
-            prop = {"type": "string"}
+            prop = _string(p)
         elif p.kind == "integer":
-            prop = {"type": "integer", "minimum": p.minimum, "maximum": MAX_INT}
+            prop = {"type": "integer", "minimum": p.minimum}
         elif p.kind == "enum":
             prop = {"type": "string", "enum": list(p.choices)}
         else:
+            item = _string(p, min_length=1)
             prop = {
                 "anyOf": [
-                    {"type": "string", "minLength": 1},
-                    {
-                        "type": "array",
-                        "items": {"type": "string", "minLength": 1},
-                        "minItems": 1,
-                        "maxItems": p.max_items,
-                    },
+                    item,
+                    {"type": "array", "items": item, "minItems": 1, "maxItems": p.max_items},
                 ]
             }
+        if not p.required:
+            prop = {"anyOf": [*_alternatives(prop), {"type": "null"}]}
         prop["description"] = p.description
         if p.default is not None:
             prop["default"] = p.default
@@ -92,6 +103,22 @@ def schema_for(params: Sequence[Param]) -> dict[str, JSONValue]:
         "required": [p.name for p in params if p.required],
         "additionalProperties": False,
     }
+
+
+def _string(p: Param, *, min_length: int = 0) -> dict[str, JSONValue]:
+    out: dict[str, JSONValue] = {"type": "string"}
+    if min_length:
+        out["minLength"] = min_length
+    if p.max_length is not None:
+        out["maxLength"] = p.max_length
+    if p.pattern is not None:
+        out["pattern"] = p.pattern
+    return out
+
+
+def _alternatives(prop: dict[str, JSONValue]) -> list[JSONValue]:
+    any_of = prop.get("anyOf")
+    return list(any_of) if isinstance(any_of, list) and len(prop) == 1 else [prop]
 
 
 def show(value: object) -> str:
@@ -169,7 +196,7 @@ def parse_args(tool: str, params: Sequence[Param], args: object) -> dict[str, ob
 
 def _check(p: Param, value: object) -> object:
     if p.kind == "string":
-        return _text(p.name, value, "a string")
+        return _constrained(p, _text(p.name, value, "a string"), p.name)
     if p.kind == "enum":
         expected = "one of " + ", ".join(repr(c) for c in p.choices)
         if not isinstance(value, str) or value not in p.choices:
@@ -193,11 +220,20 @@ def _check(p: Param, value: object) -> object:
         raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
     ids: dict[str, None] = {}
     for item in items:
-        text = _text(p.name, item, expected).strip()
+        text = _text(p.name, item, expected)
         if not text:
             raise ArgumentError(f"{p.name} must not contain an empty task id", p.name)
-        ids[text] = None
+        ids[_constrained(p, text, f"every id in {p.name}")] = None
     return list(ids)
+
+
+def _constrained(p: Param, value: str, what: str) -> str:
+    """``value`` if it meets ``p.max_length`` and ``p.pattern``; the message names
+    ``what`` (the field, or its items)."""
+    too_long = p.max_length is not None and len(value) > p.max_length
+    if too_long or (p.pattern is not None and not re.fullmatch(p.pattern, value)):
+        raise ArgumentError(f"{what} must be {p.form}, got {show(value)}", p.name)
+    return value
 
 
 def _text(field: str, value: object, expected: str) -> str:

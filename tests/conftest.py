@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+
+from subagents import Tool, ToolResult
+from subagents._json import JSONValue
+from tests.schema_check import details_problems
 
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _details_match_output_schemas(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every tool call of every test answers with ``details`` its output schema accepts:
+    MCP clients validate ``structuredContent`` against it. Checked after the test, so the
+    check never slows a call down against a host timeout."""
+    original = Tool.execute
+    seen: list[tuple[Tool, dict[str, JSONValue]]] = []
+
+    async def execute(self: Tool, args: object, *, call_id: str | None = None) -> ToolResult:
+        result = await original(self, args, call_id=call_id)
+        seen.append((self, result.details))
+        return result
+
+    monkeypatch.setattr(Tool, "execute", execute)
+    yield
+    problems = [p for tool, details in seen for p in details_problems(tool, details)]
+    assert not problems, problems[:5]

@@ -118,10 +118,20 @@ async def test_anthropic_shape(tools: Toolset) -> None:
 async def test_mcp_shape(tools: Toolset) -> None:
     for entry, tool in zip(tools.to_mcp(), tools, strict=True):
         assert isinstance(entry, dict)
-        assert set(entry) == {"name", "title", "description", "inputSchema", "annotations"}
+        assert set(entry) == {
+            "name",
+            "title",
+            "description",
+            "inputSchema",
+            "outputSchema",
+            "annotations",
+        }
         assert entry["name"] == tool.name
         assert isinstance(entry["title"], str)
         assert check_schema(entry["inputSchema"]) == tool.input_schema
+        assert entry["outputSchema"] == tool.output_schema
+        Draft202012Validator.check_schema(entry["outputSchema"])
+        assert entry["outputSchema"]["type"] == "object"  # 2025-11-25 requires an object root
         annotations = entry["annotations"]
         assert set(annotations) <= MCP_HINTS
         assert all(isinstance(v, bool) for k, v in annotations.items() if k != "title")
@@ -175,7 +185,12 @@ def test_tool_result_message_shapes() -> None:
         "content": "hi",
         "is_error": True,
     }
-    assert result.to_mcp() == {"content": [{"type": "text", "text": "hi"}], "isError": True}
+    assert result.to_mcp() == {
+        "content": [{"type": "text", "text": "hi"}],
+        "structuredContent": {"a": 1},
+        "isError": True,
+        "resultType": "complete",
+    }
     assert result.to_dict() == {"content": "hi", "details": {"a": 1}, "is_error": True}
 
 

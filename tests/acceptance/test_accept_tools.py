@@ -180,8 +180,16 @@ async def test_mcp_export() -> None:
         exported = {e["name"]: e for e in build_tools(m, "root").to_mcp()}
     assert set(exported) == TOOL_NAMES
     for entry in exported.values():
-        assert set(entry) == {"name", "title", "description", "inputSchema", "annotations"}
+        assert set(entry) == {
+            "name",
+            "title",
+            "description",
+            "inputSchema",
+            "outputSchema",
+            "annotations",
+        }
         assert entry["inputSchema"]["type"] == "object"
+        assert entry["outputSchema"]["type"] == "object"
         assert set(entry["annotations"]) <= {
             "title",
             "readOnlyHint",
@@ -215,6 +223,8 @@ def test_tool_result_exports() -> None:
     mcp = err.to_mcp()
     assert mcp["isError"] is True
     assert mcp["content"] == [{"type": "text", "text": "bad"}]
+    assert mcp["resultType"] == "complete"
+    assert ok.to_mcp()["structuredContent"] == {"a": 1}
     assert ok.to_dict() == {"content": "hello", "details": {"a": 1}, "is_error": False}
 
 

@@ -265,12 +265,13 @@ NASTY: list[tuple[str, object, str]] = [
     ("wait_agent", {"\ud800": 1}, "invalid_arguments"),
     ("spawn_agent", {"agent": "echo", "input": "x", "a\udc80b": None}, "invalid_arguments"),
     # A huge unknown agent name or task id was echoed in full: 100,000 characters of
-    # content for a model to read.
+    # content for a model to read. (A task id longer than the schema's maxLength is an
+    # invalid argument.)
     ("spawn_agent", {"agent": "x" * 100_000, "input": "a"}, "unknown_agent"),
     ("delegate_to_agent", {"agent": "é" * 100_000, "input": "a"}, "unknown_agent"),
-    ("cancel_agent", {"task_id": "x" * 100_000}, "unknown_task"),
-    ("wait_agent", {"task_ids": "x" * 100_000}, "unknown_task"),
-    ("wait_agent", {"task_ids": "[" * 100_000}, "unknown_task"),
+    ("cancel_agent", {"task_id": "x" * 100_000}, "invalid_arguments"),
+    ("wait_agent", {"task_ids": "x" * 100_000}, "invalid_arguments"),
+    ("wait_agent", {"task_ids": "[" * 100_000}, "invalid_arguments"),
     # Deep nesting as objects and as text.
     ("wait_agent", nested(5000, "list"), "invalid_arguments"),
     ("spawn_agent", {"agent": "echo", "input": nested(5000, "dict")}, "invalid_arguments"),
