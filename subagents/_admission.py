@@ -59,6 +59,9 @@ class Admission:
     _limit: int
     _high_water: int
     _resumers: deque[tuple[SpawnHandle, anyio.Event]]
+    _borrowed: int
+    _borrows: int
+    _borrowers: deque[SpawnHandle]
     _deadlines: dict[SpawnHandle, float]
     _watch_at: float
     _watch_wake: anyio.Event | None
@@ -127,10 +130,7 @@ class Admission:
                         finally:
                             self._busy -= 1
                             if handle._holds_slot:
-                                handle._holds_slot = False
-                                self._active -= 1
-                                if self._resumers:
-                                    self._wake_resumers()
+                                self._release_slot(handle)
         finally:
             # The last child's handle: a finished task's context outlives it (until its
             # done callbacks have run).
@@ -140,17 +140,48 @@ class Admission:
     def _take_slot(self, handle: SpawnHandle) -> None:
         handle._holds_slot = True
         self._active += 1
-        if self._active > self._high_water:
-            self._high_water = self._active
+        held = self._active - self._borrowed
+        if held > self._high_water:
+            self._high_water = held
+
+    def _borrow_slot(self, handle: SpawnHandle) -> None:
+        """Let ``handle`` run on with no free slot: its lend ended (timed out, cancelled)
+        while waiting for one. It counts against the limit like a held slot, so nobody is
+        admitted until the overdraft is repaid by the next slots to free."""
+        handle._holds_slot = True
+        handle._borrowing = True
+        self._active += 1
+        self._borrowed += 1
+        self._borrows += 1
+        self._borrowers.append(handle)
 
     def _release_slot(self, handle: SpawnHandle) -> None:
         handle._holds_slot = False
         self._active -= 1
-        self._wake_resumers()
+        if handle._borrowing:
+            handle._borrowing = False
+            self._borrowed -= 1
+            if not self._borrowed:
+                self._borrowers.clear()  # only released borrowers are left in it
+        if self._resumers or self._borrowed:
+            self._slot_freed()
 
-    def _wake_resumers(self) -> None:
-        # A parent resuming after lending its slot goes before the queue: its children
-        # are done, and finishing it frees the whole subtree.
+    def _slot_freed(self) -> None:
+        """Hand out capacity that just freed (a release, or a raised limit).
+
+        A borrowed slot is repaid first: that child becomes a regular holder, so
+        ``borrowed`` is always exactly how far the children running exceed the limit.
+        Then parents resuming after lending their slot go before the queue: their children
+        are done, and finishing them frees whole subtrees.
+        """
+        borrowers = self._borrowers
+        while self._borrowed and self._active - self._borrowed < self._limit:
+            borrower = borrowers.popleft()
+            if borrower._borrowing:  # else it released its borrowed slot already
+                borrower._borrowing = False
+                self._borrowed -= 1
+        if not self._borrowed:
+            borrowers.clear()
         while self._resumers and self._active < self._limit:
             resumer, event = self._resumers.popleft()
             self._take_slot(resumer)
@@ -162,8 +193,13 @@ class Admission:
         A spawned child that blocks waiting for its own children (or anything slow that
         needs no slot) lends its slot so queued children can run: with a limit of 1 a
         parent waiting for a child would otherwise deadlock. On exit the child takes a slot
-        back, ahead of the queue, waiting (shielded) until one frees. Outside a spawned
-        child it does nothing. :meth:`SpawnHandle.wait` and :meth:`wait_result` use it.
+        back, ahead of the queue. If none is free it waits for one, but that wait never
+        outlasts the block's own deadline or cancellation: then the child runs on at once
+        on a *borrowed* slot (``statistics().borrowed``), which counts against the limit
+        and is repaid by the next slot to free, before anyone queued is admitted. Outside
+        a spawned child it does nothing. Every blocking wait of the library that a child
+        can reach (:meth:`SpawnHandle.wait`, :meth:`wait_result`, the mailbox's ``wait``,
+        ``wait_agent``, :meth:`completions`) uses it.
         """
         owner = _SLOT_OWNER.get()
         if owner is None or (owner._lends == 0 and not owner._holds_slot):
@@ -185,57 +221,35 @@ class Admission:
         try:
             yield
         finally:
-            if owner._lends == 1 and not owner._holds_slot:
-                await self._reacquire(owner)
-            owner._lends -= 1
-            if owner._lends and owner._holds_slot:
-                # A sibling task began waiting while this one waited for the slot: this
-                # task runs on the lent slot, like any task whose wait ends before its
-                # siblings' (design/core.md).
-                self._release_slot(owner)
-                if self._state == "running":
-                    self._pump()
+            try:
+                if owner._lends == 1 and not owner._holds_slot:
+                    await self._reacquire(owner)
+            finally:
+                owner._lends -= 1
+                if owner._lends and owner._holds_slot:
+                    # A sibling task began waiting while this one waited for the slot: this
+                    # task runs on the lent slot, like any task whose wait ends before its
+                    # siblings' (design/core.md).
+                    self._release_slot(owner)
+                    if self._state == "running":
+                        self._pump()
 
     async def _reacquire(self, owner: SpawnHandle) -> None:
         if self._active < self._limit and not self._resumers:
             self._take_slot(owner)
             return
-        # Cancelled (or timed out) while lending: the cancelled child (the owner, or an
-        # execute() delegate running in its task) ends with its subtree anyway, and that
-        # subtree may hold every slot (a limit full of its own descendants, which might
-        # never end on their own). Cancel it now, so the slot waited for here frees.
-        if anyio.current_effective_deadline() == -math.inf:  # this task is being cancelled
-            self._cancel_under_cancelled(owner)
-        event = self._new_event()
-        self._resumers.append((owner, event))
-        # Shielded: a child must not run on without a slot, even when it is being
-        # cancelled (its cleanup may catch the cancellation and go on).
-        with anyio.CancelScope(shield=True):
-            await event.wait()
-
-    def _cancel_under_cancelled(self, owner: SpawnHandle) -> None:
-        """Cancel the live descendants of every cancelled child in ``owner``'s subtree.
-
-        Called in a task being cancelled. An execute() delegate is cancelled too when the
-        cancellation comes from a scope of its caller's around it (a ``move_on_after`` in
-        the parent's runner): its own scope is not cancelled then, but it would not be
-        cancelled here if its scope were shielded. Only the delegates under ``owner`` that
-        run in its tasks can enclose this point (a spawned child runs on a worker of its own).
-        """
-        pending = [(owner, False, True)]
-        while pending:
-            handle, doomed, in_tasks = pending.pop()
-            scope = handle._scope
-            if not doomed and scope is not None:
-                doomed = scope.cancel_called or (
-                    handle.sync and in_tasks and _cancelled_from_outside(scope)
-                )
-            live = self._live.get(handle.task_id)
-            if live:
-                for child in list(live):
-                    if doomed:
-                        self._cancel(child, "its parent agent ended")
-                    pending.append((child, doomed, in_tasks and child.sync))
+        entry = (owner, self._new_event())
+        self._resumers.append(entry)
+        try:
+            await entry[1].wait()
+        except BaseException:
+            # The wait's deadline passed or the child is being cancelled: a timed wait must
+            # return on time, and a cancelled child must reach its envelope, so it runs on
+            # a borrowed slot rather than wait (its cleanup may catch the cancellation).
+            if not owner._holds_slot:  # not handed a slot at the last moment
+                self._resumers.remove(entry)
+                self._borrow_slot(owner)
+            raise
 
     def _next_queued(self) -> SpawnHandle | None:
         queue = self._queue
@@ -279,17 +293,3 @@ class Admission:
                 elif deadline < earliest:
                     earliest = deadline
             self._watch_at = earliest
-
-
-def _cancelled_from_outside(scope: anyio.CancelScope) -> bool:
-    """Whether the current task, which is being cancelled, is cancelled from outside
-    ``scope``: it would not be cancelled here were ``scope`` shielded. False for a scope not
-    enclosing this point (its shield changes nothing here). The shield is set and restored
-    with no checkpoint between, so no task observes it."""
-    if scope.shield:
-        return False
-    scope.shield = True
-    try:
-        return anyio.current_effective_deadline() != -math.inf
-    finally:
-        scope.shield = False

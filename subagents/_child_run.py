@@ -233,11 +233,11 @@ class ChildRuns:
             lend = NO_LEND
         else:
             lend = self.lend_slot()
-        with anyio.CancelScope(shield=True):
+        # The lend ends inside the bound too: taking the slot back must not outlast it.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.settle_timeout):
             async with lend:
-                with anyio.move_on_after(self.config.settle_timeout):
-                    for child in list(live):
-                        await child.done.wait()
+                for child in list(live):
+                    await child.done.wait()
         self._release_session(handle.task_id)
 
     def _release_session(self, session: str) -> None:

@@ -39,10 +39,17 @@ def register(commands: Any) -> None:
         "--from-end", action="store_true", help="skip what the file already holds"
     )
     tail_parser.add_argument(
-        "--interval", type=float, default=0.25, help="seconds between polls (default 0.25)"
+        "--interval",
+        type=_positive_float,
+        default=0.25,
+        help="seconds between polls (default 0.25)",
     )
     tail_parser.add_argument(
-        "--max-events", type=int, default=None, help="exit after printing this many events"
+        "--max-events",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="exit after printing N events (N >= 1)",
     )
     tail_parser.set_defaults(func=_run_tail)
 
@@ -52,9 +59,44 @@ def register(commands: Any) -> None:
     summary_parser.add_argument("file", help="the JSONL event log")
     summary_parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     summary_parser.add_argument(
-        "--slowest", type=int, default=5, help="how many slowest tasks to list (default 5)"
+        "--slowest",
+        type=_non_negative_int,
+        default=5,
+        metavar="N",
+        help="how many slowest tasks to list (default 5)",
     )
     summary_parser.set_defaults(func=_run_summary)
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def _when(timestamp_ms: int) -> str:
@@ -113,16 +155,26 @@ def tail(
     interval: float = 0.25,
     max_events: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    on_missing: Callable[[], None] | None = None,
 ) -> int:
     """Print the log's events as lines to ``out``; returns how many were printed.
 
     With ``follow``, keeps polling every ``interval`` seconds (blocking the thread) until
-    ``max_events`` were printed or the process is interrupted.
+    ``max_events`` were printed or the process is interrupted; a file that does not exist
+    yet is waited for, and ``on_missing`` is called each time a poll finds it absent after
+    it was present (and on the first poll), so the caller can say what it is waiting for.
+
+    Raises:
+        OSError: the path exists but cannot be read (a directory, no permission).
     """
     follower = EventFollower(path, from_start=not from_end)
     printed = 0
+    was_missing = False
     while True:
         batch = follower.poll() if follow else follower.finish()
+        if follower.missing and not was_missing and on_missing is not None:
+            on_missing()
+        was_missing = follower.missing
         for event in batch:
             out.write(format_event(event) + "\n")
             printed += 1
@@ -136,9 +188,19 @@ def tail(
 
 
 def _run_tail(args: argparse.Namespace) -> int:
-    if args.no_follow and not _exists(args.file):
-        print(f"subagents events tail: no such file: {args.file}", file=sys.stderr)
-        return 1
+    if args.no_follow:
+        # Without following, a file that is not there is an error, not something to wait for.
+        reason = _unreadable(args.file)
+        if reason:
+            return _fail("tail", f"cannot read {args.file}: {reason}")
+
+    def waiting() -> None:
+        print(
+            f"subagents events tail: waiting for {args.file} to be created (Ctrl-C to stop)",
+            file=sys.stderr,
+            flush=True,
+        )
+
     try:
         tail(
             args.file,
@@ -147,26 +209,40 @@ def _run_tail(args: argparse.Namespace) -> int:
             from_end=args.from_end,
             interval=max(args.interval, 0.01),
             max_events=args.max_events,
+            on_missing=waiting,
         )
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # `... | head`: the reader left; not an error
         _silence_stdout()
         return 0
+    except OSError as exc:
+        return _fail("tail", f"cannot read {args.file}: {_reason(exc)}")
     return 0
 
 
 def _run_summary(args: argparse.Namespace) -> int:
     try:
-        summary = summarize_events(read_events(args.file), slowest=max(args.slowest, 0))
+        summary = summarize_events(read_events(args.file), slowest=args.slowest)
     except OSError as exc:
-        print(f"subagents events summary: cannot read {args.file}: {exc}", file=sys.stderr)
-        return 1
+        return _fail("summary", f"cannot read {args.file}: {_reason(exc)}")
     if args.json:
         print(dumps_str(summary.to_dict()))
+    elif summary.events == 0:
+        print(f"no events in {args.file}")
     else:
         print(summary.format())
     return 0
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"subagents events {command}: {message}", file=sys.stderr)
+    return 1
+
+
+def _reason(exc: OSError) -> str:
+    # The OS's own words ("Is a directory") without the errno and the repeated path.
+    return exc.strerror or str(exc)
 
 
 def _silence_stdout() -> None:
@@ -176,9 +252,10 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
-def _exists(path: str) -> bool:
+def _unreadable(path: str) -> str:
+    """Why ``path`` cannot be opened for reading, or ``""`` when it can."""
     try:
         with open(path, "rb"):
-            return True
-    except OSError:
-        return False
+            return ""
+    except OSError as exc:
+        return _reason(exc)

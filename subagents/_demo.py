@@ -1,7 +1,14 @@
-"""``subagents demo``: a dozen simulated agents fanned out on embedded defaults.
+"""``subagents demo``: twelve simulated agents fanned out on embedded defaults.
 
 Most succeed; one raises, one overruns a short watchdog, one is cancelled, and one
-spawns two grandchildren. Each envelope is printed as it lands, then a summary table.
+spawns two grandchildren (14 envelopes in all). Each envelope is printed as it lands,
+then a summary table.
+
+The same ``--seed`` gives the same envelopes (status, output, usage, iterations per
+agent path); only ids, timestamps, durations and the order of landing vary. Each run
+of a runner draws from its own generator, seeded from the seed and its agent path,
+because one generator shared by concurrent runners hands out its numbers in whatever
+order the runners happen to wake.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import argparse
 import random
 import sys
 from collections import Counter
+from importlib.util import find_spec
 from typing import Any
 
 import anyio
@@ -41,10 +49,16 @@ def register(commands: Any) -> None:
     """Add the ``demo`` subcommand to an argparse subparsers object."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "demo",
-        help="fan out a dozen simulated agents and print their envelopes",
-        description="Fan out a dozen simulated agents on embedded defaults.",
+        help="fan out twelve simulated agents and print their envelopes",
+        description="Fan out twelve simulated agents (two of them grandchildren of a lead "
+        "agent: 14 envelopes) on embedded defaults.",
     )
-    parser.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=7,
+        help="random seed: the same seed gives the same envelopes (default 7)",
+    )
     parser.add_argument(
         "--backend", choices=("asyncio", "trio"), default="asyncio", help="event loop"
     )
@@ -62,11 +76,36 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns 0 when every spawn ended in exactly one envelope."""
-    return anyio.run(_main, args.seed, args.json, args.events, backend=args.backend)
+    if find_spec(args.backend) is None:
+        # trio is an optional dependency; anyio would report it as a LookupError traceback.
+        print(
+            f"subagents demo: --backend {args.backend} needs the {args.backend} package "
+            f"(pip install {args.backend})",
+            file=sys.stderr,
+        )
+        return 1
+    sink = None
+    if args.events:
+        try:
+            sink = JsonlSink(args.events)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            print(f"subagents demo: cannot write {args.events}: {reason}", file=sys.stderr)
+            return 1
+    try:
+        return anyio.run(_main, args.seed, args.json, sink, backend=args.backend)
+    finally:
+        if sink is not None:
+            sink.close()
 
 
-def _agents(rng: random.Random) -> list[AgentSpec]:
+def _agents(seed: int) -> list[AgentSpec]:
+    def rng_for(ctx: RunContext) -> random.Random:
+        # A string seed is hashed with SHA-512, so it is the same in every process.
+        return random.Random(f"{seed}:{ctx.agent_path}")
+
     async def researcher(request: Request, ctx: RunContext) -> Result:
+        rng = rng_for(ctx)
         steps = rng.randint(2, 4)
         for step in range(1, steps + 1):
             await anyio.sleep(rng.uniform(0.02, 0.08))
@@ -93,7 +132,7 @@ def _agents(rng: random.Random) -> list[AgentSpec]:
         parts = [await first.wait(), await second.wait()]
         # Its own usage only: the children's tokens are in their own envelopes.
         return Result(
-            output=" / ".join(p.output for p in parts),
+            output=f"{len(parts)} parts: " + " / ".join(p.output for p in parts),
             usage=Usage(input_tokens=120, output_tokens=40),
             iterations=1,
         )
@@ -106,8 +145,7 @@ def _agents(rng: random.Random) -> list[AgentSpec]:
     ]
 
 
-async def _main(seed: int, as_json: bool, events_path: str | None = None) -> int:
-    rng = random.Random(seed)
+async def _main(seed: int, as_json: bool, sink: JsonlSink | None = None) -> int:
     landed: list[DelegateResult] = []
     started = anyio.current_time()
     reader_left = False
@@ -132,8 +170,7 @@ async def _main(seed: int, as_json: bool, events_path: str | None = None) -> int
         show(dumps_str(envelope.to_dict()) if as_json else _line(envelope))
 
     config = SubagentConfig(max_concurrent_spawns=4, spawn_timeout=5.0)
-    sink = JsonlSink(events_path) if events_path else None
-    async with SubagentManager(_agents(rng), config=config) as manager:
+    async with SubagentManager(_agents(seed), config=config) as manager:
         manager.events.subscribe(on_event)
         if sink is not None:
             sink.attach(manager.events)
@@ -149,7 +186,7 @@ async def _main(seed: int, as_json: bool, events_path: str | None = None) -> int
             await handle.wait()
         spawned = manager.statistics().spawned
     if sink is not None:
-        sink.close()
+        sink.close()  # before the summary, so the log is complete once the table prints
     elapsed = anyio.current_time() - started
     if not as_json and not reader_left:
         try:
@@ -163,13 +200,19 @@ async def _main(seed: int, as_json: bool, events_path: str | None = None) -> int
 
 
 def _line(envelope: DelegateResult) -> str:
-    detail = envelope.error or envelope.output
-    if len(detail) > 60:
-        detail = detail[:59] + "…"
+    detail = _clip(" ".join((envelope.error or envelope.output).split()), 64)
     return (
         f"{envelope.status.value:<9} {envelope.agent_path:<32} "
         f"{envelope.duration_ms:>5} ms  {detail}"
     )
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` if it fits in ``width``, else its start and how much was cut."""
+    if len(text) <= width:
+        return text
+    keep = width - len(f"… (+{len(text)} chars)")
+    return f"{text[:keep]}… (+{len(text) - keep} chars)"
 
 
 def _summary(landed: list[DelegateResult], elapsed: float) -> None:

@@ -125,7 +125,15 @@ class EventSummary:
         }
 
     def format(self) -> str:
-        """A human-readable report."""
+        """A human-readable report (``"no events"`` for an empty log)."""
+        if not self.events:
+            return "no events"
+        durations = (
+            f"durations: p50 {self.latency.p50_ms} ms · p95 {self.latency.p95_ms} ms · "
+            f"max {self.latency.max_ms} ms"
+            if self.latency.count
+            else "durations: none (no task ended)"
+        )
         out = [
             f"events: {self.events}   tasks ended: {self.completed}   "
             f"unfinished: {len(self.unfinished)}"
@@ -133,10 +141,9 @@ class EventSummary:
             "",
             "status: "
             + (", ".join(f"{k} {v}" for k, v in sorted(self.by_status.items())) or "none"),
-            f"durations: p50 {self.latency.p50_ms} ms · p95 {self.latency.p95_ms} ms · "
-            f"max {self.latency.max_ms} ms",
+            durations,
             "",
-            "by agent:",
+            "by agent:" if self.by_agent else "by agent: none",
         ]
         for agent in sorted(self.by_agent):
             counts = ", ".join(f"{k} {v}" for k, v in sorted(self.by_agent[agent].items()))

@@ -35,6 +35,7 @@ class SpawnHandle:
     """
 
     __slots__ = (
+        "_borrowing",
         "_cancel_requested",
         "_collected",
         "_delivered",
@@ -115,6 +116,7 @@ class SpawnHandle:
         self._files_changed: tuple[str, ...] = ()
         self._trace: object = None
         self._holds_slot = False
+        self._borrowing = False  # its slot is borrowed (held beyond the limit)
         self._ending = False
         self._lends = 0
         self._traceback: str | None = None

@@ -177,12 +177,18 @@ class EventFollower:
         self._offset = 0
         self._line = 0
         self._partial = b""
+        self.missing = False
+        """True when the last poll found no file at ``path`` (it may be created later)."""
         if not from_start:
             with suppress(FileNotFoundError):
                 self._offset = self.path.stat().st_size
 
     def poll(self) -> list[Event]:
-        """Events completed since the last call (never blocks on anything but the read)."""
+        """Events completed since the last call (never blocks on anything but the read).
+
+        Raises:
+            OSError: the path exists but cannot be read (a directory, no permission).
+        """
         try:
             with open(self.path, "rb") as file:
                 size = os.fstat(file.fileno()).st_size
@@ -191,7 +197,9 @@ class EventFollower:
                 file.seek(self._offset)
                 chunk = file.read()
         except FileNotFoundError:
+            self.missing = True
             return []
+        self.missing = False
         self._offset += len(chunk)
         data = self._partial + chunk
         lines = data.split(b"\n")

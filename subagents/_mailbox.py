@@ -181,19 +181,23 @@ class BaseMailbox(ABC):
         if envelope is not None or self.closed or timeout == 0:
             return envelope
         blocking = self.blocking
-        async with blocking() if blocking is not None else _PLAIN:
-            # Without a timeout, skip the cancel scope: it costs more than the wake itself.
-            with anyio.move_on_after(timeout) if timeout is not None else nullcontext():
-                while True:
-                    event = anyio.Event()
-                    subscription = self.subscribe_once(task_id, event.set)
-                    try:
-                        await event.wait()
-                    finally:
-                        self.unsubscribe(subscription)
-                    envelope = self.drain(task_id)
-                    if envelope is not None or self.closed:
-                        return envelope
+        # The deadline encloses the blocking hook: a slot lent while waiting is taken back
+        # within it. The entry is consumed only once the hook has exited, so a caller
+        # cancelled while taking its slot back consumes nothing.
+        with anyio.move_on_after(timeout) if timeout is not None else nullcontext():
+            while True:
+                async with blocking() if blocking is not None else _PLAIN:
+                    while self.peek(task_id) is None and not self.closed:
+                        event = anyio.Event()
+                        subscription = self.subscribe_once(task_id, event.set)
+                        try:
+                            await event.wait()
+                        finally:
+                            self.unsubscribe(subscription)
+                envelope = self.drain(task_id)
+                if envelope is not None or self.closed:
+                    return envelope
+                # Another reader took it while this one took its slot back: wait again.
         # The deadline fired: a put that landed in the same instant still counts.
         return self.drain(task_id)
 

@@ -57,11 +57,18 @@ class ManagerStatistics:
     limit: int
     """Current concurrency limit for spawned children."""
     running: int
-    """Spawned children holding a slot now."""
+    """Spawned children holding a slot now (borrowed slots included)."""
     queued: int
     """Spawned children waiting for a slot."""
     high_water: int
-    """Most spawned children ever running at once."""
+    """Most slots ever held at once, borrowed ones not counted: never above the limit
+    (unless the limit was lowered while they ran)."""
+    borrowed: int
+    """Slots in use beyond the limit now: children whose wait to take back a lent slot
+    timed out or was cancelled, so they run on without one. ``running - borrowed`` never
+    exceeds the limit; the next slots to free repay these before anyone queued starts."""
+    borrows: int
+    """How many times a child ever ran on a borrowed slot."""
     spawned: int
     """Children ever created (spawns and executes)."""
     settled: int
@@ -149,6 +156,9 @@ class SubagentManager(Admission, ChildRuns):
         self._workers = 0  # worker tasks alive
         self._busy = 0  # workers inside a child run (holding or lending a slot)
         self._resumers: deque[tuple[SpawnHandle, anyio.Event]] = deque()
+        self._borrowed = 0  # slots in use beyond the limit (counted in _active too)
+        self._borrows = 0
+        self._borrowers: deque[SpawnHandle] = deque()  # borrowed first, repaid first
         self._high_water = 0
         self._spawned = 0
         self._settled = 0
@@ -267,7 +277,7 @@ class SubagentManager(Admission, ChildRuns):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError("max_concurrent_spawns", "an integer >= 1", value)
         self._limit = value
-        self._wake_resumers()  # parents waiting to resume go first, as on a release
+        self._slot_freed()  # borrowed slots are repaid, then resuming parents go first
         if self._state == "running":
             self._pump()
 
@@ -278,6 +288,8 @@ class SubagentManager(Admission, ChildRuns):
             running=self._active,
             queued=self._queued,
             high_water=self._high_water,
+            borrowed=self._borrowed,
+            borrows=self._borrows,
             spawned=self._spawned,
             settled=self._settled,
             workers=self._workers,
@@ -516,8 +528,9 @@ class SubagentManager(Admission, ChildRuns):
             for handle in live:
                 self._cancel(handle, "its session was closed")
             with anyio.move_on_after(self.config.settle_timeout):
-                for handle in live:
-                    await handle.done.wait()
+                async with self.lend_slot():  # a child closing a session lends its slot
+                    for handle in live:
+                        await handle.done.wait()
         finally:
             mailbox = self._mailboxes.pop(session_id, None)
             if mailbox is not None:
@@ -745,13 +758,14 @@ class SubagentManager(Admission, ChildRuns):
                 # A root parent's plain wait (wait_agent's, W3's): neither the no-op context
                 # nor a cancel scope; each costs more than the wake-up itself.
                 await handle.done.wait()
-            else:
+            elif timeout is None:
                 async with lend:
-                    if timeout is None:
+                    await handle.done.wait()
+            else:
+                # The deadline encloses the lend: taking the slot back never outlasts it.
+                with anyio.move_on_after(timeout):
+                    async with lend:
                         await handle.done.wait()
-                    else:
-                        with anyio.move_on_after(timeout):
-                            await handle.done.wait()
         if handle._envelope is None:
             return None
         self.collect(handle)

@@ -139,7 +139,8 @@ class AgentSpec:
     model: str | None = None
     """Default model id (reported in traces)."""
     provider: str | None = None
-    """Model provider name (reported in traces as ``gen_ai.provider.name``)."""
+    """Model provider name (reported in traces as ``gen_ai.provider.name``; ``"subagents"``
+    when not given)."""
     prompt: str | None = None
     """Default system prompt, passed to the runner in :class:`Request`."""
     permissions: Ruleset = attrs.field(factory=Ruleset.allow_all)

@@ -128,6 +128,8 @@ class SessionTools(WaitAgent):
                 if len(text) > limit:
                     text = _cut_middle(text, limit)
                 return ToolResult(content=text, details=details)
+            details["error"] = "agent_failed"
+            details["error_type"] = envelope.error_type or envelope.status.value
             return ToolResult(
                 content=bound_text(
                     f"{agent} failed ({envelope.status.value}): {envelope.error or 'no detail'}",

@@ -140,7 +140,8 @@ class Completions:
 
     async def _wait_change(self, live: list[SpawnHandle]) -> None:
         with session_signal(self._manager, self._session_id, on_put=True) as wake:
-            await wait_handles(live, "any", wake)
+            async with self._manager.lend_slot():
+                await wait_handles(live, "any", wake)
         await anyio.lowlevel.checkpoint()  # never spin without yielding
 
     async def wait(self) -> list[DelegateResult]:

@@ -91,8 +91,11 @@ class WaitAgent:
         waited_from = anyio.current_time()
         with session_signal(manager, self.session_id) as closed:
             if timeout_ms > 0 and not closed.is_set():
+                # A child's own agent loop waits here: it lends its slot (its children may
+                # need it), and taking it back never outlasts the timeout.
                 with anyio.move_on_after(timeout_ms / 1000):
-                    await wait_handles(handles, mode, closed)
+                    async with manager.lend_slot():
+                        await wait_handles(handles, mode, closed)
         waited_ms = ms(anyio.current_time() - waited_from)
         # Read the record after the deadline: a result that landed at the deadline counts.
         finished = [h for h in handles if h.result is not None]

@@ -27,7 +27,7 @@ from ._errors import (
     UnknownTask,
 )
 from ._export import to_anthropic, to_mcp, to_openai_chat, to_openai_responses
-from ._json import JSONValue
+from ._json import JSONValue, dumps_str
 from ._tracing import ToolSpan, tool_span
 from ._validate import ArgumentError, Param, parse_args, schema_for
 
@@ -128,6 +128,7 @@ class Tool:
     _params: tuple[Param, ...] = attrs.field(alias="params", repr=False)
     _handler: Handler = attrs.field(alias="handler", repr=False, eq=False)
     _transfers: bool = attrs.field(alias="transfers", default=False, repr=False)
+    _capture_content: bool = attrs.field(alias="capture_content", default=False, repr=False)
 
     async def execute(self, args: object, *, call_id: str | None = None) -> ToolResult:
         """Validate ``args`` (an object or its JSON text) and run the tool.
@@ -135,7 +136,8 @@ class Tool:
         Never raises: bad input, unknown ids, refusals and internal failures come back as
         a :class:`ToolResult` with ``is_error=True``. Only the caller's own cancellation
         propagates (a cancelled ``wait_agent`` consumes nothing). Each call runs inside
-        an ``execute_tool`` span.
+        an ``execute_tool`` span, which records the arguments and the result when the
+        manager's ``capture_content`` is on.
         """
         parsed: dict[str, object] | None = None
         problem: ArgumentError | None = None
@@ -158,7 +160,16 @@ class Tool:
             except Exception as exc:
                 return error_result(exc, self.name)
 
-        return await traced(self.name, call_id, target, run)
+        captured = _arguments_text(args, parsed) if self._capture_content else None
+        return await traced(
+            self.name,
+            call_id,
+            target,
+            run,
+            description=self.description,
+            capture=self._capture_content,
+            arguments=captured,
+        )
 
     def to_openai_chat(self, *, strict: bool = False) -> dict[str, JSONValue]:
         """This tool as an OpenAI Chat Completions function tool."""
@@ -182,9 +193,14 @@ async def traced(
     call_id: str | None,
     target: str | None,
     run: Callable[[ToolSpan], Awaitable[ToolResult]],
+    *,
+    description: str | None = None,
+    capture: bool = False,
+    arguments: str | None = None,
 ) -> ToolResult:
     """``run`` inside the ``execute_tool`` span of ``tool``; a tracer that fails to open or
     close the span is logged and never breaks the call (``run`` itself must not raise).
+    With ``capture``, a successful call's content is recorded as its result.
 
     Every call is a checkpoint (it yields once before ``run``, where cancelling it changes
     nothing): a host polling ``wait_agent`` with ``timeout_ms: 0`` in a loop lets the
@@ -194,16 +210,58 @@ async def traced(
     try:
         with ExitStack() as stack:
             try:
-                span = stack.enter_context(tool_span(tool, call_id=call_id, transfer_target=target))
+                span = stack.enter_context(
+                    tool_span(
+                        tool,
+                        call_id=call_id,
+                        transfer_target=target,
+                        description=description,
+                        arguments=arguments,
+                    )
+                )
             except Exception:
                 logger.exception("could not open the span of tool %s", tool)
                 span = ToolSpan()
             result = await run(span)
+            if result.is_error:
+                span.set_error(
+                    tool_error_type(result.details), bound_text(result.content, _DESCRIPTION_CHARS)
+                )
+            elif capture:
+                span.set_result(result.content)
     except Exception as exc:  # only the span's exit can get here
         logger.exception("could not close the span of tool %s", tool)
         if result is None:
             result = error_result(exc, tool)
     return result
+
+
+_DESCRIPTION_CHARS: Final = 300
+"""Bound of the span status description of a failed call (the start of its content)."""
+
+
+def _arguments_text(args: object, parsed: dict[str, object] | None) -> str:
+    """The call's arguments as JSON text for the span: as parsed when they were valid, else
+    as the host sent them (a hostile object becomes a placeholder, never an exception)."""
+    if isinstance(args, str) and parsed is None:
+        return str.__str__(args)
+    try:
+        return dumps_str(parsed if parsed is not None else args)
+    except Exception:
+        try:
+            return repr(args)
+        except Exception:
+            return "<unreadable arguments>"
+
+
+def tool_error_type(details: Mapping[str, object]) -> str:
+    """The ``error.type`` of a failed call: the exception class (``details["error_type"]``)
+    when one is known, else the stable error code (``details["error"]``), else ``_OTHER``."""
+    for key in ("error_type", "error"):
+        value = details.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return "_OTHER"
 
 
 def make_tool(
@@ -382,7 +440,15 @@ class Toolset:
             async def answer(span: ToolSpan) -> ToolResult:
                 return unknown
 
-            return await traced(str(name), call_id, None, answer)
+            capture = self.manager.config.capture_content
+            return await traced(
+                str(name),
+                call_id,
+                None,
+                answer,
+                capture=capture,
+                arguments=_arguments_text(args, None) if capture else None,
+            )
         return await tool.execute(args, call_id=call_id)
 
     def to_openai_chat(self, *, strict: bool = False) -> list[JSONValue]:
@@ -517,4 +583,6 @@ def build_tools(
         return_mode="string" if return_mode == "string" else "envelope",
     )
     tools = build_session_tools(manager, session_id, limits)
+    if manager.config.capture_content:
+        tools = [attrs.evolve(tool, capture_content=True) for tool in tools]
     return Toolset(tools, manager=manager, session_id=session_id, limits=limits)

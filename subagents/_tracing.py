@@ -2,8 +2,10 @@
 
 Only ``opentelemetry-api`` is used; the SDK and exporters belong to the application. The
 conventions are the OpenTelemetry GenAI agent spans (``invoke_agent {agent}``,
-``execute_tool {tool}``, ``gen_ai.agent.*``, ``gen_ai.usage.*``); the deprecated
-``gen_ai.system`` is never written. See ``design/observability.md``.
+``execute_tool {tool}``, ``gen_ai.agent.*``, ``gen_ai.usage.*``) and metrics
+(``gen_ai.client.operation.duration``, ``gen_ai.client.token.usage``); what they do not
+define is named under ``subagents.``, and the deprecated ``gen_ai.system`` is never
+written. See ``design/observability.md``.
 
 Cost: a :class:`Telemetry` decides once, when the manager is built, whether a real
 tracer or meter provider is installed (anything but the API's proxy/no-op providers). When
@@ -42,6 +44,8 @@ __all__ = [
     "BAGGAGE_AGENT_PATH",
     "BAGGAGE_CONVERSATION_ID",
     "BAGGAGE_TASK_ID",
+    "DEFAULT_PROVIDER",
+    "TOOL_CONTENT_LIMIT",
     "Telemetry",
     "ToolSpan",
     "span_context_of",
@@ -57,6 +61,21 @@ BAGGAGE_AGENT_PATH: Final = "subagents.agent_path"
 """Baggage key: the running child's agent path."""
 BAGGAGE_TASK_ID: Final = "subagents.task_id"
 """Baggage key: the running child's task id."""
+
+DEFAULT_PROVIDER: Final = "subagents"
+"""``gen_ai.provider.name`` when ``AgentSpec.provider`` is not given. The attribute is
+Required on ``invoke_agent`` and its metrics; its well-known values name model vendors, and a
+custom value is allowed when none applies: a runner may be any callable, so what the library
+knows for certain is that the subagents runtime invoked the agent."""
+TOOL_CONTENT_LIMIT: Final = 4096
+"""Bound (characters) of ``gen_ai.tool.call.arguments`` / ``.result``; a cut value ends in
+an ellipsis (and is no longer valid JSON)."""
+
+# The bucket boundaries the GenAI metric conventions advise for these two histograms.
+_DURATION_BUCKETS: Final = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+_TOKEN_BUCKETS: Final = tuple(float(4**i) for i in range(14))
 
 EVENT_QUEUED: Final = "queued"
 EVENT_STARTED: Final = "started"
@@ -142,6 +161,7 @@ class Telemetry:
         "_fixed_tracer_provider",
         "_queue_wait",
         "_seen",
+        "_tokens",
         "_tracer",
         "_tracing",
         "_watchdog",
@@ -164,6 +184,7 @@ class Telemetry:
         self._seen: tuple[object, object] = (None, None)
         self._tracer: trace.Tracer | None = None
         self._duration: metrics.Histogram | None = None
+        self._tokens: metrics.Histogram | None = None
         self._active_count: metrics.UpDownCounter | None = None
         self._queue_wait: metrics.Histogram | None = None
         self._watchdog: metrics.Counter | None = None
@@ -210,13 +231,22 @@ class Telemetry:
     def _resolve(self, tp: trace.TracerProvider, mp: metrics.MeterProvider) -> None:
         self._seen = _global_marks()
         self._tracer = tp.get_tracer(INSTRUMENTATION) if _is_real_tracer_provider(tp) else None
-        self._duration = self._active_count = self._queue_wait = self._watchdog = None
+        self._duration = self._tokens = None
+        self._active_count = self._queue_wait = self._watchdog = None
         if _is_real_meter_provider(mp):
             meter = mp.get_meter(INSTRUMENTATION)
             self._duration = meter.create_histogram(
-                "gen_ai.invoke_agent.duration",
+                "gen_ai.client.operation.duration",
                 unit="s",
-                description="Run time of a subagent (from its start, queue excluded).",
+                description="GenAI operation duration: the run time of a subagent "
+                "(gen_ai.operation.name=invoke_agent, from its start, queue excluded).",
+                explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+            )
+            self._tokens = meter.create_histogram(
+                "gen_ai.client.token.usage",
+                unit="{token}",
+                description="Number of input and output tokens a subagent reported.",
+                explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
             )
             self._active_count = meter.create_up_down_counter(
                 "subagents.active", unit="{agent}", description="Subagents running now."
@@ -272,11 +302,10 @@ class Telemetry:
                 "subagents.session_id": handle.session_id,
                 "subagents.mode": "execute" if handle.sync else "spawn",
             }
+            attributes["gen_ai.provider.name"] = spec.provider or DEFAULT_PROVIDER
             model = request.model if request.model is not None else spec.model
             if model:
                 attributes["gen_ai.request.model"] = model
-            if spec.provider:
-                attributes["gen_ai.provider.name"] = spec.provider
             if self.capture_content:
                 _content_attributes(attributes, request)
             span = self._tracer.start_span(
@@ -399,10 +428,14 @@ class Telemetry:
                 elapsed = perf_counter() - state.started_at
             else:
                 elapsed = envelope.duration_ms / 1000
-            attrs: dict[str, AttributeValue] = {
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": handle._spec.name,
-            }
+            attrs = _metric_attributes(handle)
+            usage = envelope.usage
+            if self._tokens is not None and (usage.input_tokens or usage.output_tokens):
+                for token_type, count in (
+                    ("input", usage.input_tokens),
+                    ("output", usage.output_tokens),
+                ):
+                    self._tokens.record(count, {**attrs, "gen_ai.token.type": token_type})
             if failed:
                 attrs["error.type"] = error_type
             self._duration.record(elapsed, attrs)
@@ -420,6 +453,20 @@ def _root_session(handle: SpawnHandle) -> str:
         session = owner.session_id
         owner = tasks.get(session)
     return session
+
+
+def _metric_attributes(handle: SpawnHandle) -> dict[str, AttributeValue]:
+    spec = handle._spec
+    request = handle._request
+    attrs: dict[str, AttributeValue] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": spec.provider or DEFAULT_PROVIDER,
+        "gen_ai.agent.name": spec.name,
+    }
+    model = request.model if request.model is not None else spec.model
+    if model:
+        attrs["gen_ai.request.model"] = model
+    return attrs
 
 
 def _content_attributes(attributes: dict[str, AttributeValue], request: Request) -> None:
@@ -475,6 +522,12 @@ class ToolSpan:
             self._span.set_attribute("error.type", error_type)
             self._span.set_status(StatusCode.ERROR, message or None)
 
+    def set_result(self, text: str) -> None:
+        """Record a successful call's result as ``gen_ai.tool.call.result``, bounded to
+        :data:`TOOL_CONTENT_LIMIT` (callers pass it only under ``capture_content``)."""
+        if self._span is not None:
+            self._span.set_attribute("gen_ai.tool.call.result", _bounded(text))
+
     def link_tasks(self, task_ids: Iterable[str]) -> None:
         """Link this span to the ``invoke_agent`` spans of the given tasks.
 
@@ -498,6 +551,8 @@ def tool_span(
     *,
     call_id: str | None = None,
     transfer_target: str | None = None,
+    description: str | None = None,
+    arguments: str | None = None,
 ) -> Iterator[ToolSpan]:
     """Wrap one tool execution in an ``execute_tool {tool}`` span (kind INTERNAL).
 
@@ -510,6 +565,9 @@ def tool_span(
         tool: the tool's name.
         call_id: the host's tool-call id, when it passes one.
         transfer_target: for spawn/delegate, the target agent's name.
+        description: the tool's description (``gen_ai.tool.description``).
+        arguments: the call's arguments as JSON text, recorded (bounded) as
+            ``gen_ai.tool.call.arguments``; pass them only under ``capture_content``.
     """
     current = context.get_current()
     telemetry = context.get_value(_TELEMETRY_KEY, current)
@@ -524,10 +582,16 @@ def tool_span(
     }
     if call_id:
         attributes["gen_ai.tool.call.id"] = call_id
+    if description:
+        attributes["gen_ai.tool.description"] = description
+    if arguments is not None:
+        attributes["gen_ai.tool.call.arguments"] = _bounded(arguments)
     if transfer_target:
-        attributes["gen_ai.transfer.mode"] = "return_to_caller"
-        attributes["gen_ai.transfer.target.name"] = transfer_target
-        attributes["gen_ai.transfer.target.type"] = "agent"
+        # The GenAI conventions' transfer attributes (gen_ai.transfer.*) exist only in an
+        # in-development refinement of execute_tool, so these stay in our namespace.
+        attributes["subagents.transfer.mode"] = "return_to_caller"
+        attributes["subagents.transfer.target.name"] = transfer_target
+        attributes["subagents.transfer.target.type"] = "agent"
     conversation_id = baggage.get_baggage(BAGGAGE_CONVERSATION_ID, current)
     if isinstance(conversation_id, str):
         attributes["gen_ai.conversation.id"] = conversation_id
@@ -545,6 +609,12 @@ def tool_span(
             span.set_attribute("error.type", _qualified_name(exc))
             span.set_status(StatusCode.ERROR, str(exc) or None)
             raise
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= TOOL_CONTENT_LIMIT:
+        return text
+    return text[: TOOL_CONTENT_LIMIT - 1] + "…"
 
 
 def _qualified_name(exc: BaseException) -> str:

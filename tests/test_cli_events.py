@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
+import queue
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +19,7 @@ from subagents._event_summary import percentile, summarize_events
 from subagents._events import COMPLETED, MISSED, SPAWNED, STARTED
 from subagents._json import loads
 
+ROOT = Path(__file__).resolve().parents[1]
 _seq = iter(range(1, 10_000))
 
 
@@ -192,3 +198,168 @@ def test_summary_into_a_closed_pipe_exits_quietly(
     monkeypatch.setattr("sys.stdout", ClosedPipe())
     assert main(["events", "summary", str(log)]) == 0
     assert silenced == [True]
+
+
+# --- errors are one line, never a traceback ------------------------------------------------
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "subagents", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_tail_of_a_directory_is_a_one_line_error(tmp_path: Path, follow: bool) -> None:
+    proc = run_cli("events", "tail", str(tmp_path), *([] if follow else ["--no-follow"]))
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"subagents events tail: cannot read {tmp_path}: Is a directory"
+    ]
+
+
+def test_tail_of_a_missing_file_says_it_is_waiting_then_follows(tmp_path: Path) -> None:
+    path = tmp_path / "later.jsonl"
+    args = ["events", "tail", str(path), "--max-events", "1", "--interval", "0.01"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "subagents", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    stderr = proc.stderr
+    assert stderr is not None
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        for line in stderr:
+            lines.put(line)
+
+    reader = threading.Thread(target=pump)
+    reader.start()
+    try:
+        # The notice is the signal that tail has looked once and found nothing.
+        notice = lines.get(timeout=30)
+    except queue.Empty:
+        notice = ""
+    finally:
+        if not notice:
+            proc.kill()
+    assert notice == f"subagents events tail: waiting for {path} to be created (Ctrl-C to stop)\n"
+    write_log(path, [ev(SPAWNED, "late", {"agent": "alpha", "mode": "spawn"})])
+    out, _ = proc.communicate(timeout=30)
+    reader.join()
+    assert proc.returncode == 0
+    assert "/root/late [late]" in out
+    assert lines.empty()  # said once, and nothing else
+
+
+def test_tail_of_a_missing_file_without_following_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "nope.jsonl"
+    assert main(["events", "tail", str(path), "--no-follow"]) == 1
+    assert capsys.readouterr().err == (
+        f"subagents events tail: cannot read {path}: No such file or directory\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--max-events", "0"),
+        ("--max-events", "-1"),
+        ("--max-events", "many"),
+        ("--interval", "0"),
+        ("--interval", "-0.5"),
+        ("--interval", "nan"),
+    ],
+)
+def test_tail_rejects_bad_numbers_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str
+) -> None:
+    path = tmp_path / "events.jsonl"
+    write_log(path, sample())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["events", "tail", str(path), "--no-follow", f"{option}={value}"])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no event printed
+    [line] = captured.err.splitlines()
+    assert line.startswith(f"subagents events tail: error: argument {option}: ")
+    assert value in line
+
+
+def test_summary_rejects_a_negative_slowest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "events.jsonl"
+    write_log(path, sample())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["events", "summary", str(path), "--slowest=-1"])
+    assert exit_info.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "argument --slowest: must be 0 or more, got -1" in line
+
+
+def test_summary_of_an_empty_log_says_there_are_no_events(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"")
+    assert main(["events", "summary", str(path)]) == 0
+    assert capsys.readouterr().out == f"no events in {path}\n"
+
+
+def test_summary_with_no_ended_task_shows_no_durations() -> None:
+    text = summarize_events([ev(SPAWNED, "s", {"agent": "alpha", "mode": "spawn"})]).format()
+    assert "durations: none (no task ended)" in text
+    assert "p50" not in text
+    assert "by agent: none" in text
+    assert "unfinished: s" in text
+    assert summarize_events([]).format() == "no events"
+
+
+def test_summary_of_a_directory_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["events", "summary", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"subagents events summary: cannot read {tmp_path}: Is a directory\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "err"),
+    [
+        (KeyboardInterrupt(), 130, ""),
+        (
+            PermissionError(13, "Permission denied"),
+            1,
+            "subagents events: [Errno 13] Permission denied\n",
+        ),
+    ],
+    ids=["ctrl-c", "os-error"],
+)
+def test_main_turns_interrupts_and_stray_os_errors_into_a_status(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    raised: BaseException,
+    status: int,
+    err: str,
+) -> None:
+    import subagents._cli_events as cli_events
+
+    def fails(args: object) -> int:
+        raise raised
+
+    monkeypatch.setattr(cli_events, "_run_summary", fails)
+    assert main(["events", "summary", str(tmp_path / "x.jsonl")]) == status
+    assert capsys.readouterr().err == err

@@ -428,9 +428,16 @@ async def test_every_call_runs_in_a_tool_span(monkeypatch: pytest.MonkeyPatch) -
         def link_tasks(self, task_ids: object) -> None:
             links.append(list(task_ids))  # type: ignore[call-overload]
 
+        def set_error(self, error_type: str, message: str = "") -> None:
+            pass
+
     @contextmanager
     def recording_span(
-        tool: str, *, call_id: str | None = None, transfer_target: str | None = None
+        tool: str,
+        *,
+        call_id: str | None = None,
+        transfer_target: str | None = None,
+        **other: object,
     ):  # type: ignore[no-untyped-def]
         calls.append((tool, call_id, transfer_target))
         yield Span()

@@ -33,6 +33,7 @@ from subagents import (
     SubagentManager,
     Usage,
     _tracing,
+    build_tools,
 )
 from subagents._tracing import Telemetry, tool_span
 
@@ -251,7 +252,7 @@ async def test_execute_span(exporter: InMemorySpanExporter) -> None:
     assert attrs["subagents.mode"] == "execute"
     assert attrs["gen_ai.agent.id"] == envelope.task_id
     assert attrs["gen_ai.request.model"] == "m-2"
-    assert "gen_ai.provider.name" not in attrs
+    assert attrs["gen_ai.provider.name"] == "subagents"  # Required: a default when unknown
     assert event_names(span) == ["started"]
     # Content is not captured by default.
     assert not any(k.startswith(("gen_ai.input", "gen_ai.output", "gen_ai.system")) for k in attrs)
@@ -379,16 +380,16 @@ async def test_tool_spans_parent_and_links(exporter: InMemorySpanExporter) -> No
         assert attrs["gen_ai.operation.name"] == "execute_tool"
         assert attrs["gen_ai.tool.name"] == "spawn_agent"
         assert attrs["gen_ai.tool.type"] == "function"
-        assert attrs["gen_ai.transfer.mode"] == "return_to_caller"
-        assert attrs["gen_ai.transfer.target.name"] == "general"
-        assert attrs["gen_ai.transfer.target.type"] == "agent"
+        assert attrs["subagents.transfer.mode"] == "return_to_caller"
+        assert attrs["subagents.transfer.target.name"] == "general"
+        assert attrs["subagents.transfer.target.type"] == "agent"
     assert {dict(s.attributes or {})["gen_ai.tool.call.id"] for s in spawns} == {
         "call-1",
         "call-2",
     }
     wait = one(exporter, "execute_tool wait_agent")
     attrs = dict(wait.attributes or {})
-    assert "gen_ai.transfer.mode" not in attrs
+    assert "subagents.transfer.mode" not in attrs
     assert attrs["subagents.collected"] == 2
     linked = {link.context.span_id for link in wait.links}
     assert linked == {span_id(c) for c in children}
@@ -416,6 +417,82 @@ async def test_tool_span_inside_child_and_on_error(exporter: InMemorySpanExporte
     assert read.status.status_code is StatusCode.ERROR
     assert crash.status.status_code is StatusCode.ERROR
     assert dict(crash.attributes or {})["error.type"] == "KeyError"
+
+
+async def _broken(request: Request, ctx: RunContext) -> str:
+    raise ValueError("disk on fire")
+
+
+# Each case: tool name, arguments, the expected error.type of its execute_tool span.
+TOOL_ERRORS = {
+    "unknown agent": ("spawn_agent", {"agent": "nobody", "input": "x"}, "unknown_agent"),
+    "invalid arguments": ("spawn_agent", {"agent": "general"}, "invalid_arguments"),
+    "arguments not JSON": ("spawn_agent", "{not json", "invalid_arguments"),
+    "unknown task id": ("wait_agent", {"task_ids": ["nope"]}, "unknown_task"),
+    "unknown task ids": ("wait_agent", {"task_ids": ["nope", "nada"]}, "unknown_task"),
+    "cancel unknown task": ("cancel_agent", {"task_id": "nope"}, "unknown_task"),
+    "unknown tool": ("no_such_tool", {}, "unknown_tool"),
+    "failed delegate, string mode": (
+        "delegate_to_agent",
+        {"agent": "broken", "input": "x"},
+        "ValueError",
+    ),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", list(TOOL_ERRORS))
+async def test_tool_error_results_mark_their_span(
+    exporter: InMemorySpanExporter, case: str
+) -> None:
+    tool, args, error_type = TOOL_ERRORS[case]
+    async with SubagentManager([spec("general"), spec("broken", _broken)]) as manager:
+        tools = build_tools(manager, "root", return_mode="string")
+        result = await tools.call(tool, args, call_id="c1")
+    assert result.is_error
+    span = one(exporter, f"execute_tool {tool}")
+    attrs = dict(span.attributes or {})
+    assert attrs["error.type"] == error_type
+    assert span.status.status_code is StatusCode.ERROR
+    description = span.status.description or ""
+    assert description
+    assert description in result.content or result.content.startswith(description[:-1])
+
+
+@pytest.mark.anyio
+async def test_tool_internal_failure_marks_its_span_with_the_exception_class(
+    exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_spawn(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("manager bug")
+
+    async with SubagentManager([spec("general")]) as manager:
+        monkeypatch.setattr(manager, "spawn", broken_spawn)
+        result = await build_tools(manager, "root").call(
+            "spawn_agent", {"agent": "general", "input": "x"}
+        )
+    assert result.is_error
+    assert result.details["error"] == "internal"
+    span = one(exporter, "execute_tool spawn_agent")
+    assert dict(span.attributes or {})["error.type"] == "RuntimeError"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+@pytest.mark.anyio
+async def test_tool_successes_leave_their_span_unset(exporter: InMemorySpanExporter) -> None:
+    async with SubagentManager([spec("general")]) as manager:
+        tools = build_tools(manager, "root", return_mode="string")
+        spawned = await tools.call("spawn_agent", {"agent": "general", "input": "x"})
+        task_id = spawned.details["task_id"]
+        waited = await tools.call("wait_agent", {"task_ids": [task_id], "timeout_ms": 5000})
+        delegated = await tools.call("delegate_to_agent", {"agent": "general", "input": "y"})
+        timed_out = await tools.call("wait_agent", {"task_ids": [task_id], "timeout_ms": 0})
+    assert not any(r.is_error for r in (spawned, waited, delegated, timed_out))
+    tool_spans = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
+    assert len(tool_spans) == 4
+    for span in tool_spans:
+        assert span.status.status_code is StatusCode.UNSET, span.name
+        assert "error.type" not in dict(span.attributes or {})
 
 
 def test_span_context_map_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -455,7 +532,7 @@ async def test_metrics(exporter: InMemorySpanExporter) -> None:
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
                 points[metric.name] = list(metric.data.data_points)
-    durations = points["gen_ai.invoke_agent.duration"]
+    durations = points["gen_ai.client.operation.duration"]
     by_error = {dict(p.attributes).get("error.type"): p for p in durations}  # type: ignore[attr-defined]
     assert by_error[None].count == 2  # type: ignore[attr-defined]
     assert by_error["timeout"].count == 1  # type: ignore[attr-defined]

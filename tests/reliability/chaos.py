@@ -365,7 +365,8 @@ class Chaos:
                     f"{plan.describe()} started with {self.inflight} spawned runners in "
                     f"flight above the limit {limit}"
                 )
-            self.inflight_high = max(self.inflight_high, self.inflight)
+            borrowed = ctx.manager.statistics().borrowed
+            self.inflight_high = max(self.inflight_high, self.inflight - borrowed)
         token = _SLOT_PLAN.set(plan) if in_slot else None
         try:
             return await self._behave(plan, ctx)
@@ -390,8 +391,11 @@ class Chaos:
                 # Not checked against the current limit: the slot was granted when the
                 # waiter was woken, and a resize may have lowered the limit since (running
                 # children are never preempted). The run-wide peak is checked at the end.
+                # A wait that timed out with no slot free resumes on a borrowed one, which
+                # the manager counts beyond the limit: the limit bounds the rest.
                 self.inflight += 1
-                self.inflight_high = max(self.inflight_high, self.inflight)
+                borrowed = ctx.manager.statistics().borrowed
+                self.inflight_high = max(self.inflight_high, self.inflight - borrowed)
 
     async def _behave(self, plan: Plan, ctx: RunContext) -> Result | str:
         fault, v, i = plan.fault, plan.variant, plan.index

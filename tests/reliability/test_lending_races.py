@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from subagents import DelegateResult, Event, Request, RunContext, SubagentManager
+from subagents import DelegateResult, Event, Request, RunContext, SpawnHandle, SubagentManager
 
 from .support import completed_events, make_manager, recorded
 
@@ -251,12 +251,16 @@ async def test_execute_cancelled_by_its_callers_scope_cancels_its_lending_subtre
         _check_one_envelope_each(manager, events)
 
 
-async def test_a_delegates_own_timed_out_wait_leaves_the_grandchild_running() -> None:
+async def test_a_delegates_given_up_wait_runs_on_a_borrowed_slot() -> None:
     """The other side of the test above: a scope *inside* the delegate's runner (a wait it
-    gives up on) cancels nothing. The delegate waits for the slot its grandchild holds and
-    goes on once the grandchild has finished normally."""
+    gives up on) cancels nothing. The grandchild holds the only slot, so the delegate goes
+    on at once on a borrowed slot instead of waiting for it; the grandchild keeps running,
+    the borrow shows in the statistics and is repaid when the grandchild's slot frees."""
     stop_waiting: list[anyio.CancelScope] = []
+    gave_up = anyio.Event()
     gate = anyio.Event()
+    grandchild_done = anyio.Event()
+    spawned: list[SpawnHandle] = []
 
     async def grandchild(request: Request, ctx: RunContext) -> str:
         await gate.wait()
@@ -264,10 +268,13 @@ async def test_a_delegates_own_timed_out_wait_leaves_the_grandchild_running() ->
 
     async def delegate(request: Request, ctx: RunContext) -> str:
         child = ctx.spawn("grandchild")
+        spawned.append(child)
         with anyio.CancelScope() as scope:
             stop_waiting.append(scope)
             await child.wait()
-        assert child.result is not None  # it held the only slot: resuming waited for it
+        gave_up.set()
+        assert child.result is None  # it holds the only slot and is still running
+        await grandchild_done.wait()
         return f"gave up waiting; {child.result.status}"
 
     async def parent(request: Request, ctx: RunContext) -> str:
@@ -281,8 +288,17 @@ async def test_a_delegates_own_timed_out_wait_leaves_the_grandchild_running() ->
         await _until(lambda: manager.statistics().spawned == 3 and stop_waiting != [])
         await anyio.wait_all_tasks_blocked()
         stop_waiting[0].cancel()
-        await _until(lambda: len(manager._resumers) == 1)  # waits for the grandchild's slot
+        with anyio.fail_after(5):
+            await gave_up.wait()
+        stats = manager.statistics()
+        assert (stats.running, stats.borrowed, stats.borrows) == (2, 1, 1)
+        assert stats.high_water == 1
         gate.set()
+        with anyio.fail_after(5):
+            await spawned[0].wait()
+        stats = manager.statistics()
+        assert (stats.running, stats.borrowed) == (1, 0)  # the borrow was repaid
+        grandchild_done.set()
         with anyio.fail_after(5):
             envelope = await handle.wait()
         assert envelope.output == "gave up waiting; completed"
