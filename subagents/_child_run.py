@@ -28,8 +28,9 @@ from ._envelope import (
     now_ms,
     trusted_envelope,
 )
-from ._events import COMPLETED, STARTED, EventBus
+from ._events import COMPLETED, MAILBOX_FULL, STARTED, EventBus
 from ._handle import NO_LEND, RUNNING, SETTLED, SpawnHandle
+from ._json import JSONValue
 from ._mailbox import BaseMailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import NameAllocator
@@ -348,6 +349,20 @@ class ChildRuns:
     ) -> None:
         bus = self.events
         if not bus._subscribers:  # not .active: no property call per child
+            return
+        if event_type == MAILBOX_FULL:
+            data: dict[str, JSONValue] = {
+                "agent": envelope.agent,
+                "status": envelope.status.value,
+                "capacity": self.config.mailbox_capacity,
+            }
+            bus.publish(
+                event_type,
+                session_id=session_id,
+                task_id=envelope.task_id,
+                agent_path=envelope.agent_path,
+                data=data,
+            )
             return
         data = envelope.to_dict()
         handle = self._tasks.get(envelope.task_id)

@@ -28,6 +28,7 @@ from ._json import JSONValue, dumps
 __all__ = [
     "COMPLETED",
     "DEFAULT_STREAM_BUFFER",
+    "MAILBOX_FULL",
     "MISSED",
     "PROGRESS",
     "SPAWNED",
@@ -41,6 +42,9 @@ SPAWNED: Final = "subagent.spawned"
 STARTED: Final = "subagent.started"
 PROGRESS: Final = "subagent.progress"
 COMPLETED: Final = "subagent.completed"
+MAILBOX_FULL: Final = "subagent.mailbox_full"
+"""A result found its session's mailbox full: the completed event and the manager's record
+carry it (``wait_result`` and ``wait_agent`` still collect it); nothing is lost."""
 MISSED: Final = "subagent.missed"
 """Not published on the bus: the marker an :class:`EventStream` yields after an overflow."""
 DEFAULT_STREAM_BUFFER: Final = 1024

@@ -69,6 +69,10 @@ class ManagerStatistics:
     exceeds the limit; the next slots to free repay these before anyone queued starts."""
     borrows: int
     """How many times a child ever ran on a borrowed slot."""
+    mailbox_overflows: int
+    """Results that found their session's mailbox full (``mailbox_capacity`` unread): each
+    went by the ``subagent.completed`` event alone and stays collectable by ``wait_result``
+    and ``wait_agent`` (a ``subagent.mailbox_full`` event marks it)."""
     spawned: int
     """Children ever created (spawns and executes)."""
     settled: int
@@ -291,6 +295,7 @@ class SubagentManager(Admission, ChildRuns):
             high_water=self._high_water,
             borrowed=self._borrowed,
             borrows=self._borrows,
+            mailbox_overflows=self._notifier.overflows,
             spawned=self._spawned,
             settled=self._settled,
             workers=self._workers,

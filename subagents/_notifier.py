@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 
 from ._envelope import DelegateResult
 from ._errors import MailboxFull
+from ._events import COMPLETED, MAILBOX_FULL
 from ._mailbox import BaseMailbox
 
 __all__ = ["CompletionNotifier", "Publish"]
@@ -23,9 +23,11 @@ class CompletionNotifier:
 
     ``notify`` does two things: it puts the envelope into the parent session's mailbox
     (what ``wait_agent`` reads) and publishes ``subagent.completed`` with the full envelope
-    (what dashboards read). If the mailbox is full or gone, delivery degrades to the event
-    alone; the manager still keeps the envelope, so ``wait_agent`` and
-    ``SubagentManager.result`` can always obtain it.
+    (what dashboards read). If the mailbox is full, delivery degrades to the event alone
+    and ``subagent.mailbox_full`` is published first; the manager still keeps the envelope,
+    so ``wait_agent`` and ``SubagentManager.result`` can always obtain it. That is ordinary
+    in a large fan-out collected by id, so it is counted (:attr:`overflows`) and logged at
+    DEBUG, not warned about. A mailbox that fails otherwise is logged as an error.
 
     Args:
         get_mailbox: the mailbox of a session id, or ``None`` if it has none.
@@ -43,36 +45,32 @@ class CompletionNotifier:
         self._get_mailbox = get_mailbox
         self._publish = publish
         self.enabled = enabled
-        # One warning per full mailbox, not one per envelope: a fan-out of 10,000 children
-        # nobody reads would otherwise flood the log (and cost time).
-        self._warned: weakref.WeakSet[BaseMailbox] = weakref.WeakSet()
+        self.overflows = 0
+        """Envelopes that found their mailbox full and went by the event alone."""
 
     def notify(self, parent_session_id: str, task_id: str, envelope: DelegateResult) -> bool:
         """Deliver ``envelope``; returns True when it landed in the parent's mailbox."""
         if not self.enabled:
             return False
         delivered = False
-        mailbox = None
+        overflowed = False
         try:
             mailbox = self._get_mailbox(parent_session_id)
             if mailbox is not None:
                 delivered = mailbox.put(task_id, envelope)
         except MailboxFull as exc:
-            if mailbox is not None and mailbox not in self._warned:
-                self._warned.add(mailbox)
-                logger.warning(
-                    "session %r: %s; degrading to the completion event (the manager keeps "
-                    "every envelope; further overflows of this mailbox are logged at DEBUG)",
-                    parent_session_id,
-                    exc,
-                )
-            else:
-                logger.debug("%s; degraded to the completion event", exc)
+            overflowed = True
+            self.overflows += 1
+            logger.debug(
+                "session %r: %s; delivered by the completion event", parent_session_id, exc
+            )
         except Exception:
             logger.exception("mailbox put for task %s failed; degraded to the event", task_id)
         if self._publish is not None:
             try:
-                self._publish("subagent.completed", parent_session_id, envelope)
+                if overflowed:
+                    self._publish(MAILBOX_FULL, parent_session_id, envelope)
+                self._publish(COMPLETED, parent_session_id, envelope)
             except Exception:
                 logger.exception("publishing completion of task %s failed", task_id)
         return delivered

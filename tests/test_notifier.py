@@ -63,12 +63,17 @@ def test_full_mailbox_degrades_to_event(caplog: pytest.LogCaptureFixture) -> Non
     box = Mailbox(capacity=1)
     box.put("old", env("old"))
     notifier, published = make({"s": box})
-    with caplog.at_level(logging.WARNING, logger="subagents.notifier"):
+    with caplog.at_level(logging.DEBUG, logger="subagents.notifier"):
         assert notifier.notify("s", "t1", env("t1")) is False
     assert box.peek("old") == env("old")
     assert box.peek("t1") is None
-    assert published == [("subagent.completed", "s", env("t1"))]
-    assert any("mailbox full" in r.getMessage() for r in caplog.records)
+    assert published == [
+        ("subagent.mailbox_full", "s", env("t1")),
+        ("subagent.completed", "s", env("t1")),
+    ]
+    assert notifier.overflows == 1
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+    assert "mailbox full" in caplog.records[0].getMessage()
 
 
 def test_missing_or_dropped_mailbox_still_publishes() -> None:
@@ -143,3 +148,31 @@ async def test_manager_with_notify_disabled_neither_puts_nor_publishes() -> None
         assert len(manager.mailbox()) == 0
         assert manager.result(handle.task_id) == env_  # still retrievable
     assert "subagent.completed" not in events
+
+
+@pytest.mark.anyio
+async def test_a_plain_batch_past_the_mailbox_capacity_warns_nothing_and_counts_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """200 results collected by id with a mailbox of 64: nothing is lost, so nothing is
+    warned about; the overflow is counted and marked in the event stream."""
+
+    async def runner(request: Request, ctx: RunContext) -> str:
+        return request.input
+
+    full: list[str] = []
+    caplog.set_level(logging.DEBUG, logger="subagents")
+    async with manager_with(spec("w", runner), max_concurrent_spawns=16) as manager:
+        manager.events.subscribe(
+            lambda e: full.append(e.task_id) if e.type == "subagent.mailbox_full" else None
+        )
+        handles = [manager.spawn("w", str(i)) for i in range(200)]
+        for h in handles:
+            await h.done.wait()
+        outputs = [await manager.wait_result(h.task_id) for h in handles]
+        assert [o.output for o in outputs if o is not None] == [str(i) for i in range(200)]
+        assert manager.statistics().mailbox_overflows == 200 - 64
+    assert len(full) == 200 - 64
+    assert set(full) == {h.task_id for h in handles[64:]}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("delivered by the completion event" in r.message for r in caplog.records)

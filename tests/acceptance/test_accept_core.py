@@ -1264,12 +1264,12 @@ def test_completion_notifier_degrades_when_full_and_never_raises() -> None:
     published: list[Any] = []
     notifier = CompletionNotifier(lambda sid: box, lambda *a: published.append(a))
     assert notifier.notify("root", "t1", envelope(task_id="t1")) is False
-    assert len(published) == 1
+    assert [p[0] for p in published] == ["subagent.mailbox_full", "subagent.completed"]
     assert box.peek("t1") is None
-    # no mailbox at all
+    # no mailbox at all: not an overflow, just the event
     gone = CompletionNotifier(lambda sid: None, lambda *a: published.append(a))
     assert gone.notify("root", "t2", envelope(task_id="t2")) is False
-    assert len(published) == 2
+    assert [p[0] for p in published[2:]] == ["subagent.completed"]
 
 
 def test_completion_notifier_disabled_does_neither() -> None:
