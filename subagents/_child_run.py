@@ -34,6 +34,7 @@ from ._json import JSONValue
 from ._mailbox import BaseMailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import NameAllocator
+from ._progress import MAX_FILES, MAX_OUTPUT_CHARS, cap_files, cap_output
 from ._spec import Result, SubagentConfig
 from ._tracing import Telemetry
 
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_FILES", "MAX_OUTPUT_CHARS", "MAX_PATH_CHARS", "ChildRuns"]
 
-MAX_OUTPUT_CHARS: Final = 1_000_000
-MAX_FILES: Final = 1000  # files_changed entries kept in an envelope (the last says how many more)
 MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
 _ENTERED: Final = nullcontext()  # a scope the caller has entered already
@@ -178,7 +177,11 @@ class ChildRuns:
             envelope = self._ended(handle, Status.TIMEOUT, ctx)
         elif error is not None:
             envelope = self._ended(handle, Status.ERROR, ctx, error=error)
-        elif type(result) is str and not handle._files_changed and len(result) <= MAX_OUTPUT_CHARS:
+        elif (
+            type(result) is str
+            and (handle._progress is None or not handle._progress.has_files)
+            and len(result) <= MAX_OUTPUT_CHARS
+        ):
             # _ended's completed-text case, inlined: the envelope of most children, and a
             # call with keywords plus its branches cost about 0.4 µs of a no-op child's ~11.
             spawned = handle._spawned_at
@@ -258,10 +261,11 @@ class ChildRuns:
     ) -> DelegateResult:
         end = perf_counter()
         started = handle._started_at
-        output = handle._partial_output
+        progress = handle._progress
+        output = "" if progress is None else progress.output()
         usage = handle._usage
         iterations = handle._iterations
-        files = handle._files_changed
+        extra_files: tuple[str, ...] = ()
         message = ""
         error_type = ""
         if status is Status.COMPLETED and result is not None:
@@ -271,8 +275,7 @@ class ChildRuns:
                 output = result.output
                 usage = result.usage if result.usage else usage
                 iterations = result.iterations or iterations
-                if result.files_changed:
-                    files = files + tuple(f for f in result.files_changed if f not in files)
+                extra_files = result.files_changed
                 if result.error or result.status is Status.ERROR:
                     status = Status.ERROR
                     message = bound_text(result.error or "the runner reported an error", 500)
@@ -292,12 +295,9 @@ class ChildRuns:
             error_type = "cancelled"
             reason = handle._cancel_requested
             message = f"cancelled: {reason}" if reason else "cancelled"
-        if len(output) > MAX_OUTPUT_CHARS:
-            omitted = len(output) - MAX_OUTPUT_CHARS
-            output = output[:MAX_OUTPUT_CHARS] + f"\n[… {omitted} characters dropped …]"
+        output = cap_output(output)
         # trusted_envelope makes output, error and paths JSON-safe (clean_text).
-        if len(files) > MAX_FILES:
-            files = (*files[: MAX_FILES - 1], f"[… {len(files) - MAX_FILES + 1} more paths]")
+        files = cap_files(extra_files) if progress is None else progress.files(extra_files)
         if files:
             files = tuple(bound_text(f, MAX_PATH_CHARS) for f in files)
         return trusted_envelope(

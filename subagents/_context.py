@@ -14,6 +14,7 @@ from ._handle import SETTLED
 from ._mailbox import closed_mailbox
 from ._paths import AgentPath
 from ._permissions import Ruleset
+from ._progress import Progress
 from ._spec import UNSET_TIMEOUT
 
 if TYPE_CHECKING:
@@ -116,7 +117,9 @@ class RunContext:
 
         ``output`` replaces the partial output, ``append`` extends it; ``usage`` and
         ``iterations`` replace the running totals; ``files_changed`` adds paths. Publishes
-        ``subagent.progress``. Never blocks.
+        ``subagent.progress``. Never blocks. Each call costs time linear in what it
+        reports; the envelope keeps the first million characters of output and the first
+        thousand distinct paths, and says how much it dropped past them.
 
         Raises:
             ConfigError: a value of the wrong type or range (nothing is recorded then).
@@ -145,17 +148,19 @@ class RunContext:
             output = clean_text(output)
         if append:
             append = clean_text(append)
+        progress = h._progress
+        if progress is None:
+            progress = h._progress = Progress()
         if output is not None:
-            h._partial_output = output
+            progress.replace(output)
         if append:
-            h._partial_output += append
+            progress.append(append)
         if usage is not None:
             h._usage = usage
         if iterations is not None:
             h._iterations = iterations
         if paths:
-            known = set(h._files_changed)
-            h._files_changed += tuple(f for f in paths if f not in known)
+            progress.add_files(paths)
         bus = self._manager.events
         if bus.active:
             bus.publish(
@@ -164,7 +169,7 @@ class RunContext:
                 task_id=h.task_id,
                 agent_path=h.agent_path,
                 data={
-                    "output_chars": len(h._partial_output),
+                    "output_chars": progress.output_chars,
                     "iterations": h._iterations,
                     "usage": dict(h._usage.to_dict()),
                 },

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ._manager import SubagentManager
     from ._paths import AgentPath
     from ._permissions import Ruleset
+    from ._progress import Progress
     from ._spec import AgentSpec, Request
 
 __all__ = ["NO_LEND", "QUEUED", "RUNNING", "SETTLED", "SpawnHandle", "TaskState"]
@@ -42,14 +43,13 @@ class SpawnHandle:
         "_done",
         "_ending",
         "_envelope",
-        "_files_changed",
         "_holds_slot",
         "_iterations",
         "_lends",
         "_manager",
         "_owns_session",
-        "_partial_output",
         "_permissions",
+        "_progress",
         "_request",
         "_scope",
         "_spawned_at",
@@ -110,10 +110,9 @@ class SpawnHandle:
         self._done: anyio.Event | None = None
         self._delivered = False
         self._collected = False
-        self._partial_output = ""
+        self._progress: Progress | None = None  # what ctx.report recorded, once it did
         self._usage = _NO_USAGE
         self._iterations = 0
-        self._files_changed: tuple[str, ...] = ()
         self._trace: object = None
         self._holds_slot = False
         self._borrowing = False  # its slot is borrowed (held beyond the limit)

@@ -1,0 +1,106 @@
+"""What a running child has reported so far: partial output and changed files.
+
+A runner may report thousands of times (a streamed answer appended token by token, a file
+per edit), so both are kept in time linear in what was reported and in memory bounded by
+documented caps: the first :data:`MAX_OUTPUT_CHARS` characters of output and the first
+:data:`MAX_FILES` distinct paths, with counts of what was dropped past them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+__all__ = ["MAX_FILES", "MAX_OUTPUT_CHARS", "Progress", "cap_files", "cap_output"]
+
+MAX_OUTPUT_CHARS: Final = 1_000_000
+"""Characters of output an envelope keeps (the head); a marker says how many were dropped."""
+MAX_FILES: Final = 1000
+"""``files_changed`` entries an envelope keeps; the last says how many more there were."""
+
+
+def cap_output(output: str, dropped: int = 0) -> str:
+    """``output`` cut to :data:`MAX_OUTPUT_CHARS`, with a marker counting what is missing
+    (``dropped`` characters already left out before it, plus any cut here)."""
+    if len(output) > MAX_OUTPUT_CHARS:
+        dropped += len(output) - MAX_OUTPUT_CHARS
+        output = output[:MAX_OUTPUT_CHARS]
+    if not dropped:
+        return output
+    return f"{output}\n[… {dropped} characters dropped …]"
+
+
+def cap_files(files: Iterable[str], dropped: int = 0) -> tuple[str, ...]:
+    """The distinct ``files`` in first-seen order, at most :data:`MAX_FILES` entries: past
+    the cap the last entry counts the paths left out (plus ``dropped`` left out before)."""
+    unique = tuple(dict.fromkeys(files))
+    if len(unique) + (1 if dropped else 0) <= MAX_FILES:
+        return (*unique, f"[… {dropped} more paths]") if dropped else unique
+    kept = MAX_FILES - 1
+    return (*unique[:kept], f"[… {len(unique) - kept + dropped} more paths]")
+
+
+class Progress:
+    """Partial output and changed files of one run, as reported through ``ctx.report``.
+
+    Appending is amortised O(length appended): chunks are joined only when the output is
+    read. Output past :data:`MAX_OUTPUT_CHARS` and distinct paths past :data:`MAX_FILES`
+    are counted, not kept (a dropped path reported again is counted again).
+    """
+
+    __slots__ = ("_chars", "_chunks", "_dropped", "_files", "_files_dropped")
+
+    def __init__(self) -> None:
+        self._chunks: list[str] = []
+        self._chars = 0
+        self._dropped = 0
+        self._files: dict[str, None] = {}
+        self._files_dropped = 0
+
+    @property
+    def output_chars(self) -> int:
+        """Characters of output reported, those dropped past the cap included."""
+        return self._chars + self._dropped
+
+    @property
+    def has_files(self) -> bool:
+        return bool(self._files)
+
+    def replace(self, text: str) -> None:
+        """Make ``text`` the whole partial output."""
+        self._chunks = []
+        self._chars = 0
+        self._dropped = 0
+        self.append(text)
+
+    def append(self, text: str) -> None:
+        """Extend the partial output by ``text``."""
+        room = MAX_OUTPUT_CHARS - self._chars
+        if len(text) > room:
+            self._dropped += len(text) - max(room, 0)
+            text = text[: max(room, 0)]
+        if text:
+            self._chunks.append(text)
+            self._chars += len(text)
+
+    def output(self) -> str:
+        """The partial output, with a marker if some was dropped past the cap."""
+        if len(self._chunks) > 1:
+            self._chunks = ["".join(self._chunks)]  # later reads and appends start from one
+        text = self._chunks[0] if self._chunks else ""
+        return cap_output(text, self._dropped)
+
+    def add_files(self, paths: Iterable[str]) -> None:
+        """Add ``paths`` not seen before, in order."""
+        files = self._files
+        for path in paths:
+            if path in files:
+                continue
+            if len(files) < MAX_FILES:
+                files[path] = None
+            else:
+                self._files_dropped += 1
+
+    def files(self, extra: Iterable[str] = ()) -> tuple[str, ...]:
+        """The reported paths, then the ``extra`` ones not among them, capped."""
+        return cap_files((*self._files, *extra), self._files_dropped)

@@ -1,0 +1,80 @@
+"""ctx.report: partial output and changed files cost time linear in what is reported and
+memory bounded by the documented caps, and the envelope says what it dropped."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from subagents import Request, RunContext, Status
+from subagents._progress import MAX_FILES, MAX_OUTPUT_CHARS, Progress
+from tests.helpers import manager_with, spec
+
+
+def _seconds_to_report(count: int) -> float:
+    """The best of three runs of a runner calling ``ctx.report`` ``count`` times."""
+    timings: list[float] = []
+
+    async def reporter(request: Request, ctx: RunContext) -> str:
+        began = time.perf_counter()
+        for i in range(count):
+            ctx.report(append="twenty-five characters..", files_changed=[f"src/{i}.py"])
+        timings.append(time.perf_counter() - began)
+        raise RuntimeError("keep the partial output")
+
+    async def main() -> None:
+        async with manager_with(spec("r", reporter)) as manager:
+            envelope = await manager.spawn("r").wait()
+            assert len(envelope.output) == 24 * count
+            assert len(envelope.files_changed) == min(count, MAX_FILES)
+
+    for _ in range(3):
+        anyio.run(main)
+    return min(timings)
+
+
+def test_reporting_scales_linearly() -> None:
+    """Four times the reports take about four times as long (a quadratic one: sixteen)."""
+    small, large = _seconds_to_report(10_000), _seconds_to_report(40_000)
+    assert large / small < 8, (small, large)
+
+
+def test_output_past_the_cap_keeps_the_head_and_counts_the_rest() -> None:
+    progress = Progress()
+    progress.append("a" * (MAX_OUTPUT_CHARS - 10))
+    progress.append("b" * 30)
+    progress.append("c" * 5)
+    assert progress.output_chars == MAX_OUTPUT_CHARS + 25
+    text = progress.output()
+    assert text.startswith("a" * (MAX_OUTPUT_CHARS - 10) + "b" * 10 + "\n")
+    assert text.endswith("[… 25 characters dropped …]")
+    progress.replace("fresh")
+    assert progress.output() == "fresh"
+
+
+def test_files_keep_first_seen_order_without_repeats_up_to_the_cap() -> None:
+    progress = Progress()
+    progress.add_files(["b.py", "a.py", "b.py"])
+    assert progress.files(["a.py", "c.py"]) == ("b.py", "a.py", "c.py")
+    progress.add_files(f"f{i}.py" for i in range(2 * MAX_FILES))
+    files = progress.files()
+    assert len(files) == MAX_FILES
+    assert files[-1] == f"[… {2 * MAX_FILES + 2 - (MAX_FILES - 1)} more paths]"
+
+
+@pytest.mark.anyio
+async def test_a_runner_reporting_piece_by_piece_gets_it_all_in_its_envelope() -> None:
+    async def streamer(request: Request, ctx: RunContext) -> str:
+        for i in range(10_000):
+            ctx.report(append=f"{i},", files_changed=[f"f{i % 1500}.py"] if i < 1500 else [])
+        raise RuntimeError("stopped after streaming")
+
+    async with manager_with(spec("s", streamer)) as manager:
+        envelope = await manager.spawn("s").wait()
+    assert envelope.status is Status.ERROR
+    assert envelope.output == "".join(f"{i}," for i in range(10_000))
+    assert len(envelope.files_changed) == MAX_FILES
+    assert envelope.files_changed[0] == "f0.py"
+    assert envelope.files_changed[-1] == f"[… {1500 - MAX_FILES + 1} more paths]"
