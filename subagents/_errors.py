@@ -39,8 +39,13 @@ _SHOWN_CHARS: Final = 100
 
 
 def _shown(value: object) -> str:
-    """``repr(value)``, cut to ``_SHOWN_CHARS``: a huge bogus id never floods a message."""
-    text = repr(value)
+    """``repr(value)``, cut to ``_SHOWN_CHARS``: a huge bogus id never floods a message, and
+    a value whose ``repr`` fails (a hostile ``__repr__``, ``10**5000`` past Python's digit
+    limit) is named by its type instead of losing the error."""
+    try:
+        text = str.__str__(repr(value))
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
     return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"
 
 
@@ -61,7 +66,7 @@ class ConfigError(SubagentsError, ValueError):
         self.field = field
         self.expected = expected
         self.got = got
-        super().__init__(f"{field} must be {expected}, got {got!r}")
+        super().__init__(f"{field} must be {expected}, got {_shown(got)}")
 
 
 class InvalidName(SubagentsError, ValueError):

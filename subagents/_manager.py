@@ -37,6 +37,7 @@ from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
 from ._spec import UNSET_TIMEOUT, AgentSpec, SpawnOptions, SubagentConfig, trusted_request
 from ._tracing import Telemetry
+from ._validators import count, seconds
 
 if TYPE_CHECKING:
     from ._tool_wait import Completions
@@ -264,9 +265,7 @@ class SubagentManager(Admission, ChildRuns):
         Raises:
             ConfigError: ``value`` is not an integer >= 1 (0 would queue forever).
         """
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError("max_concurrent_spawns", "an integer >= 1", value)
-        self._limit = value
+        self._limit = count("max_concurrent_spawns", value, minimum=1)
         self._wake_resumers()  # parents waiting to resume go first, as on a release
         if self._state == "running":
             self._pump()
@@ -417,8 +416,8 @@ class SubagentManager(Admission, ChildRuns):
                 timeout = spec.timeout
             else:
                 timeout = self.config.execute_timeout if sync else self.config.spawn_timeout
-        elif timeout is not None and not _positive_seconds(timeout):
-            raise ConfigError("timeout", "a number of seconds > 0 or None", timeout)
+        elif timeout is not None:
+            timeout = seconds("timeout", timeout, none_ok=True, zero_ok=False)
         allocator = self._names.get(session_id)
         if allocator is None:
             allocator = self._names[session_id] = NameAllocator()
@@ -733,11 +732,9 @@ class SubagentManager(Admission, ChildRuns):
 
         Raises:
             UnknownTask: unknown id, or (with ``session_id``) another session's.
-            ConfigError: negative or NaN ``timeout``.
+            ConfigError: ``timeout`` not a number of seconds >= 0 or None.
         """
-        from ._mailbox import check_timeout
-
-        timeout = check_timeout(timeout)
+        timeout = seconds("timeout", timeout, none_ok=True, zero_ok=True)
         handle = self.handle(task_id, session_id=session_id)
         if handle._envelope is None and timeout != 0:
             lend = self.lend_slot()
@@ -813,12 +810,3 @@ def _new_task_id() -> str:
 
 # A forked child must not hand out the ids its parent holds in the pool.
 os.register_at_fork(after_in_child=_task_id_pool.clear)
-
-
-def _positive_seconds(value: object) -> bool:
-    return (
-        not isinstance(value, bool)
-        and isinstance(value, (int, float))
-        and not math.isnan(value)
-        and value > 0
-    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
@@ -14,6 +13,7 @@ from ._mailbox import DEFAULT_MAILBOX_CAPACITY
 from ._paths import validate_name
 from ._permissions import Ruleset
 from ._retry import RetryPolicy
+from ._validators import count, seconds
 
 if TYPE_CHECKING:
     from ._context import RunContext
@@ -109,12 +109,7 @@ def _check_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
 
 
 def _check_timeout(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(attribute.name, "a number of seconds > 0 or None", value)
-    if math.isnan(value) or value <= 0:
-        raise ConfigError(attribute.name, "a number of seconds > 0 or None", value)
+    seconds(attribute.name, value, none_ok=True, zero_ok=False)
 
 
 def _check_runner(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -151,18 +146,15 @@ class AgentSpec:
 
 
 def _check_positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(attribute.name, "an integer >= 1", value)
+    count(attribute.name, value, minimum=1)
 
 
 def _check_depth(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(attribute.name, "an integer >= 0", value)
+    count(attribute.name, value, minimum=0)
 
 
 def _check_retain(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ConfigError(attribute.name, "an integer >= 0 or None", value)
+    count(attribute.name, value, minimum=0, none_ok=True)
 
 
 @attrs.frozen(kw_only=True)

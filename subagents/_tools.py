@@ -9,7 +9,6 @@ layering rule (``wait_agent`` answers before the host would kill it) is enforced
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Final, Literal
@@ -30,6 +29,7 @@ from ._export import to_anthropic, to_mcp, to_openai_chat, to_openai_responses
 from ._json import JSONValue
 from ._tracing import ToolSpan, tool_span
 from ._validate import ArgumentError, Param, parse_args, schema_for
+from ._validators import seconds
 
 if TYPE_CHECKING:
     from ._manager import SubagentManager
@@ -415,17 +415,7 @@ TOOL_NAMES: Final = (
 
 
 def _seconds(field: str, value: object, *, allow_none: bool) -> float | None:
-    if value is None and allow_none:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or math.isnan(value)
-        or value <= 0
-    ):
-        expected = "a number of seconds > 0" + (" or None" if allow_none else "")
-        raise ConfigError(field, expected, value)
-    return float(value)
+    return seconds(field, value, none_ok=allow_none, zero_ok=False)
 
 
 def build_tools(
