@@ -310,12 +310,14 @@ class SubagentManager(Admission, ChildRuns):
             name: path segment for the child (default: the agent name; repeats get -2, -3).
             timeout: watchdog seconds from the child's start; ``None`` disables it;
                 omitted: the spawn option, the agent's, else ``config.spawn_timeout``.
-            options: further overrides (prompt, model, files).
+            options: further overrides (prompt, model, files). ``name`` and ``timeout``
+                go either here or as arguments: both is a ``ConfigError``.
 
         Raises:
             UnknownAgent: no such agent type (the message lists the registered ones).
             SpawnRejected: the depth limit, a closed session, or a manager not running.
-            ConfigError: a malformed timeout; InvalidName: a malformed name.
+            ConfigError: a malformed timeout, or one given twice; InvalidName: a
+                malformed name.
         """
         handle = self._new_handle(agent, input, session_id, name, timeout, options, sync=False)
         free = self._limit - self._active
@@ -409,6 +411,12 @@ class SubagentManager(Admission, ChildRuns):
             )
         if options is None:
             options = _NO_OPTIONS
+        elif not isinstance(options, SpawnOptions):
+            raise ConfigError("options", "a SpawnOptions or None", options)
+        elif (timeout is not _UNSET and options.timeout is not None) or (
+            name is not None and options.name is not None
+        ):
+            raise _given_twice(timeout, name, options)
         if timeout is _UNSET:
             if options.timeout is not None:
                 timeout = options.timeout
@@ -796,6 +804,23 @@ class SubagentManager(Admission, ChildRuns):
 
 
 _NO_OPTIONS: Final = SpawnOptions()
+
+
+def _given_twice(timeout: float | None, name: str | None, options: SpawnOptions) -> ConfigError:
+    """The error for a setting given both as an argument and in ``options``: neither may
+    silently win over the other."""
+    if timeout is not _UNSET and options.timeout is not None:
+        return ConfigError(
+            "timeout",
+            f"given once: as timeout= or as options.timeout (here {options.timeout!r}), not both",
+            timeout,
+        )
+    return ConfigError(
+        "name",
+        f"given once: as name= or as options.name (here {options.name!r}), not both",
+        name,
+    )
+
 
 _task_id_pool: list[str] = []
 

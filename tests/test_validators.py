@@ -188,3 +188,63 @@ async def test_a_value_whose_repr_fails_still_gives_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="unprintable Hostile"):
         SpawnOptions(timeout=Hostile(-1.0))
+
+
+# --- a setting given twice ------------------------------------------------------------
+
+
+async def _both_in_child(manager: Any, how: str, **kw: Any) -> BaseException:
+    raised: list[BaseException] = []
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        try:
+            if how == "ctx.spawn":
+                ctx.spawn("echo", **kw)
+            else:
+                await ctx.execute("echo", **kw)
+        except Exception as exc:
+            raised.append(exc)
+        return "done"
+
+    manager.register(spec(f"parent-{how}", parent))
+    await manager.execute(f"parent-{how}")
+    (error,) = raised
+    return error
+
+
+@pytest.mark.parametrize("how", ["spawn", "execute", "ctx.spawn", "ctx.execute"])
+@pytest.mark.parametrize(
+    ("field", "kw"),
+    [
+        ("timeout", {"timeout": 5.0, "options": SpawnOptions(timeout=3.0)}),
+        ("timeout", {"timeout": None, "options": SpawnOptions(timeout=3.0)}),
+        ("timeout", {"timeout": 3.0, "options": SpawnOptions(timeout=3.0)}),
+        ("name", {"name": "a", "options": SpawnOptions(name="b")}),
+    ],
+)
+async def test_a_setting_given_as_argument_and_in_options_is_refused(
+    how: str, field: str, kw: dict[str, Any]
+) -> None:
+    """Before, the argument silently won over the option."""
+    async with manager_with(spec("echo", echo)) as manager:
+        if how == "spawn":
+            with pytest.raises(ConfigError) as raised:
+                manager.spawn("echo", **kw)
+            error: BaseException = raised.value
+        elif how == "execute":
+            with pytest.raises(ConfigError) as raised:
+                await manager.execute("echo", **kw)
+            error = raised.value
+        else:
+            error = await _both_in_child(manager, how, **kw)
+        assert manager.statistics().spawned == (0 if how in ("spawn", "execute") else 1)
+    assert isinstance(error, ConfigError)
+    assert error.field == field
+    assert f"options.{field}" in str(error)
+    assert "not both" in str(error)
+
+
+async def test_options_that_are_not_spawn_options_are_refused() -> None:
+    async with manager_with(spec("echo", echo)) as manager:
+        with pytest.raises(ConfigError, match="options"):
+            manager.spawn("echo", options={"timeout": 3})  # type: ignore[arg-type]
