@@ -9,8 +9,10 @@ a frame and a ``Result`` per child: a change here must be mirrored there.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final, TypeAlias, cast
+from types import CoroutineType
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar, cast
 
 from ._envelope import Status, Usage, describe_exception
 from ._retry import run_with_retries
@@ -20,7 +22,9 @@ from ._validators import as_count, as_int, as_str, plain_usage
 if TYPE_CHECKING:
     from ._context import RunContext
 
-__all__ = ["Backend", "RunnerReturnError", "coerce_result", "run_local"]
+__all__ = ["Backend", "RunnerReturnError", "awaitable", "coerce_result", "run_local"]
+
+T = TypeVar("T")
 
 Backend: TypeAlias = "Callable[[AgentSpec, Request, RunContext], Awaitable[Result]]"
 
@@ -32,13 +36,28 @@ class RunnerReturnError(TypeError):
 async def run_local(spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
     """Run ``spec.runner`` in this task, retrying transient failures under ``spec.retry``."""
     if spec.retry is None:
-        return coerce_result(spec.name, await spec.runner(request, ctx))
+        return coerce_result(spec.name, await awaitable(spec.name, spec.runner(request, ctx)))
 
     async def attempt(number: int) -> Result:
         ctx.attempt = number
-        return coerce_result(spec.name, await spec.runner(request, ctx))
+        return coerce_result(spec.name, await awaitable(spec.name, spec.runner(request, ctx)))
 
     return await run_with_retries(spec.retry, attempt, deadline=ctx.deadline)
+
+
+def awaitable(agent: str, value: T) -> T:
+    """``value``, the call of a runner, if it can be awaited; else RunnerReturnError.
+
+    AgentSpec refuses a plain function, but a callable marked as a coroutine function, or
+    one swapped in later, may still return a plain value: its error then says so, rather
+    than "object str can't be used in 'await' expression".
+    """
+    if type(value) is CoroutineType or inspect.isawaitable(value):
+        return value
+    raise RunnerReturnError(
+        f"runner of agent {agent!r} returned {type(value).__qualname__} when called, not an "
+        "awaitable: a runner must be an async function (async def runner(request, ctx))"
+    )
 
 
 def coerce_result(agent: str, value: object) -> Result:

@@ -13,11 +13,12 @@ import traceback
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from time import perf_counter
+from types import CoroutineType
 from typing import TYPE_CHECKING, Final, Literal, cast
 
 import anyio
 
-from ._backend import Backend, coerce_result, run_local
+from ._backend import Backend, awaitable, coerce_result, run_local
 from ._context import RunContext
 from ._envelope import (
     DelegateResult,
@@ -126,7 +127,10 @@ class ChildRuns:
                     if handle._trace is None and backend is run_local and spec.retry is None:
                         # run_local inlined (the common case); a str stays a str, which the
                         # envelope takes as the output (no Result record for it).
-                        raw: object = await spec.runner(handle._request, ctx)
+                        pending = spec.runner(handle._request, ctx)
+                        if type(pending) is not CoroutineType:  # rare: check what it is
+                            pending = awaitable(spec.name, pending)
+                        raw: object = await pending
                         result = raw if type(raw) is str else coerce_result(spec.name, raw)
                     else:
                         if handle._trace is None:
