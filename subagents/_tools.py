@@ -243,9 +243,23 @@ def error_result(exc: Exception, tool: str) -> ToolResult:
     if isinstance(exc, ArgumentError):
         return _invalid(exc)
     if isinstance(exc, UnknownAgent):
+        # A model can act on a list of names, up to a bound: past it, the closest ones
+        # and list_agents, which describes them all.
+        known = exc.known[:_UNKNOWN_AGENT_NAMES]
+        details: dict[str, JSONValue] = {
+            "error": "unknown_agent",
+            "agent": exc.name,
+            "known": [*known],
+        }
+        if len(exc.known) <= _UNKNOWN_AGENT_NAMES:
+            text = f"unknown agent {bound_text(repr(exc.name), 80)}; registered agents: "
+            text += ", ".join(known) + ". Pick one of those"
+        else:
+            details["registered"] = len(exc.known)
+            text = f"{exc}. Pick one of those, or call list_agents to see all {len(exc.known)}"
         return ToolResult(
-            content=f"{exc}. Pick one of those (call list_agents for their descriptions).",
-            details={"error": "unknown_agent", "agent": exc.name, "known": list(exc.known)},
+            content=f"{text} (call list_agents for their descriptions).",
+            details=details,
             is_error=True,
         )
     if isinstance(exc, UnknownTask):
@@ -404,6 +418,9 @@ class Toolset:
     def __repr__(self) -> str:
         return f"<Toolset session={self.session_id!r} tools={self.names}>"
 
+
+_UNKNOWN_AGENT_NAMES: Final = 50
+"""An unknown-agent tool error lists every registered agent up to this many."""
 
 TOOL_NAMES: Final = (
     "spawn_agent",
