@@ -13,8 +13,10 @@ Every exception the library raises on purpose derives from :class:`SubagentsErro
 ``TransientError`` is not an error of the library: runners raise it (or a subclass) to mark
 a failure worth retrying under the agent's :class:`~subagents.RetryPolicy`.
 
-Messages are built in ``__init__`` from the data, which stays available on attributes, so a
-caller can render its own text and a model still gets a sentence it can act on.
+Messages are built in ``__init__`` from the data, which stays available on attributes.
+They speak to the programmer who called the library; what a model should do about an error
+is the tools' to say: they turn each exception into a tool result with a hint of their own
+(keyed on the attributes, e.g. ``SpawnRejected.reason``).
 """
 
 from __future__ import annotations
@@ -157,7 +159,8 @@ class UnknownTask(SubagentsError, LookupError):
 class SpawnRejected(SubagentsError):
     """A spawn was refused before any work started.
 
-    The message is written for a model: it says why and what to do instead.
+    The message says why, for a programmer; the tools add what a model should do instead,
+    keyed on ``reason``.
 
     Attributes:
         reason: a short machine-readable reason (``depth``, ``session_closed``,

@@ -377,8 +377,8 @@ class SubagentManager(Admission, ChildRuns):
         if self._state != "running":
             raise SpawnRejected(
                 "manager_closed",
-                "the subagent manager is not running (enter it with `async with` first, "
-                "or it was closed); do the task yourself",
+                "the subagent manager is not running: enter it with `async with` first "
+                "(or it was closed)",
             )
         spec = self._specs.get(agent)
         if spec is None:
@@ -390,7 +390,7 @@ class SubagentManager(Admission, ChildRuns):
         if session_id in self._closed_sessions:  # a root session or a running agent's
             raise SpawnRejected(
                 "session_closed",
-                f"session {session_id!r} is closed; spawn into an open session",
+                f"session {session_id!r} is closed (close_session, or its agent ended)",
             )
         parent = self._tasks.get(session_id)
         if parent is not None:
@@ -406,8 +406,8 @@ class SubagentManager(Admission, ChildRuns):
             raise SpawnRejected(
                 "depth",
                 f"delegation depth limit reached: {parent_path} is at depth "
-                f"{parent_path.depth} and max_depth is {self.config.max_depth}; "
-                "do this task yourself instead of delegating it",
+                f"{parent_path.depth} and max_depth is {self.config.max_depth}, so it "
+                "cannot have children",
             )
         if options is None:
             options = _NO_OPTIONS

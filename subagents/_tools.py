@@ -274,11 +274,10 @@ def error_result(exc: Exception, tool: str) -> ToolResult:
             is_error=True,
         )
     if isinstance(exc, SpawnRejected):
-        text = str(exc)
-        if "yourself" not in text:
-            text += "; do the task yourself instead"
+        # The exception speaks to programmers; what the model should do is said here.
+        hint = _SPAWN_REJECTED_HINTS.get(exc.reason, "do the task yourself instead")
         return ToolResult(
-            content=f"{tool} refused: {text}.",
+            content=f"{tool} refused: {exc}; {hint}.",
             details={"error": "spawn_rejected", "reason": exc.reason},
             is_error=True,
         )
@@ -418,6 +417,14 @@ class Toolset:
     def __repr__(self) -> str:
         return f"<Toolset session={self.session_id!r} tools={self.names}>"
 
+
+_SPAWN_REJECTED_HINTS: Final = {
+    "depth": "you are at the delegation depth limit: do this task yourself instead of "
+    "delegating it",
+    "session_closed": "this session can no longer delegate: do the task yourself",
+    "manager_closed": "subagents are not available now: do the task yourself",
+}
+"""What a model should do about each :class:`SpawnRejected` reason."""
 
 _UNKNOWN_AGENT_NAMES: Final = 50
 """An unknown-agent tool error lists every registered agent up to this many."""

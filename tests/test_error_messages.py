@@ -3,11 +3,15 @@ do. An unknown agent among hundreds names the closest few and the count."""
 
 from __future__ import annotations
 
+import ast
 import time
+from pathlib import Path
 
 import pytest
 
-from subagents import SubagentManager, UnknownAgent, build_tools
+import subagents
+from subagents import SpawnRejected, SubagentConfig, SubagentManager, UnknownAgent, build_tools
+from subagents._tools import error_result
 from subagents.testing import echo_agent
 
 pytestmark = pytest.mark.anyio
@@ -96,3 +100,70 @@ async def test_the_tools_list_every_agent_of_a_moderate_registry() -> None:
     assert result.is_error
     assert all(name in result.content for name in names)
     assert result.details["known"] == sorted(names)
+
+
+# --- exceptions speak to programmers, tool results to models ----------------------------
+
+MODEL_SPEAK = ("yourself", "you ", "your ")
+
+
+async def _rejections() -> dict[str, SpawnRejected]:
+    """One SpawnRejected of each reason, as a Python caller gets it."""
+    rejected: dict[str, SpawnRejected] = {}
+    manager = SubagentManager([echo_agent("echo")], config=SubagentConfig(max_depth=0))
+    with pytest.raises(SpawnRejected) as raised:
+        manager.spawn("echo")  # not entered yet
+    rejected["manager_closed"] = raised.value
+    async with manager:
+        with pytest.raises(SpawnRejected) as raised:
+            manager.spawn("echo")
+        rejected["depth"] = raised.value
+        await manager.close_session("gone")
+        with pytest.raises(SpawnRejected) as raised:
+            await manager.execute("echo", session_id="gone")
+        rejected["session_closed"] = raised.value
+    return rejected
+
+
+async def test_spawn_rejections_raised_to_python_do_not_address_a_model() -> None:
+    """Before: "... do this task yourself instead of delegating it"."""
+    for reason, error in (await _rejections()).items():
+        assert error.reason == reason
+        message = str(error)
+        assert not any(word in message for word in MODEL_SPEAK), message
+    rejected = await _rejections()
+    assert "max_depth is 0" in str(rejected["depth"])
+    assert "async with" in str(rejected["manager_closed"])
+    assert "'gone' is closed" in str(rejected["session_closed"])
+
+
+@pytest.mark.parametrize("reason", ["depth", "session_closed", "manager_closed"])
+async def test_the_tools_add_the_model_hint_for_each_rejection(reason: str) -> None:
+    error = (await _rejections())[reason]
+    result = error_result(error, "spawn_agent")
+    assert result.is_error
+    assert result.details == {"error": "spawn_rejected", "reason": reason}
+    assert str(error) in result.content
+    assert "do this task yourself" in result.content or "do the task yourself" in result.content
+
+
+def _raised_texts(path: Path) -> list[tuple[int, str]]:
+    """The string constants in the arguments of every ``raise`` in a module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            for part in ast.walk(node.exc):
+                if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                    found.append((node.lineno, part.value))
+    return found
+
+
+def test_no_exception_the_library_raises_addresses_a_model() -> None:
+    package = Path(subagents.__file__).parent
+    offenders = [
+        f"{path.name}:{line}: {text!r}"
+        for path in sorted(package.glob("*.py"))
+        for line, text in _raised_texts(path)
+        if any(word in text.lower() for word in MODEL_SPEAK)
+    ]
+    assert not offenders, offenders
