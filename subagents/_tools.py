@@ -419,8 +419,7 @@ class Toolset:
 
 
 _SPAWN_REJECTED_HINTS: Final = {
-    "depth": "you are at the delegation depth limit: do this task yourself instead of "
-    "delegating it",
+    "depth": "do this task yourself instead of delegating it",
     "session_closed": "this session can no longer delegate: do the task yourself",
     "manager_closed": "subagents are not available now: do the task yourself",
 }
