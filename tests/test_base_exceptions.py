@@ -122,19 +122,20 @@ def test_keyboard_interrupt_and_system_exit_name_themselves_then_stop_the_progra
                 else:
                     await manager.spawn("raiser").wait()
 
-    escaped: BaseException | None = None
-    try:
-        anyio.run(main, backend=backend)
-    except BaseException as exc:
-        escaped = exc
-        while isinstance(escaped, BaseExceptionGroup) and len(escaped.exceptions) == 1:
-            escaped = escaped.exceptions[0]
-    kind = type(escaped)
-    del escaped  # its traceback holds the stopped loop's tasks, collected just below
     # On asyncio an interrupt raised in a task stops the loop at once, before the
-    # manager's watchdog task ever ran: its coroutine is destroyed never awaited.
+    # manager's watchdog task ever ran: its coroutine is destroyed never awaited, when the
+    # last reference to the stopped loop's tasks goes (here, not in a later test).
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+        escaped: BaseException | None = None
+        try:
+            anyio.run(main, backend=backend)
+        except BaseException as exc:
+            escaped = exc
+            while isinstance(escaped, BaseExceptionGroup) and len(escaped.exceptions) == 1:
+                escaped = escaped.exceptions[0]
+        kind = type(escaped)
+        del escaped
         gc.collect()
     assert issubclass(kind, (KeyboardInterrupt, SystemExit)), kind
     (envelope,) = seen[0]
