@@ -141,11 +141,16 @@ def _plain_result(agent: str, result: Result) -> Result:
         raise RunnerReturnError(
             f"runner of agent {agent!r} returned a bad Result: " + "; ".join(problems)
         )
+    # Without problems every field was read and is plain.
+    assert output is not None
+    assert error is not None
+    assert iterations is not None
+    assert usage is not None
     return Result(
-        output=output,  # type: ignore[arg-type]
-        usage=usage,  # type: ignore[arg-type]
-        iterations=iterations,  # type: ignore[arg-type]
-        files_changed=files,  # type: ignore[arg-type]
-        error=error,  # type: ignore[arg-type]
-        status=status,  # type: ignore[arg-type]
+        output=output,
+        usage=usage,
+        iterations=iterations,
+        files_changed=cast("list[str]", files),
+        error=error,
+        status=cast("Status | None", status),
     )
