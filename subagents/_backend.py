@@ -9,20 +9,22 @@ a frame and a ``Result`` per child: a change here must be mirrored there.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeAlias
+from types import CoroutineType
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar, cast
 
-from ._envelope import Status, Usage
+from ._envelope import Status, Usage, describe_exception
 from ._retry import run_with_retries
 from ._spec import AgentSpec, Request, Result
+from ._validators import as_count, as_int, as_str, plain_usage
 
 if TYPE_CHECKING:
     from ._context import RunContext
 
-__all__ = ["Backend", "RunnerReturnError", "coerce_result", "run_local"]
+__all__ = ["Backend", "RunnerReturnError", "awaitable", "coerce_result", "run_local"]
 
-# Counts travel as JSON integers; orjson (and most consumers) stop at 64 bits.
-_MAX_COUNT = 2**63 - 1
+T = TypeVar("T")
 
 Backend: TypeAlias = "Callable[[AgentSpec, Request, RunContext], Awaitable[Result]]"
 
@@ -34,54 +36,121 @@ class RunnerReturnError(TypeError):
 async def run_local(spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
     """Run ``spec.runner`` in this task, retrying transient failures under ``spec.retry``."""
     if spec.retry is None:
-        return coerce_result(spec.name, await spec.runner(request, ctx))
+        return coerce_result(spec.name, await awaitable(spec.name, spec.runner(request, ctx)))
 
     async def attempt(number: int) -> Result:
         ctx.attempt = number
-        return coerce_result(spec.name, await spec.runner(request, ctx))
+        return coerce_result(spec.name, await awaitable(spec.name, spec.runner(request, ctx)))
 
     return await run_with_retries(spec.retry, attempt, deadline=ctx.deadline)
 
 
+def awaitable(agent: str, value: T) -> T:
+    """``value``, the call of a runner, if it can be awaited; else RunnerReturnError.
+
+    AgentSpec refuses a plain function, but a callable marked as a coroutine function, or
+    one swapped in later, may still return a plain value: its error then says so, rather
+    than "object str can't be used in 'await' expression".
+    """
+    if type(value) is CoroutineType or inspect.isawaitable(value):
+        return value
+    raise RunnerReturnError(
+        f"runner of agent {agent!r} returned {type(value).__qualname__} when called, not an "
+        "awaitable: a runner must be an async function (async def runner(request, ctx))"
+    )
+
+
 def coerce_result(agent: str, value: object) -> Result:
-    """Accept ``Result`` or ``str``; anything else raises :class:`RunnerReturnError`."""
+    """Accept ``Result`` or ``str``, returned as a :class:`Result` of plain built-in values;
+    anything else raises :class:`RunnerReturnError`.
+
+    Plain values (a ``str`` subclass copied to ``str``, a ``Usage`` subclass rebuilt) keep
+    a subclass's overrides (``__len__``, ``isascii``, ``__bool__``) from running when the
+    envelope is built, outside the guard that turns a runner's failure into an envelope.
+    Reading a field that raises (a ``Result`` subclass's property) is a RunnerReturnError
+    naming the field.
+    """
     # Text is made JSON-safe where it lands: DelegateResult's converters (clean_text).
     if type(value) is str:
         return Result(output=value)
     if isinstance(value, Result):
-        _check_result(agent, value)
-        return value
-    if isinstance(value, str):  # a str subclass: keep the text, drop the subclass
-        return Result(output=str.__str__(value))
+        return _plain_result(agent, value)
+    text = as_str(value)
+    if text is not None:  # a str subclass: keep the text, drop the subclass
+        return Result(output=text)
     raise RunnerReturnError(
         f"runner of agent {agent!r} returned {type(value).__qualname__}; expected Result or str"
     )
 
 
-def _check_result(agent: str, result: Result) -> None:
-    problems = []
-    if not isinstance(result.output, str):
-        problems.append(f"output is {type(result.output).__qualname__}, expected str")
-    if not isinstance(result.usage, Usage):
-        problems.append(f"usage is {type(result.usage).__qualname__}, expected Usage")
-    if isinstance(result.iterations, bool) or not isinstance(result.iterations, int):
-        problems.append(f"iterations is {type(result.iterations).__qualname__}, expected int")
-    elif not 0 <= result.iterations <= _MAX_COUNT:
-        problems.append(f"iterations is {result.iterations}, expected 0 <= n < 2**63")
-    if isinstance(result.usage, Usage):
-        for field in ("input_tokens", "output_tokens"):
-            count = getattr(result.usage, field)
-            if isinstance(count, bool) or not isinstance(count, int):
-                problems.append(f"usage.{field} is {type(count).__qualname__}, expected int")
-            elif not 0 <= count <= _MAX_COUNT:
-                problems.append(f"usage.{field} is {count}, expected 0 <= n < 2**63")
-    if result.status is not None and not isinstance(result.status, Status):
-        problems.append(f"status is {result.status!r}, expected a Status or None")
-    if not all(isinstance(f, str) for f in result.files_changed):
-        problems.append("files_changed must hold strings")
-    if not isinstance(result.error, str):
-        problems.append(f"error is {type(result.error).__qualname__}, expected str")
+_UNREADABLE: Final = object()
+_ALL: Final = slice(None)
+
+
+def _plain_result(agent: str, result: Result) -> Result:
+    """``result`` rebuilt from plain values, or RunnerReturnError listing every bad field."""
+    problems: list[str] = []
+
+    def read(owner: object, field: str) -> object:
+        try:
+            return getattr(owner, field)
+        except Exception as exc:  # a property of a subclass, or a field deleted
+            problems.append(f"{field} could not be read ({describe_exception(exc)[1]})")
+            return _UNREADABLE
+
+    def wrong(field: str, value: object, expected: str) -> None:
+        if value is not _UNREADABLE:
+            number = as_int(value)
+            if number is None:
+                got = type(value).__qualname__
+            else:  # str() of a huge int may exceed Python's digit limit
+                got = str(number) if number.bit_length() <= 64 else f"{number.bit_length()} bits"
+            problems.append(f"{field} is {got}, expected {expected}")
+
+    output = as_str(value := read(result, "output"))
+    if output is None:
+        wrong("output", value, "str")
+    error = as_str(value := read(result, "error"))
+    if error is None:
+        wrong("error", value, "str")
+    iterations = as_count(value := read(result, "iterations"))
+    if iterations is None:
+        wrong("iterations", value, "an int 0 <= n < 2**63")
+    usage = plain_usage(value := read(result, "usage"))
+    if usage is None:
+        if issubclass(type(value), Usage):
+            for field in ("input_tokens", "output_tokens"):
+                count = read(value, field)
+                if as_count(count) is None:
+                    wrong(f"usage.{field}", count, "an int 0 <= n < 2**63")
+        else:
+            wrong("usage", value, "Usage")
+    status = value = read(result, "status")
+    if status is not None and type(status) is not Status:
+        wrong("status", value, "a Status or None")
+    files: list[str | None] = []
+    value = read(result, "files_changed")
+    if issubclass(type(value), tuple):  # type(): an object can claim a __class__
+        # tuple's own slice: a subclass's __iter__ or __getitem__ does not run
+        files = [as_str(f) for f in tuple.__getitem__(cast("tuple[object, ...]", value), _ALL)]
+        if None in files:
+            problems.append("files_changed must hold strings")
+    else:
+        wrong("files_changed", value, "a tuple of str")
     if problems:
         raise RunnerReturnError(
             f"runner of agent {agent!r} returned a bad Result: " + "; ".join(problems)
         )
+    # Without problems every field was read and is plain.
+    assert output is not None
+    assert error is not None
+    assert iterations is not None
+    assert usage is not None
+    return Result(
+        output=output,
+        usage=usage,
+        iterations=iterations,
+        files_changed=cast("list[str]", files),
+        error=error,
+        status=cast("Status | None", status),
+    )

@@ -13,11 +13,12 @@ import traceback
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from time import perf_counter
+from types import CoroutineType
 from typing import TYPE_CHECKING, Final, Literal, cast
 
 import anyio
 
-from ._backend import Backend, coerce_result, run_local
+from ._backend import Backend, awaitable, coerce_result, run_local
 from ._context import RunContext
 from ._envelope import (
     DelegateResult,
@@ -47,6 +48,15 @@ MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
 _ENTERED: Final = nullcontext()  # a scope the caller has entered already
 _COMPLETED: Final = Status.COMPLETED
+_ERROR_CHARS: Final = 500  # an envelope's error text, as describe_exception bounds it
+
+
+def _interrupts(exc: BaseException) -> bool:
+    """A KeyboardInterrupt or SystemExit, alone or in an exception group: it must go on
+    up and stop the program, as README promises."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup((KeyboardInterrupt, SystemExit)) is not None
+    return isinstance(exc, (KeyboardInterrupt, SystemExit))
 
 
 class ChildRuns:
@@ -107,7 +117,8 @@ class ChildRuns:
             permissions=handle._permissions,
         )
         result: Result | str | None = None
-        error: Exception | None = None
+        error: BaseException | None = None
+        fatal: BaseException | None = None  # a KeyboardInterrupt or SystemExit of the runner
         try:
             if worker_scope is not None and timeout is not None:
                 if deadline < self._watch_at:
@@ -126,7 +137,10 @@ class ChildRuns:
                     if handle._trace is None and backend is run_local and spec.retry is None:
                         # run_local inlined (the common case); a str stays a str, which the
                         # envelope takes as the output (no Result record for it).
-                        raw: object = await spec.runner(handle._request, ctx)
+                        pending = spec.runner(handle._request, ctx)
+                        if type(pending) is not CoroutineType:  # rare: check what it is
+                            pending = awaitable(spec.name, pending)
+                        raw: object = await pending
                         result = raw if type(raw) is str else coerce_result(spec.name, raw)
                     else:
                         if handle._trace is None:
@@ -148,6 +162,17 @@ class ChildRuns:
                         f"the runner raised {type(exc).__qualname__} but nothing cancelled it"
                     )
                     error.__cause__ = exc
+                except BaseException as exc:
+                    # Not an Exception: KeyboardInterrupt, SystemExit, GeneratorExit, or one of
+                    # the runner's own. The envelope names it, whatever happens next.
+                    if _interrupts(exc):
+                        fatal = exc  # the envelope, then on up: it stops the program
+                        raise
+                    if isinstance(exc, BaseExceptionGroup) and exc.subgroup(
+                        anyio.get_cancelled_exc_class()
+                    ):
+                        raise  # holds a cancellation, which is never swallowed
+                    error = exc  # the runner's error, like any other: the worker goes on
             # Decided now, before cleanup awaits: a cancel arriving during cleanup is too
             # late to change the outcome. A result after the deadline never counts.
             handle._ending = True
@@ -158,7 +183,9 @@ class ChildRuns:
             # Cancelled from outside (manager shutdown, or the caller of execute): the
             # envelope is still produced, then the cancellation goes on.
             status = Status.CANCELLED
-            if handle._cancel_requested is None:
+            if fatal is not None:
+                status = Status.ERROR  # the runner interrupted the program: say so
+            elif handle._cancel_requested is None:
                 if worker_scope is not None and worker_scope.cancel_called:
                     status = Status.TIMEOUT  # the watchdog cancelled the worker scope
                 else:
@@ -166,7 +193,7 @@ class ChildRuns:
             live = self._end_session_of(handle)
             if live:
                 await self._settle_children(handle, live)
-            self._finalize(handle, self._ended(handle, status, ctx))
+            self._finalize(handle, self._ended(handle, status, ctx, error=fatal))
             raise
         live = self._end_session_of(handle)
         if live:  # only then an await: most children delegate nothing
@@ -257,7 +284,7 @@ class ChildRuns:
         ctx: RunContext | None,
         *,
         result: Result | str | None = None,
-        error: Exception | None = None,
+        error: BaseException | None = None,
     ) -> DelegateResult:
         end = perf_counter()
         started = handle._started_at
@@ -286,6 +313,8 @@ class ChildRuns:
                     error_type = status.value
         elif status is Status.ERROR and error is not None:
             error_type, message = describe_exception(error)
+            if not isinstance(error, Exception):  # KeyboardInterrupt and the like
+                message = bound_text(f"the runner raised {message}", _ERROR_CHARS)
             if self.events.active:
                 handle._traceback = clean_text("".join(traceback.format_exception(error)))
         elif status is Status.TIMEOUT:

@@ -16,6 +16,7 @@ from ._paths import AgentPath
 from ._permissions import Ruleset
 from ._progress import Progress
 from ._spec import UNSET_TIMEOUT
+from ._validators import count, plain_usage, text, texts
 
 if TYPE_CHECKING:
     from ._handle import SpawnHandle
@@ -26,11 +27,6 @@ if TYPE_CHECKING:
 __all__ = ["RunContext"]
 
 _UNSET: float = UNSET_TIMEOUT
-_MAX_COUNT = 2**63 - 1  # counts travel as JSON integers; orjson stops at 64 bits
-
-
-def _is_count(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and 0 <= value <= _MAX_COUNT
 
 
 class RunContext:
@@ -124,25 +120,20 @@ class RunContext:
         Raises:
             ConfigError: a value of the wrong type or range (nothing is recorded then).
         """
-        # Validate everything before changing anything: bad values would otherwise surface
-        # only when the envelope is built, after the runner can no longer be blamed.
-        if output is not None and not isinstance(output, str):
-            raise ConfigError("output", "a string", output)
-        if append is not None and not isinstance(append, str):
-            raise ConfigError("append", "a string", append)
-        if usage is not None and not (
-            isinstance(usage, Usage)
-            and _is_count(usage.input_tokens)
-            and _is_count(usage.output_tokens)
-        ):
-            raise ConfigError("usage", "a Usage with token counts 0 <= n < 2**63", usage)
-        if iterations is not None and not _is_count(iterations):
-            raise ConfigError("iterations", "an integer 0 <= n < 2**63", iterations)
-        paths: tuple[str, ...] | None = None
-        if files_changed is not None:
-            paths = (files_changed,) if isinstance(files_changed, str) else tuple(files_changed)
-            if not all(isinstance(f, str) for f in paths):
-                raise ConfigError("files_changed", "paths given as strings", files_changed)
+        # Validate everything before changing anything, and keep plain built-ins: a bad
+        # value, or a subclass's override, would otherwise fail only when the envelope is
+        # built, after the runner can no longer be blamed, and lose the envelope.
+        if output is not None:
+            output = text("output", output)
+        if append is not None:
+            append = text("append", append)
+        if usage is not None:
+            given, usage = usage, plain_usage(usage)
+            if usage is None:
+                raise ConfigError("usage", "a Usage with token counts 0 <= n < 2**63", given)
+        if iterations is not None:
+            iterations = count("iterations", iterations, minimum=0)
+        paths = None if files_changed is None else texts("files_changed", files_changed)
         h = self._handle
         if output is not None:
             output = clean_text(output)

@@ -13,12 +13,15 @@ Every exception the library raises on purpose derives from :class:`SubagentsErro
 ``TransientError`` is not an error of the library: runners raise it (or a subclass) to mark
 a failure worth retrying under the agent's :class:`~subagents.RetryPolicy`.
 
-Messages are built in ``__init__`` from the data, which stays available on attributes, so a
-caller can render its own text and a model still gets a sentence it can act on.
+Messages are built in ``__init__`` from the data, which stays available on attributes.
+They speak to the programmer who called the library; what a model should do about an error
+is the tools' to say: they turn each exception into a tool result with a hint of their own
+(keyed on the attributes, e.g. ``SpawnRejected.reason``).
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -36,11 +39,20 @@ __all__ = [
 
 _SHOWN_CHARS: Final = 100
 """A name or id given by a caller (a model) is quoted in a message up to this length."""
+_LISTED_AGENTS: Final = 10
+"""An unknown-agent message lists all registered agents up to this many."""
+_NAME_CHARS: Final = 64
+"""The longest agent name (``MAX_NAME_LENGTH`` of ``_paths``, which imports this module)."""
 
 
 def _shown(value: object) -> str:
-    """``repr(value)``, cut to ``_SHOWN_CHARS``: a huge bogus id never floods a message."""
-    text = repr(value)
+    """``repr(value)``, cut to ``_SHOWN_CHARS``: a huge bogus id never floods a message, and
+    a value whose ``repr`` fails (a hostile ``__repr__``, ``10**5000`` past Python's digit
+    limit) is named by its type instead of losing the error."""
+    try:
+        text = str.__str__(repr(value))
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
     return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"
 
 
@@ -61,7 +73,7 @@ class ConfigError(SubagentsError, ValueError):
         self.field = field
         self.expected = expected
         self.got = got
-        super().__init__(f"{field} must be {expected}, got {got!r}")
+        super().__init__(f"{field} must be {expected}, got {_shown(got)}")
 
 
 class InvalidName(SubagentsError, ValueError):
@@ -76,16 +88,51 @@ class InvalidName(SubagentsError, ValueError):
 class UnknownAgent(SubagentsError, LookupError):
     """No agent type is registered under the requested name.
 
+    The message names every registered agent when there are at most ten, else their count
+    and the closest few names, so it stays short with any number of agents.
+
     Attributes:
         name: the name that was asked for.
         known: the registered names, sorted.
+        suggestions: the registered names closest to ``name``, best first (at most 3).
     """
 
     def __init__(self, name: str, known: Iterable[str]) -> None:
         self.name = name
         self.known = tuple(sorted(known))
-        listed = ", ".join(self.known) if self.known else "(none registered)"
-        super().__init__(f"unknown agent {_shown(name)}; registered agents: {listed}")
+        self.suggestions = tuple(_closest_names(name, self.known))
+        if not self.known:
+            listed = "no agents are registered"
+        elif len(self.known) <= _LISTED_AGENTS:
+            listed = "registered agents: " + ", ".join(self.known)
+        else:
+            listed = f"{len(self.known)} agents are registered"
+            if self.suggestions:
+                listed += "; the closest: " + ", ".join(self.suggestions)
+            else:
+                listed += ", none with a similar name (SubagentManager.agents lists them)"
+        super().__init__(f"unknown agent {_shown(name)}; {listed}")
+
+
+def _closest_names(name: object, known: Sequence[str], n: int = 3) -> list[str]:
+    """Up to ``n`` of ``known`` that ``name`` was probably meant to be, best first: the
+    same name in another case, then names it begins (or that begin with it), then by
+    similarity (difflib; the registry is small)."""
+    if not isinstance(name, str) or not known:
+        return []
+    # Agent names are short path segments: a longer query cannot be close to one, and
+    # cutting it keeps difflib's cost bounded whatever a caller sends.
+    needle = name[: 2 * _NAME_CHARS].lower()
+    if not needle:
+        return []
+    by_lower: dict[str, str] = {}
+    for candidate in known:
+        by_lower.setdefault(candidate.lower(), candidate)
+    close = [needle] if needle in by_lower else []
+    close += [c for c in by_lower if c != needle and (c.startswith(needle) or needle.startswith(c))]
+    if len(close) < n:
+        close += difflib.get_close_matches(needle, list(by_lower), n=n, cutoff=0.6)
+    return [by_lower[c] for c in dict.fromkeys(close)][:n]
 
 
 class UnknownTask(SubagentsError, LookupError):
@@ -112,7 +159,8 @@ class UnknownTask(SubagentsError, LookupError):
 class SpawnRejected(SubagentsError):
     """A spawn was refused before any work started.
 
-    The message is written for a model: it says why and what to do instead.
+    The message says why, for a programmer; the tools add what a model should do instead,
+    keyed on ``reason``.
 
     Attributes:
         reason: a short machine-readable reason (``depth``, ``session_closed``,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -21,7 +20,8 @@ import anyio
 import attrs
 
 from ._envelope import DelegateResult
-from ._errors import ConfigError, MailboxFull
+from ._errors import MailboxFull
+from ._validators import count, seconds
 
 __all__ = [
     "DEFAULT_MAILBOX_CAPACITY",
@@ -29,7 +29,6 @@ __all__ = [
     "Mailbox",
     "MailboxStatistics",
     "Signal",
-    "check_timeout",
     "closed_mailbox",
     "release",
 ]
@@ -39,17 +38,6 @@ logger = logging.getLogger("subagents.mailbox")
 
 Signal = Callable[[], object]
 """A subscription callback: called with no arguments, must not block; its return is ignored."""
-
-
-def check_timeout(timeout: float | None, field: str = "timeout") -> float | None:
-    """Validate a float-seconds timeout: ``None`` (no limit) or a finite number >= 0."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise ConfigError(field, "a number of seconds >= 0 or None", timeout)
-    if math.isnan(timeout) or timeout < 0:
-        raise ConfigError(field, "a number of seconds >= 0 or None", timeout)
-    return float(timeout)
 
 
 @attrs.frozen(kw_only=True)
@@ -174,9 +162,9 @@ class BaseMailbox(ABC):
         for the next reader.
 
         Raises:
-            ConfigError: ``timeout`` is negative or NaN.
+            ConfigError: ``timeout`` is not a number of seconds >= 0 or None.
         """
-        timeout = check_timeout(timeout)
+        timeout = seconds("timeout", timeout, none_ok=True, zero_ok=True)
         envelope = self.drain(task_id)
         if envelope is not None or self.closed or timeout == 0:
             return envelope
@@ -222,11 +210,8 @@ class Mailbox(BaseMailbox):
         ttl: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ConfigError("capacity", "an integer >= 1", capacity)
-        ttl = check_timeout(ttl, "ttl")
-        if ttl == 0:
-            raise ConfigError("ttl", "a number of seconds > 0 or None", ttl)
+        capacity = count("capacity", capacity, minimum=1)
+        ttl = seconds("ttl", ttl, none_ok=True, zero_ok=False)
         self._capacity = capacity
         self._ttl = ttl
         self._clock = clock

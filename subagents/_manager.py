@@ -37,6 +37,7 @@ from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
 from ._spec import UNSET_TIMEOUT, AgentSpec, SpawnOptions, SubagentConfig, trusted_request
 from ._tracing import Telemetry
+from ._validators import count, seconds
 
 if TYPE_CHECKING:
     from ._tool_wait import Completions
@@ -279,9 +280,7 @@ class SubagentManager(Admission, ChildRuns):
         Raises:
             ConfigError: ``value`` is not an integer >= 1 (0 would queue forever).
         """
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError("max_concurrent_spawns", "an integer >= 1", value)
-        self._limit = value
+        self._limit = count("max_concurrent_spawns", value, minimum=1)
         self._slot_freed()  # borrowed slots are repaid, then resuming parents go first
         if self._state == "running":
             self._pump()
@@ -329,12 +328,14 @@ class SubagentManager(Admission, ChildRuns):
             name: path segment for the child (default: the agent name; repeats get -2, -3).
             timeout: watchdog seconds from the child's start; ``None`` disables it;
                 omitted: the spawn option, the agent's, else ``config.spawn_timeout``.
-            options: further overrides (prompt, model, files).
+            options: further overrides (prompt, model, files). ``name`` and ``timeout``
+                go either here or as arguments: both is a ``ConfigError``.
 
         Raises:
             UnknownAgent: no such agent type (the message lists the registered ones).
             SpawnRejected: the depth limit, a closed session, or a manager not running.
-            ConfigError: a malformed timeout; InvalidName: a malformed name.
+            ConfigError: a malformed timeout, or one given twice; InvalidName: a
+                malformed name.
         """
         handle = self._new_handle(agent, input, session_id, name, timeout, options, sync=False)
         free = self._limit - self._active
@@ -392,8 +393,8 @@ class SubagentManager(Admission, ChildRuns):
         if self._state != "running":
             raise SpawnRejected(
                 "manager_closed",
-                "the subagent manager is not running (enter it with `async with` first, "
-                "or it was closed); do the task yourself",
+                "the subagent manager is not running: enter it with `async with` first "
+                "(or it was closed)",
             )
         spec = self._specs.get(agent)
         if spec is None:
@@ -405,7 +406,7 @@ class SubagentManager(Admission, ChildRuns):
         if session_id in self._closed_sessions:  # a root session or a running agent's
             raise SpawnRejected(
                 "session_closed",
-                f"session {session_id!r} is closed; spawn into an open session",
+                f"session {session_id!r} is closed (close_session, or its agent ended)",
             )
         parent = self._tasks.get(session_id)
         if parent is not None:
@@ -421,11 +422,17 @@ class SubagentManager(Admission, ChildRuns):
             raise SpawnRejected(
                 "depth",
                 f"delegation depth limit reached: {parent_path} is at depth "
-                f"{parent_path.depth} and max_depth is {self.config.max_depth}; "
-                "do this task yourself instead of delegating it",
+                f"{parent_path.depth} and max_depth is {self.config.max_depth}, so it "
+                "cannot have children",
             )
         if options is None:
             options = _NO_OPTIONS
+        elif not isinstance(options, SpawnOptions):
+            raise ConfigError("options", "a SpawnOptions or None", options)
+        elif (timeout is not _UNSET and options.timeout is not None) or (
+            name is not None and options.name is not None
+        ):
+            raise _given_twice(timeout, name, options)
         if timeout is _UNSET:
             if options.timeout is not None:
                 timeout = options.timeout
@@ -433,8 +440,8 @@ class SubagentManager(Admission, ChildRuns):
                 timeout = spec.timeout
             else:
                 timeout = self.config.execute_timeout if sync else self.config.spawn_timeout
-        elif timeout is not None and not _positive_seconds(timeout):
-            raise ConfigError("timeout", "a number of seconds > 0 or None", timeout)
+        elif timeout is not None:
+            timeout = seconds("timeout", timeout, none_ok=True, zero_ok=False)
         allocator = self._names.get(session_id)
         if allocator is None:
             allocator = self._names[session_id] = NameAllocator()
@@ -760,11 +767,9 @@ class SubagentManager(Admission, ChildRuns):
 
         Raises:
             UnknownTask: unknown id, or (with ``session_id``) another session's.
-            ConfigError: negative or NaN ``timeout``.
+            ConfigError: ``timeout`` not a number of seconds >= 0 or None.
         """
-        from ._mailbox import check_timeout
-
-        timeout = check_timeout(timeout)
+        timeout = seconds("timeout", timeout, none_ok=True, zero_ok=True)
         handle = self.handle(task_id, session_id=session_id)
         if handle._envelope is None and timeout != 0:
             lend = self.lend_slot()
@@ -830,6 +835,23 @@ class SubagentManager(Admission, ChildRuns):
 
 _NO_OPTIONS: Final = SpawnOptions()
 
+
+def _given_twice(timeout: float | None, name: str | None, options: SpawnOptions) -> ConfigError:
+    """The error for a setting given both as an argument and in ``options``: neither may
+    silently win over the other."""
+    if timeout is not _UNSET and options.timeout is not None:
+        return ConfigError(
+            "timeout",
+            f"given once: as timeout= or as options.timeout (here {options.timeout!r}), not both",
+            timeout,
+        )
+    return ConfigError(
+        "name",
+        f"given once: as name= or as options.name (here {options.name!r}), not both",
+        name,
+    )
+
+
 _task_id_pool: list[str] = []
 
 
@@ -843,12 +865,3 @@ def _new_task_id() -> str:
 
 # A forked child must not hand out the ids its parent holds in the pool.
 os.register_at_fork(after_in_child=_task_id_pool.clear)
-
-
-def _positive_seconds(value: object) -> bool:
-    return (
-        not isinstance(value, bool)
-        and isinstance(value, (int, float))
-        and not math.isnan(value)
-        and value > 0
-    )

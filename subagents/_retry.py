@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -12,6 +11,7 @@ import attrs
 import tenacity
 
 from ._errors import ConfigError, TransientError
+from ._validators import count, number
 
 __all__ = ["RetryPolicy", "run_with_retries"]
 
@@ -54,16 +54,9 @@ class RetryPolicy:
     """Exception types that count as transient."""
 
     def __attrs_post_init__(self) -> None:
-        if (
-            isinstance(self.attempts, bool)
-            or not isinstance(self.attempts, int)
-            or self.attempts < 1
-        ):
-            raise ConfigError("attempts", "an integer >= 1", self.attempts)
+        count("attempts", self.attempts, minimum=1)
         for field in ("initial", "maximum", "multiplier", "jitter"):
-            value = getattr(self, field)
-            if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-                raise ConfigError(field, "a number >= 0", value)
+            number(field, getattr(self, field))
 
 
 def _backoff(policy: RetryPolicy) -> Callable[[tenacity.RetryCallState], float]:
@@ -76,7 +69,9 @@ def _backoff(policy: RetryPolicy) -> Callable[[tenacity.RetryCallState], float]:
 
     def wait(retry_state: tenacity.RetryCallState) -> float:
         try:
-            delay = policy.initial * policy.multiplier ** (retry_state.attempt_number - 1)
+            # As floats: an integer product past a float's range would overflow below.
+            growth = float(policy.multiplier) ** (retry_state.attempt_number - 1)
+            delay = float(policy.initial) * growth
         except OverflowError:
             delay = policy.maximum
         return min(delay + random.uniform(0, policy.jitter), policy.maximum)

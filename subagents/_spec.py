@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import math
+import functools
+import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
@@ -14,6 +15,7 @@ from ._mailbox import DEFAULT_MAILBOX_CAPACITY
 from ._paths import validate_name
 from ._permissions import Ruleset
 from ._retry import RetryPolicy
+from ._validators import count, seconds
 
 if TYPE_CHECKING:
     from ._context import RunContext
@@ -109,31 +111,51 @@ def _check_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
 
 
 def _check_timeout(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(attribute.name, "a number of seconds > 0 or None", value)
-    if math.isnan(value) or value <= 0:
-        raise ConfigError(attribute.name, "a number of seconds > 0 or None", value)
+    seconds(attribute.name, value, none_ok=True, zero_ok=False)
+
+
+def _is_coroutine_callable(value: object) -> bool:
+    """Whether calling ``value`` runs an ``async def``: a coroutine function or method,
+    an object whose class's ``__call__`` is one, or a ``functools.partial`` of either.
+    (On Python 3.12+ ``inspect.markcoroutinefunction`` marks any other callable as one.)"""
+    while isinstance(value, functools.partial):
+        value = value.func
+    if inspect.iscoroutinefunction(value):
+        return True
+    # Not callable(): the class's __call__ itself is needed, to ask whether it is async.
+    call = getattr(type(value), "__call__", None)  # noqa: B004
+    return not isinstance(value, type) and inspect.iscoroutinefunction(call)
+
+
+_RUNNER_EXPECTED: Final = (
+    "an async function, `async def runner(request, ctx)`; to use a plain function, wrap it: "
+    "`async def runner(request, ctx): return fn(request, ctx)`, or, if it blocks, "
+    "`return await anyio.to_thread.run_sync(fn, request, ctx)`"
+)
 
 
 def _check_runner(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not callable(value):
-        raise ConfigError(attribute.name, "an async callable runner(request, ctx)", value)
+    # A plain def would only fail when the child runs (its result cannot be awaited):
+    # refuse it here, where the mistake is made, with the fix in the message.
+    if not _is_coroutine_callable(value):
+        raise ConfigError(attribute.name, _RUNNER_EXPECTED, value)
 
 
 @attrs.frozen(kw_only=True)
 class AgentSpec:
     """A registered agent type.
 
-    The runner is any async callable (an LLM loop, a subprocess, a function); the library
-    never assumes which.
+    The runner does the work (an LLM loop, a subprocess, a function); the library never
+    assumes which. It must be a coroutine function (``async def``), a callable
+    object whose ``__call__`` is one, or a ``functools.partial`` of those; anything else
+    is a :class:`ConfigError` at construction (wrap a plain function in an ``async def``,
+    with ``anyio.to_thread.run_sync`` if it blocks).
     """
 
     name: str = attrs.field(validator=_check_name)
     """Unique name models use to pick this agent (a valid path segment)."""
     runner: Runner = attrs.field(validator=_check_runner)
-    """``async def runner(request, ctx) -> Result | str``."""
+    """``async def runner(request, ctx) -> Result | str`` (a coroutine function)."""
     description: str = ""
     """What this agent is good at, written for a model choosing among agents."""
     model: str | None = None
@@ -152,18 +174,15 @@ class AgentSpec:
 
 
 def _check_positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(attribute.name, "an integer >= 1", value)
+    count(attribute.name, value, minimum=1)
 
 
 def _check_depth(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(attribute.name, "an integer >= 0", value)
+    count(attribute.name, value, minimum=0)
 
 
 def _check_retain(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ConfigError(attribute.name, "an integer >= 0 or None", value)
+    count(attribute.name, value, minimum=0, none_ok=True)
 
 
 @attrs.frozen(kw_only=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Final, Literal
@@ -31,6 +30,7 @@ from ._export import to_anthropic, to_mcp, to_openai_chat, to_openai_responses
 from ._json import JSONValue, dumps_str
 from ._tracing import ToolSpan, tool_span
 from ._validate import ArgumentError, Param, parse_args, schema_for
+from ._validators import seconds
 
 if TYPE_CHECKING:
     from ._manager import SubagentManager
@@ -317,9 +317,23 @@ def error_result(exc: Exception, tool: str) -> ToolResult:
     if isinstance(exc, ArgumentError):
         return _invalid(exc)
     if isinstance(exc, UnknownAgent):
+        # A model can act on a list of names, up to a bound: past it, the closest ones
+        # and list_agents, which describes them all.
+        known = exc.known[:_UNKNOWN_AGENT_NAMES]
+        details: dict[str, JSONValue] = {
+            "error": "unknown_agent",
+            "agent": exc.name,
+            "known": [*known],
+        }
+        if len(exc.known) <= _UNKNOWN_AGENT_NAMES:
+            text = f"unknown agent {bound_text(repr(exc.name), 80)}; registered agents: "
+            text += ", ".join(known) + ". Pick one of those"
+        else:
+            details["registered"] = len(exc.known)
+            text = f"{exc}. Pick one of those, or call list_agents to see all {len(exc.known)}"
         return ToolResult(
-            content=f"{exc}. Pick one of those (call list_agents for their descriptions).",
-            details={"error": "unknown_agent", "agent": exc.name, "known": list(exc.known)},
+            content=f"{text} (call list_agents for their descriptions).",
+            details=details,
             is_error=True,
         )
     if isinstance(exc, UnknownTask):
@@ -334,11 +348,10 @@ def error_result(exc: Exception, tool: str) -> ToolResult:
             is_error=True,
         )
     if isinstance(exc, SpawnRejected):
-        text = str(exc)
-        if "yourself" not in text:
-            text += "; do the task yourself instead"
+        # The exception speaks to programmers; what the model should do is said here.
+        hint = _SPAWN_REJECTED_HINTS.get(exc.reason, "do the task yourself instead")
         return ToolResult(
-            content=f"{tool} refused: {text}.",
+            content=f"{tool} refused: {exc}; {hint}.",
             details={"error": "spawn_rejected", "reason": exc.reason},
             is_error=True,
         )
@@ -487,6 +500,16 @@ class Toolset:
         return f"<Toolset session={self.session_id!r} tools={self.names}>"
 
 
+_SPAWN_REJECTED_HINTS: Final = {
+    "depth": "do this task yourself instead of delegating it",
+    "session_closed": "this session can no longer delegate: do the task yourself",
+    "manager_closed": "subagents are not available now: do the task yourself",
+}
+"""What a model should do about each :class:`SpawnRejected` reason."""
+
+_UNKNOWN_AGENT_NAMES: Final = 50
+"""An unknown-agent tool error lists every registered agent up to this many."""
+
 TOOL_NAMES: Final = (
     "spawn_agent",
     "wait_agent",
@@ -497,17 +520,7 @@ TOOL_NAMES: Final = (
 
 
 def _seconds(field: str, value: object, *, allow_none: bool) -> float | None:
-    if value is None and allow_none:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or math.isnan(value)
-        or value <= 0
-    ):
-        expected = "a number of seconds > 0" + (" or None" if allow_none else "")
-        raise ConfigError(field, expected, value)
-    return float(value)
+    return seconds(field, value, none_ok=allow_none, zero_ok=False)
 
 
 def build_tools(

@@ -132,7 +132,7 @@ async def test_max_depth_rejects_with_actionable_message() -> None:
     assert error.reason == "depth"
     message = str(error)
     assert "max_depth is 3" in message
-    assert "yourself" in message  # tells the model what to do instead
+    assert "yourself" not in message  # for the programmer; the tools speak to the model
 
 
 @pytest.mark.anyio

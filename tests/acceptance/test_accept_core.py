@@ -1008,13 +1008,14 @@ async def test_max_depth_default_three_rejects_deeper_spawns() -> None:
     assert env.output == "refused"
     assert paths == ["/root/lvl", "/root/lvl/lvl", "/root/lvl/lvl/lvl"]
     assert len(errors) == 1
-    assert "yourself" in errors[0]
+    assert "max_depth is 3" in errors[0]
 
 
 async def test_max_depth_zero_rejects_top_level_spawn() -> None:
     async with manager(spec("echo", echo), max_depth=0) as m:
-        with pytest.raises(SpawnRejected, match="yourself"):
+        with pytest.raises(SpawnRejected, match="max_depth is 0") as raised:
             m.spawn("echo", "x")
+        assert raised.value.reason == "depth"
 
 
 # --- nothing lost --------------------------------------------------------------------------

@@ -1,0 +1,252 @@
+"""A runner's hostile return values and progress reports (subclasses of str, Usage or
+Result whose methods raise) end in one envelope and leave the manager running."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from subagents import (
+    AgentSpec,
+    ConfigError,
+    DelegateResult,
+    Request,
+    Result,
+    RetryPolicy,
+    RunContext,
+    Status,
+    SubagentManager,
+    Usage,
+)
+from tests.helpers import echo, manager_with, spec
+
+pytestmark = pytest.mark.anyio
+
+
+class BadLen(str):
+    def __len__(self) -> int:
+        raise RuntimeError("__len__ is hostile")
+
+
+class BadAscii(str):
+    def isascii(self) -> bool:
+        raise RuntimeError("isascii is hostile")
+
+
+class BadEq(str):
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("__eq__ is hostile")
+
+    __hash__ = str.__hash__
+
+
+class BadUsage(Usage):
+    def __bool__(self) -> bool:
+        raise RuntimeError("__bool__ is hostile")
+
+
+class BadInt(int):
+    def __le__(self, other: object) -> bool:
+        raise RuntimeError("__le__ is hostile")
+
+    def __bool__(self) -> bool:
+        raise RuntimeError("__bool__ is hostile")
+
+
+class UnreadableResult(Result):
+    def __getattribute__(self, name: str) -> Any:
+        if name == "output":
+            raise RuntimeError("the output property is hostile")
+        return super().__getattribute__(name)
+
+
+HOSTILE_STRINGS = [BadLen, BadAscii, BadEq]
+
+# name: (what the runner returns, the status and what the envelope must say)
+RETURNS: dict[str, tuple[Callable[[], object], Status, Callable[[DelegateResult], bool]]] = {
+    **{
+        f"output {cls.__name__}": (
+            lambda cls=cls: Result(output=cls("the text")),
+            Status.COMPLETED,
+            lambda e: e.output == "the text",
+        )
+        for cls in HOSTILE_STRINGS
+    },
+    **{
+        f"error {cls.__name__}": (
+            lambda cls=cls: Result(error=cls("it broke")),
+            Status.ERROR,
+            lambda e: e.error == "it broke" and e.error_type == "RunnerReportedError",
+        )
+        for cls in HOSTILE_STRINGS
+    },
+    **{
+        f"path {cls.__name__}": (
+            lambda cls=cls: Result(output="o", files_changed=(cls("a.py"), "b.py")),
+            Status.COMPLETED,
+            lambda e: e.files_changed == ("a.py", "b.py"),
+        )
+        for cls in HOSTILE_STRINGS
+    },
+    **{
+        f"returned {cls.__name__}": (
+            lambda cls=cls: cls("plain"),
+            Status.COMPLETED,
+            lambda e: e.output == "plain",
+        )
+        for cls in HOSTILE_STRINGS
+    },
+    "usage subclass": (
+        lambda: Result(output="o", usage=BadUsage(input_tokens=3, output_tokens=4)),
+        Status.COMPLETED,
+        lambda e: e.usage == Usage(input_tokens=3, output_tokens=4),
+    ),
+    "int subclass counts": (
+        lambda: Result(output="o", iterations=BadInt(2), usage=Usage(input_tokens=BadInt(5))),
+        Status.COMPLETED,
+        lambda e: e.iterations == 2 and e.usage.input_tokens == 5,
+    ),
+    "unreadable field": (
+        lambda: UnreadableResult(),
+        Status.ERROR,
+        lambda e: (
+            e.error_type == "subagents.RunnerReturnError"
+            and "output could not be read" in e.error
+            and "the output property is hostile" in e.error
+        ),
+    ),
+}
+
+WAYS = {
+    "inline": {},  # the plain runner, awaited in place by the manager
+    "run_local": {"retry": RetryPolicy(attempts=1)},  # through the default backend
+}
+
+
+def _check(
+    envelope: DelegateResult, status: Status, says: Callable[[DelegateResult], bool]
+) -> None:
+    assert envelope.status == status, envelope
+    assert says(envelope), envelope
+    assert all(type(f) is str for f in envelope.files_changed)
+    assert type(envelope.output) is str
+    assert type(envelope.error) is str
+    envelope.to_json()
+    envelope.truncated()
+
+
+async def _one_envelope(manager: SubagentManager, agent: str) -> DelegateResult:
+    with anyio.fail_after(5):
+        envelope = await manager.spawn(agent).wait()
+        assert (await manager.execute("echo", "still running")).output == "still running"
+    return envelope
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+@pytest.mark.parametrize("case", list(RETURNS))
+async def test_a_hostile_result_ends_in_one_envelope(case: str, way: str) -> None:
+    make, status, says = RETURNS[case]
+
+    async def runner(request: Request, ctx: RunContext) -> Any:
+        return make()
+
+    async with manager_with(spec("hostile", runner, **WAYS[way]), spec("echo", echo)) as m:
+        envelope = await _one_envelope(m, "hostile")
+    _check(envelope, status, says)
+
+
+@pytest.mark.parametrize("case", list(RETURNS))
+async def test_a_custom_backends_hostile_result_ends_in_one_envelope(case: str) -> None:
+    make, status, says = RETURNS[case]
+
+    async def backend(spec: AgentSpec, request: Request, ctx: RunContext) -> Any:
+        return make()
+
+    specs = [spec("hostile", echo), spec("echo", echo)]
+    async with SubagentManager(specs, backend=backend) as m:
+        with anyio.fail_after(5):
+            envelope = await m.spawn("hostile").wait()
+    _check(envelope, status, says)
+
+
+# name: (the report, then what the envelope must say)
+REPORTS: dict[str, tuple[dict[str, Any], Callable[[DelegateResult], bool]]] = {
+    **{
+        f"output {cls.__name__}": ({"output": cls("partial")}, lambda e: e.output == "partial")
+        for cls in HOSTILE_STRINGS
+    },
+    **{
+        f"append {cls.__name__}": ({"append": cls("more")}, lambda e: e.output == "more")
+        for cls in HOSTILE_STRINGS
+    },
+    **{
+        f"files {cls.__name__}": (
+            {"files_changed": [cls("x.py")]},
+            lambda e: e.files_changed == ("x.py",),
+        )
+        for cls in HOSTILE_STRINGS
+    },
+    **{
+        f"one path {cls.__name__}": (
+            {"files_changed": cls("y.py")},
+            lambda e: e.files_changed == ("y.py",),
+        )
+        for cls in HOSTILE_STRINGS
+    },
+    "usage subclass": (
+        {"usage": BadUsage(input_tokens=1)},
+        lambda e: e.usage == Usage(input_tokens=1),
+    ),
+    "iterations subclass": ({"iterations": BadInt(7)}, lambda e: e.iterations == 7),
+}
+
+
+@pytest.mark.parametrize("case", list(REPORTS))
+async def test_a_hostile_progress_report_is_kept_as_plain_values(case: str) -> None:
+    """The report lands in the envelope of a runner that then times out (the partial
+    output is all there is), and in that of one that returns no text of its own."""
+    report, says = REPORTS[case]
+    gate = anyio.Event()
+
+    async def stuck(request: Request, ctx: RunContext) -> str:
+        ctx.report(**report)
+        await gate.wait()
+        return "never"
+
+    # What the runner returns as its own output: the plain text of what it reported.
+    own_output = {"output": "partial", "append": "more"}.get(next(iter(report)), "")
+
+    async def done(request: Request, ctx: RunContext) -> Result:
+        ctx.report(**report)
+        return Result(output=own_output)
+
+    agents = [spec("stuck", stuck, timeout=0.05), spec("done", done), spec("echo", echo)]
+    async with manager_with(*agents) as m:
+        timed_out = await _one_envelope(m, "stuck")
+        completed = await _one_envelope(m, "done")
+    _check(timed_out, Status.TIMEOUT, says)
+    _check(completed, Status.COMPLETED, says)
+
+
+async def test_a_report_whose_paths_cannot_be_iterated_is_a_config_error() -> None:
+    class Unlistable:
+        def __iter__(self) -> Any:
+            raise RuntimeError("no iteration")
+
+    raised: list[Exception] = []
+
+    async def runner(request: Request, ctx: RunContext) -> str:
+        try:
+            ctx.report(files_changed=Unlistable())  # type: ignore[arg-type]
+        except ConfigError as exc:
+            raised.append(exc)
+        return "ok"
+
+    async with manager_with(spec("r", runner)) as m:
+        assert (await m.execute("r")).output == "ok"
+    (error,) = raised
+    assert isinstance(error, ConfigError)
+    assert error.field == "files_changed"
