@@ -25,36 +25,37 @@ _KEY: Final = 3  # characters an index key takes from either end of an id
 _SHOWN: Final = 10  # unfinished tasks named in a sentence
 
 
-def _keys(task_id: str) -> tuple[str, str]:
-    lowered = task_id.lower()
-    return "<" + lowered[:_KEY], ">" + lowered[-_KEY:]
-
-
 class IdIndex:
     """Task ids bucketed by their first and by their last three characters.
 
     A mistyped id usually keeps one end: a truncated or extended id keeps its start, a typo
-    near the start keeps the end. Adding and discarding are O(1); :meth:`similar` looks at
-    two buckets and compares at most :data:`MAX_CANDIDATES` ids.
+    near the start keeps the end. Adding and discarding are O(1) (ids are indexed as given:
+    the manager's are lower-case hex, and a needle is lowered before it is looked up);
+    :meth:`similar` looks at two buckets and compares at most :data:`MAX_CANDIDATES` ids.
     """
 
-    __slots__ = ("_buckets",)
+    __slots__ = ("_heads", "_tails")
 
     def __init__(self) -> None:
-        self._buckets: dict[str, set[str]] = {}
+        self._heads: dict[str, set[str]] = {}
+        self._tails: dict[str, set[str]] = {}
 
     def add(self, task_id: str) -> None:
-        buckets = self._buckets
-        for key in _keys(task_id):
-            bucket = buckets.get(key)
-            if bucket is None:
-                buckets[key] = {task_id}
-            else:
-                bucket.add(task_id)
+        head = task_id[:_KEY]
+        bucket = self._heads.get(head)
+        if bucket is None:
+            self._heads[head] = {task_id}
+        else:
+            bucket.add(task_id)
+        tail = task_id[-_KEY:]
+        bucket = self._tails.get(tail)
+        if bucket is None:
+            self._tails[tail] = {task_id}
+        else:
+            bucket.add(task_id)
 
     def discard(self, task_id: str) -> None:
-        buckets = self._buckets
-        for key in _keys(task_id):
+        for buckets, key in ((self._heads, task_id[:_KEY]), (self._tails, task_id[-_KEY:])):
             bucket = buckets.get(key)
             if bucket is not None:
                 bucket.discard(task_id)
@@ -71,9 +72,9 @@ class IdIndex:
             return []  # too short to mean one id rather than many
         if needle != task_id and known(needle):
             return [needle]  # the same id in another case or with spaces around it
-        head, tail = _keys(needle)
-        buckets = self._buckets
-        pool = itertools.chain(buckets.get(head, ()), buckets.get(tail, ()))
+        pool = itertools.chain(
+            self._heads.get(needle[:_KEY], ()), self._tails.get(needle[-_KEY:], ())
+        )
         candidates = list(dict.fromkeys(itertools.islice(pool, 2 * MAX_CANDIDATES)))
         preferred = [c for c in candidates if prefer(c)]
         ranked: list[str] = []

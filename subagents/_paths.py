@@ -155,7 +155,10 @@ class NameAllocator:
             stem_len = MAX_NAME_LENGTH - len(suffix) if cut else len(name)
             candidate = name[:stem_len] + suffix
             lowered = key[:stem_len] + suffix
-            if not self._used(lowered):
+            # Not cut, ``key-n`` lies at or past its own range: only a name asked for
+            # verbatim can hold it. A cut one may fall in a shorter stem's range.
+            taken = self._used(lowered) if cut else lowered in self._taken
+            if not taken:
                 self._next[key] = n
                 if cut:  # not of the form key-k: the range does not cover it
                     self._taken.add(lowered)
