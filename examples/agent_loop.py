@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import anyio
 
-from subagents import AgentSpec, Request, RunContext, SubagentManager, build_tools
+from subagents import AgentSpec, Request, RunContext, SubagentManager
 from subagents.testing import ScriptedModel, ToolCall, Transcript, run_tool_loop
+from subagents.tools import build_tools
 
 
 async def researcher(request: Request, ctx: RunContext) -> str:

@@ -19,7 +19,8 @@ from typing import Any
 
 import anyio
 
-from subagents import AgentSpec, Request, RunContext, SubagentManager, Toolset, build_tools
+from subagents import AgentSpec, Request, RunContext, SubagentManager
+from subagents.tools import Toolset, build_tools
 
 MODEL = "gpt-4.1-mini"
 

@@ -2,15 +2,22 @@
 
 Spawn subagents fire-and-forget behind a concurrency limit and a watchdog, keep working,
 and collect each one's :class:`DelegateResult` from a task-keyed :class:`Mailbox`.
+
+The LLM tools live in :mod:`subagents.tools`, type aliases in :mod:`subagents.typing`,
+test helpers in :mod:`subagents.testing`.
 """
 
-from ._backend import Backend, RunnerReturnError, run_local
+from typing import TYPE_CHECKING
+
+from ._backend import run_local
+from ._completions import Completions
 from ._context import RunContext
 from ._envelope import DelegateResult, Status, Usage
 from ._errors import (
     ConfigError,
     InvalidName,
     MailboxFull,
+    RunnerReturnError,
     SpawnRejected,
     SubagentsError,
     TransientError,
@@ -26,66 +33,68 @@ from ._notifier import CompletionNotifier
 from ._paths import AgentPath
 from ._permissions import Ruleset
 from ._retry import RetryPolicy
-from ._spec import AgentSpec, Request, Result, Runner, SpawnOptions, SubagentConfig
-from ._tool_wait import Completions
-from ._tools import (
-    NO_HOST_TIMEOUT_WAIT_CAP,
-    WAIT_MARGIN_MIN,
-    WAIT_MARGIN_RATIO,
-    Tool,
-    ToolLimits,
-    ToolResult,
-    Toolset,
-    build_tools,
-    wait_margin,
-)
+from ._spec import AgentSpec, Request, Result, SpawnOptions, SubagentConfig
+
+# Re-exported for code written before the tools had a package of their own; new code
+# imports them from subagents.tools, where they are documented.
+from .tools import Tool as Tool
+from .tools import ToolResult as ToolResult
+from .tools import Toolset as Toolset
+from .tools import build_tools as build_tools
+
+if not TYPE_CHECKING:
+    # Old names that moved warn and still work; type checkers see only the new ones.
+    # Python looks the module __getattr__ up by name (PEP 562): used, though never called.
+    from ._moved import moved_attribute as __getattr__  # noqa: F401
 
 __all__ = [
+    # the manager
     "DEFAULT_SESSION",
-    "NO_HOST_TIMEOUT_WAIT_CAP",
-    "WAIT_MARGIN_MIN",
-    "WAIT_MARGIN_RATIO",
+    "Completions",
+    "ManagerStatistics",
+    "SpawnHandle",
+    "SpawnOptions",
+    "SubagentConfig",
+    "SubagentManager",
+    # agents and their runs
     "AgentPath",
     "AgentSpec",
-    "Backend",
-    "BaseMailbox",
-    "CompletionNotifier",
-    "Completions",
-    "ConfigError",
-    "DelegateResult",
-    "Event",
-    "EventBus",
-    "EventStream",
-    "InvalidName",
-    "JsonlSink",
-    "Mailbox",
-    "MailboxFull",
-    "MailboxStatistics",
-    "ManagerStatistics",
     "Request",
     "Result",
     "RetryPolicy",
     "RunContext",
-    "Runner",
-    "RunnerReturnError",
     "Ruleset",
-    "SpawnHandle",
-    "SpawnOptions",
-    "SpawnRejected",
+    "run_local",
+    # results and their delivery
+    "BaseMailbox",
+    "CompletionNotifier",
+    "DelegateResult",
+    "Mailbox",
+    "MailboxStatistics",
     "Status",
-    "SubagentConfig",
-    "SubagentManager",
+    "Usage",
+    # lifecycle events
+    "Event",
+    "EventBus",
+    "EventStream",
+    "JsonlSink",
+    "read_events",
+    # errors (the tree is drawn in subagents._errors)
+    "ConfigError",
+    "InvalidName",
+    "MailboxFull",
+    "RunnerReturnError",
+    "SpawnRejected",
     "SubagentsError",
-    "Tool",
-    "ToolLimits",
-    "ToolResult",
-    "Toolset",
     "TransientError",
     "UnknownAgent",
     "UnknownTask",
-    "Usage",
-    "build_tools",
-    "read_events",
-    "run_local",
-    "wait_margin",
 ]
+
+# Objects name the module a user imports them from, not the private one defining them
+# (reprs, pickles, tracebacks and error_type read __module__).
+for _name in __all__:
+    _object = globals()[_name]
+    if hasattr(_object, "__qualname__"):
+        _object.__module__ = __name__
+del _name, _object

@@ -15,6 +15,7 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar, cast
 
 from ._envelope import Status, Usage, describe_exception
+from ._errors import RunnerReturnError
 from ._retry import run_with_retries
 from ._spec import AgentSpec, Request, Result
 from ._validators import as_count, as_int, as_str, plain_usage
@@ -22,15 +23,11 @@ from ._validators import as_count, as_int, as_str, plain_usage
 if TYPE_CHECKING:
     from ._context import RunContext
 
-__all__ = ["Backend", "RunnerReturnError", "awaitable", "coerce_result", "run_local"]
+__all__ = ["Backend", "awaitable", "coerce_result", "run_local"]
 
 T = TypeVar("T")
 
 Backend: TypeAlias = "Callable[[AgentSpec, Request, RunContext], Awaitable[Result]]"
-
-
-class RunnerReturnError(TypeError):
-    """A runner returned something other than ``Result`` or ``str``."""
 
 
 async def run_local(spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
@@ -55,8 +52,9 @@ def awaitable(agent: str, value: T) -> T:
     if type(value) is CoroutineType or inspect.isawaitable(value):
         return value
     raise RunnerReturnError(
-        f"runner of agent {agent!r} returned {type(value).__qualname__} when called, not an "
-        "awaitable: a runner must be an async function (async def runner(request, ctx))"
+        agent,
+        f"{type(value).__qualname__} when called, not an awaitable: a runner must be an "
+        "async function (async def runner(request, ctx))",
     )
 
 
@@ -78,9 +76,7 @@ def coerce_result(agent: str, value: object) -> Result:
     text = as_str(value)
     if text is not None:  # a str subclass: keep the text, drop the subclass
         return Result(output=text)
-    raise RunnerReturnError(
-        f"runner of agent {agent!r} returned {type(value).__qualname__}; expected Result or str"
-    )
+    raise RunnerReturnError(agent, f"{type(value).__qualname__}; expected Result or str")
 
 
 _UNREADABLE: Final = object()
@@ -138,9 +134,7 @@ def _plain_result(agent: str, result: Result) -> Result:
     else:
         wrong("files_changed", value, "a tuple of str")
     if problems:
-        raise RunnerReturnError(
-            f"runner of agent {agent!r} returned a bad Result: " + "; ".join(problems)
-        )
+        raise RunnerReturnError(agent, "a bad Result: " + "; ".join(problems))
     # Without problems every field was read and is plain.
     assert output is not None
     assert error is not None

@@ -8,10 +8,17 @@ Every exception the library raises on purpose derives from :class:`SubagentsErro
     ├── UnknownAgent(SubagentsError, LookupError)    no agent type registered under that name
     ├── UnknownTask(SubagentsError, LookupError)     no task with that id (names close matches)
     ├── SpawnRejected(SubagentsError)                depth limit, closed session, closed manager
-    └── MailboxFull(SubagentsError)                  a new key beyond the mailbox capacity
+    ├── MailboxFull(SubagentsError)                  a new key beyond the mailbox capacity
+    └── RunnerReturnError(SubagentsError, TypeError) a runner returned no Result (or str),
+                                                     or one with a field of the wrong type
 
-``TransientError`` is not an error of the library: runners raise it (or a subclass) to mark
-a failure worth retrying under the agent's :class:`~subagents.RetryPolicy`.
+    TransientError(Exception)                        raised by runners, never by the library
+
+``TransientError`` stands apart on purpose: runners raise it (or a subclass) to mark a
+failure worth retrying under the agent's :class:`~subagents.RetryPolicy`, so an
+``except SubagentsError`` meant for the library's refusals never catches a runner's own
+failure. ``RunnerReturnError`` is raised inside a child (by :func:`~subagents.run_local`)
+and ends up in its envelope, as ``error_type`` ``subagents.RunnerReturnError``.
 
 Messages are built in ``__init__`` from the data, which stays available on attributes.
 They speak to the programmer who called the library; what a model should do about an error
@@ -29,6 +36,7 @@ __all__ = [
     "ConfigError",
     "InvalidName",
     "MailboxFull",
+    "RunnerReturnError",
     "SpawnRejected",
     "SubagentsError",
     "TransientError",
@@ -181,6 +189,21 @@ class MailboxFull(SubagentsError):
         super().__init__(
             f"mailbox full ({capacity} unread results); cannot store result of task {task_id!r}"
         )
+
+
+class RunnerReturnError(SubagentsError, TypeError):
+    """A runner returned something other than ``Result`` or ``str``, or a ``Result`` whose
+    fields have the wrong types.
+
+    Attributes:
+        agent: the agent whose runner returned it.
+        detail: what came back and what was expected.
+    """
+
+    def __init__(self, agent: str, detail: str) -> None:
+        self.agent = agent
+        self.detail = detail
+        super().__init__(f"runner of agent {agent!r} returned {detail}")
 
 
 class TransientError(Exception):

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from time import perf_counter
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 
 import anyio
 import anyio.lowlevel
@@ -23,6 +23,7 @@ from anyio.abc import TaskGroup
 from ._admission import Admission
 from ._backend import Backend, run_local
 from ._child_run import ChildRuns
+from ._completions import Completions
 from ._envelope import (
     DelegateResult,
     Status,
@@ -38,9 +39,6 @@ from ._paths import AgentPath, NameAllocator, child_path
 from ._spec import UNSET_TIMEOUT, AgentSpec, SpawnOptions, SubagentConfig, trusted_request
 from ._tracing import Telemetry
 from ._validators import count, seconds
-
-if TYPE_CHECKING:
-    from ._tool_wait import Completions
 
 __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
 
@@ -828,8 +826,6 @@ class SubagentManager(Admission, ChildRuns):
         uncollected envelope once, in completion order, until no child is unfinished.
         Cancelling the waiter changes nothing. See :class:`~subagents.Completions`.
         """
-        from ._tool_wait import Completions
-
         return Completions(self, session_id)
 
 

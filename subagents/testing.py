@@ -25,7 +25,7 @@ import attrs
 
 from ._json import JSONValue
 from ._spec import AgentSpec, Request
-from ._tools import ToolResult, Toolset
+from .tools import ToolResult, Toolset
 
 __all__ = [
     "ModelTurn",

@@ -7,8 +7,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from subagents import Tool
 from subagents._json import JSONValue, dumps
+from subagents.tools import Tool
 
 _VALIDATORS: dict[tuple[bytes, bool], Draft202012Validator] = {}
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 import subagents
-from subagents import SpawnRejected, SubagentConfig, SubagentManager, UnknownAgent, build_tools
-from subagents._tools import error_result
+from subagents import SpawnRejected, SubagentConfig, SubagentManager, UnknownAgent
 from subagents.testing import echo_agent
+from subagents.tools import build_tools
+from subagents.tools._tool import error_result
 
 pytestmark = pytest.mark.anyio
 

@@ -32,7 +32,8 @@ from typing import Any
 import anyio
 import pytest
 
-from subagents import AgentSpec, Request, RunContext, SubagentManager, Toolset, build_tools
+from subagents import AgentSpec, Request, RunContext, SubagentManager
+from subagents.tools import Toolset, build_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 import anyio
 import pytest
 
-from subagents import AgentSpec, Request, RunContext, SubagentConfig, SubagentManager, build_tools
+from subagents import AgentSpec, Request, RunContext, SubagentConfig, SubagentManager
+from subagents.tools import build_tools
 
 pytestmark = pytest.mark.anyio
 

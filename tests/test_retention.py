@@ -25,9 +25,9 @@ from subagents import (
     SubagentConfig,
     SubagentManager,
     UnknownTask,
-    build_tools,
 )
 from subagents._handle import SpawnHandle
+from subagents.tools import build_tools
 from tests.helpers import echo, manager_with, spec
 
 pytestmark = pytest.mark.anyio

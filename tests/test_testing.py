@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from subagents import SubagentManager, build_tools
+from subagents import SubagentManager
 from subagents.testing import (
     ModelTurn,
     ScriptedModel,
@@ -15,6 +15,7 @@ from subagents.testing import (
     echo_agent,
     run_tool_loop,
 )
+from subagents.tools import build_tools
 
 
 @pytest.mark.anyio

@@ -11,9 +11,10 @@ import jsonschema
 import pytest
 from jsonschema import Draft202012Validator
 
-from subagents import SubagentManager, ToolResult, Toolset, build_tools
+from subagents import SubagentManager
 from subagents._json import dumps, loads
 from subagents.testing import echo_agent
+from subagents.tools import ToolResult, Toolset, build_tools
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI and Anthropic tool-name rule
 MCP_HINTS = {"title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint"}

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from subagents import SubagentConfig, SubagentManager, ToolResult, build_tools
+from subagents import SubagentConfig, SubagentManager
 from subagents._json import dumps
 from subagents.testing import echo_agent
+from subagents.tools import ToolResult, build_tools
 
 VALID_ID = "@valid-id"
 FIELDS = {

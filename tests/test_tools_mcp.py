@@ -17,8 +17,9 @@ from mcp import Client
 from mcp.server import Server, ServerRequestContext
 from mcp_types.methods import serialize_server_result
 
-from subagents import SubagentManager, ToolResult, Toolset, build_tools
+from subagents import SubagentManager
 from subagents.testing import echo_agent
+from subagents.tools import ToolResult, Toolset, build_tools
 from tests.schema_check import closed, details_problems
 
 pytestmark = pytest.mark.anyio

@@ -26,9 +26,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator, ValidationError
 
-from subagents import SubagentConfig, SubagentManager, Tool, ToolResult, build_tools
+from subagents import SubagentConfig, SubagentManager
 from subagents._json import dumps, dumps_str, loads
 from subagents.testing import echo_agent
+from subagents.tools import Tool, ToolResult, build_tools
 from tests.schema_check import details_problems
 
 DONE = "@done"

@@ -13,14 +13,11 @@ from subagents import (
     RunContext,
     SubagentConfig,
     SubagentManager,
-    ToolResult,
-    Toolset,
-    _tool_wait_agent,
-    build_tools,
 )
 from subagents._handle import SpawnHandle
 from subagents._json import dumps
 from subagents.testing import call_with_host_timeout, echo_agent
+from subagents.tools import ToolResult, Toolset, _wait, build_tools
 
 
 async def spawn(tools: Toolset, agent: str, input: str) -> str:
@@ -137,7 +134,7 @@ async def test_result_landing_at_the_deadline_counts(monkeypatch: pytest.MonkeyP
 
     async with toolset(spec) as tools:
         a = await spawn(tools, "gated", "a")
-        monkeypatch.setattr(_tool_wait_agent, "wait_handles", wake_lost)
+        monkeypatch.setattr(_wait, "wait_handles", wake_lost)
         result = await tools.call("wait_agent", {"task_ids": a, "timeout_ms": 50})
         assert result.details["completed"] is True
         assert result.details["timed_out"] is False

@@ -33,9 +33,9 @@ from subagents import (
     SubagentManager,
     Usage,
     _tracing,
-    build_tools,
 )
 from subagents._tracing import Telemetry, tool_span
+from subagents.tools import build_tools
 
 
 class _Gate(SpanProcessor):

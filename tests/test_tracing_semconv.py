@@ -32,9 +32,9 @@ from subagents import (
     SubagentManager,
     Usage,
     _tracing,
-    build_tools,
 )
 from subagents._tracing import TOOL_CONTENT_LIMIT, Telemetry
+from subagents.tools import build_tools
 
 pytestmark = pytest.mark.anyio
 

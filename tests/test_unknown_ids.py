@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from subagents import UnknownTask, build_tools
+from subagents import UnknownTask
 from subagents._lookup import MAX_CANDIDATES, IdIndex
+from subagents.tools import build_tools
 from tests.helpers import echo, manager_with, spec
 
 

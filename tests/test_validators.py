@@ -19,8 +19,8 @@ from subagents import (
     RunContext,
     SpawnOptions,
     SubagentConfig,
-    build_tools,
 )
+from subagents.tools import build_tools
 from tests.helpers import echo, manager_with, spec
 
 pytestmark = pytest.mark.anyio

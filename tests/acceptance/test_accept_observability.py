@@ -37,9 +37,9 @@ from subagents import (
     SubagentConfig,
     SubagentManager,
     Usage,
-    build_tools,
     read_events,
 )
+from subagents.tools import build_tools
 
 pytestmark = pytest.mark.anyio
 
@@ -768,7 +768,8 @@ def test_without_the_sdk_nothing_breaks() -> None:
         import sys
         sys.modules["opentelemetry.sdk"] = None  # as if the SDK were not installed
         import anyio
-        from subagents import AgentSpec, SubagentManager, build_tools
+        from subagents import AgentSpec, SubagentManager
+        from subagents.tools import build_tools
 
         async def ok(request, ctx):
             return "ok " + request.input

@@ -18,8 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from subagents import (
-    WAIT_MARGIN_MIN,
-    WAIT_MARGIN_RATIO,
     AgentSpec,
     ConfigError,
     Request,
@@ -27,13 +25,9 @@ from subagents import (
     Status,
     SubagentConfig,
     SubagentManager,
-    Tool,
-    ToolResult,
-    Toolset,
-    build_tools,
-    wait_margin,
 )
 from subagents.testing import ScriptedModel, ScriptError, ToolCall, run_tool_loop
+from subagents.tools import Tool, ToolResult, Toolset, build_tools
 
 pytestmark = pytest.mark.anyio
 
@@ -231,10 +225,12 @@ def test_tool_result_exports() -> None:
 # --- timeout layering ---------------------------------------------------------------------
 
 
-def test_wait_margin_rule() -> None:
-    assert wait_margin(60.0) == pytest.approx(max(WAIT_MARGIN_RATIO * 60.0, WAIT_MARGIN_MIN))
-    assert wait_margin(60.0) == pytest.approx(6.0)
-    assert wait_margin(0.1) == pytest.approx(0.02)
+async def test_wait_margin_rule() -> None:
+    # The margin is 10 % of the host's timeout and never less than 20 ms.
+    async with mgr() as m:
+        assert build_tools(m, "root").limits.wait_ceiling == pytest.approx(54.0)
+        tight = build_tools(m, "root", engine_tool_timeout=0.1, wait_timeout=0.05)
+        assert tight.limits.wait_ceiling == pytest.approx(0.08)
 
 
 async def test_build_tools_refuses_a_wait_timeout_that_breaks_the_rule() -> None:

@@ -17,11 +17,10 @@ from subagents import (
     SpawnRejected,
     Status,
     SubagentManager,
-    Toolset,
     UnknownTask,
-    build_tools,
 )
 from subagents._handle import SpawnHandle
+from subagents.tools import Toolset, build_tools
 from tests.helpers import manager_with, spec
 
 pytestmark = pytest.mark.anyio

@@ -23,16 +23,7 @@ from typing import Any
 import anyio
 import pytest
 
-from subagents import (
-    AgentSpec,
-    Event,
-    Request,
-    RunContext,
-    SubagentConfig,
-    SubagentManager,
-    ToolResult,
-    build_tools,
-)
+from subagents import AgentSpec, Event, Request, RunContext, SubagentConfig, SubagentManager
 from subagents._json import dumps
 from subagents.testing import (
     ModelTurn,
@@ -41,6 +32,7 @@ from subagents.testing import (
     call_with_host_timeout,
     run_tool_loop,
 )
+from subagents.tools import ToolResult, build_tools
 
 pytestmark = pytest.mark.anyio
 

@@ -22,18 +22,10 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from subagents import (
-    AgentSpec,
-    Request,
-    RunContext,
-    SubagentConfig,
-    SubagentManager,
-    ToolResult,
-    Toolset,
-    build_tools,
-)
+from subagents import AgentSpec, Request, RunContext, SubagentConfig, SubagentManager
 from subagents._json import dumps, dumps_str
 from subagents.testing import echo_agent
+from subagents.tools import ToolResult, Toolset, build_tools
 
 TRUNCATE = 2000
 FIELDS = {

@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
-from ._envelope import DelegateResult, bound_text
-from ._handle import QUEUED, SpawnHandle
-from ._json import JSONValue
-from ._tool_wait import WaitMode, session_signal, wait_handles
-from ._tools import ToolLimits, ToolResult, error_result
-from ._tracing import ToolSpan
+from .._completions import WaitMode, session_signal, wait_handles
+from .._envelope import DelegateResult, bound_text
+from .._handle import QUEUED, SpawnHandle
+from .._json import JSONValue
+from .._tracing import ToolSpan
+from ._tool import ToolLimits, ToolResult, error_result
 
 if TYPE_CHECKING:
-    from ._manager import SubagentManager
+    from .._manager import SubagentManager
 
 __all__ = ["WaitAgent", "int_arg", "ms", "status_of"]
 
@@ -30,7 +30,7 @@ def ms(seconds: float) -> int:
 
 
 def int_arg(value: object) -> int:
-    """An integer argument (already normalised by ``_validate``)."""
+    """An integer argument (already normalised by ``_schema``)."""
     assert isinstance(value, int)
     return value
 

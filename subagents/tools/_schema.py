@@ -16,7 +16,7 @@ from typing import Final, Literal
 
 import attrs
 
-from ._json import JSONValue, dumps_str, loads
+from .._json import JSONValue, dumps_str, loads
 
 __all__ = ["SCHEMA_DIALECT", "ArgumentError", "Param", "parse_args", "schema_for"]
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from ._envelope import _cut_middle, bound_text
-from ._json import JSONValue
-from ._paths import MAX_NAME_LENGTH, NAME_PATTERN
-from ._tool_output import output_schema
-from ._tool_wait_agent import WaitAgent, int_arg, ms, status_of
-from ._tools import Tool, ToolLimits, ToolResult, make_tool
-from ._tracing import ToolSpan
-from ._validate import Param
+from .._envelope import _cut_middle, bound_text
+from .._json import JSONValue
+from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
+from .._tracing import ToolSpan
+from ._output import output_schema
+from ._schema import Param
+from ._tool import Tool, ToolLimits, ToolResult, make_tool
+from ._wait import WaitAgent, int_arg, ms, status_of
 
 if TYPE_CHECKING:
-    from ._manager import SubagentManager
+    from .._manager import SubagentManager
 
 __all__ = ["build_session_tools"]
 

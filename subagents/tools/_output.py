@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from ._json import JSONValue
-from ._validate import SCHEMA_DIALECT
+from .._json import JSONValue
+from ._schema import SCHEMA_DIALECT
 
 __all__ = ["ERROR_CODES", "output_schema"]
 

@@ -18,14 +18,29 @@ everything, so both forms are accepted at execution time.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
-from ._json import JSONValue
+from .._json import JSONValue
 
-if TYPE_CHECKING:
-    from ._tools import Tool
+__all__ = ["Described", "to_anthropic", "to_mcp", "to_openai_chat", "to_openai_responses"]
 
-__all__ = ["to_anthropic", "to_mcp", "to_openai_chat", "to_openai_responses"]
+
+class Described(Protocol):
+    """What an exporter reads of a tool: :class:`~subagents.tools.Tool`'s own methods call
+    the exporters, which therefore name no class of the tools."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def input_schema(self) -> dict[str, JSONValue]: ...
+    @property
+    def output_schema(self) -> dict[str, JSONValue]: ...
+    @property
+    def annotations(self) -> dict[str, bool]: ...
 
 
 # Keywords OpenAI's strict mode does not document as supported (strings take only
@@ -75,11 +90,11 @@ def _strict(schema: dict[str, JSONValue]) -> dict[str, JSONValue]:
     return out
 
 
-def _parameters(tool: Tool, strict: bool) -> dict[str, JSONValue]:
+def _parameters(tool: Described, strict: bool) -> dict[str, JSONValue]:
     return _strict(tool.input_schema) if strict else copy.deepcopy(tool.input_schema)
 
 
-def to_openai_chat(tool: Tool, *, strict: bool = False) -> dict[str, JSONValue]:
+def to_openai_chat(tool: Described, *, strict: bool = False) -> dict[str, JSONValue]:
     """The Chat Completions ``tools[]`` entry of ``tool``."""
     return {
         "type": "function",
@@ -92,7 +107,7 @@ def to_openai_chat(tool: Tool, *, strict: bool = False) -> dict[str, JSONValue]:
     }
 
 
-def to_openai_responses(tool: Tool, *, strict: bool = False) -> dict[str, JSONValue]:
+def to_openai_responses(tool: Described, *, strict: bool = False) -> dict[str, JSONValue]:
     """The Responses API ``tools[]`` entry of ``tool``."""
     return {
         "type": "function",
@@ -103,7 +118,7 @@ def to_openai_responses(tool: Tool, *, strict: bool = False) -> dict[str, JSONVa
     }
 
 
-def to_anthropic(tool: Tool) -> dict[str, JSONValue]:
+def to_anthropic(tool: Described) -> dict[str, JSONValue]:
     """The Anthropic Messages ``tools[]`` entry of ``tool``."""
     return {
         "name": tool.name,
@@ -112,7 +127,7 @@ def to_anthropic(tool: Tool) -> dict[str, JSONValue]:
     }
 
 
-def to_mcp(tool: Tool) -> dict[str, JSONValue]:
+def to_mcp(tool: Described) -> dict[str, JSONValue]:
     """The MCP ``tools/list`` descriptor of ``tool`` (behaviour hints in ``annotations``;
     ``outputSchema`` describes the ``structuredContent`` of its results)."""
     return {

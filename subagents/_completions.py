@@ -1,5 +1,6 @@
-"""Waiting on several children at once: the primitive under ``wait_agent`` and
-:meth:`SubagentManager.completions`.
+"""Waiting on several children at once: :meth:`SubagentManager.completions` and the
+primitives the ``wait_agent`` tool builds on (the tools import them; nothing here knows
+the tools).
 
 Everything here reads the manager's per-task record (``SpawnHandle.result`` and ``done``),
 never only the mailbox, so a result the mailbox could not hold (full, or dropped) is still

@@ -1,0 +1,251 @@
+"""The tools of one session: :class:`Toolset` and :func:`build_tools`.
+
+:func:`build_tools` enforces the timeout layering rule: ``wait_agent`` always answers
+before the host's own per-tool timeout would kill it, and a delegated child is stopped
+before ``delegate_to_agent``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Final
+
+import attrs
+
+from .._envelope import bound_text
+from .._errors import ConfigError
+from .._json import JSONValue
+from .._tracing import ToolSpan
+from .._validators import seconds
+from ._handlers import build_session_tools
+from ._tool import Tool, ToolLimits, ToolResult, arguments_text, traced
+
+if TYPE_CHECKING:
+    from .._manager import SubagentManager
+
+__all__ = ["Toolset", "build_tools"]
+
+logger = logging.getLogger("subagents.tools")
+
+WAIT_MARGIN_RATIO: Final = 0.1
+"""The safety margin is 10 % of the host's timeout for the tool ..."""
+WAIT_MARGIN_MIN: Final = 0.02
+"""... and never less than 20 ms (only sub-second, test-scaled timeouts reach it)."""
+NO_HOST_TIMEOUT_WAIT_CAP: Final = 600.0
+"""Without a host timeout, no single ``wait_agent`` call blocks longer than this (s)."""
+
+
+def wait_margin(engine_timeout: float) -> float:
+    """The safety margin (seconds) kept between a blocking tool's own deadline and the
+    host's timeout ``engine_timeout`` for it: ``max(0.1 * engine_timeout, 0.02)``."""
+    return max(WAIT_MARGIN_RATIO * engine_timeout, WAIT_MARGIN_MIN)
+
+
+class Toolset:
+    """The tools of one session, iterable, callable by name and exportable.
+
+    Built by :func:`build_tools`. ``call`` never raises (see :meth:`Tool.execute`).
+    """
+
+    def __init__(
+        self,
+        tools: Iterable[Tool],
+        *,
+        manager: SubagentManager,
+        session_id: str,
+        limits: ToolLimits,
+    ) -> None:
+        self._tools = {tool.name: tool for tool in tools}
+        self.manager = manager
+        """The manager the tools act on."""
+        self.session_id = session_id
+        """The parent session whose children the tools spawn and collect."""
+        self.limits = limits
+        """The timeouts and bounds in force."""
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._tools[name]
+
+    @property
+    def names(self) -> list[str]:
+        """The tool names, in definition order."""
+        return list(self._tools)
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The tools, in definition order."""
+        return list(self._tools.values())
+
+    def get(self, name: str) -> Tool | None:
+        """The tool called ``name``, or ``None``."""
+        return self._tools.get(name)
+
+    def timeout_for(self, name: str) -> float | None:
+        """The host's per-tool timeout for ``name`` as given to :func:`build_tools`."""
+        return self.limits.engine_timeouts.get(name)
+
+    async def call(
+        self, name: str, args: object = None, *, call_id: str | None = None
+    ) -> ToolResult:
+        """Run tool ``name`` with ``args``; an unknown name is an error result, not raised.
+
+        Blocks as the tool does (only ``wait_agent`` and ``delegate_to_agent`` block, and
+        both answer before the tool's host timeout). Cancelling the caller cancels the
+        call; nothing is consumed by a cancelled ``wait_agent``.
+        """
+        tool = self._tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            unknown = ToolResult(
+                content=f"unknown tool {bound_text(repr(name), 80)}; available tools: "
+                + ", ".join(self._tools),
+                details={"error": "unknown_tool", "tools": list(self._tools)},
+                is_error=True,
+            )
+
+            async def answer(span: ToolSpan) -> ToolResult:
+                return unknown
+
+            capture = self.manager.config.capture_content
+            return await traced(
+                str(name),
+                call_id,
+                None,
+                answer,
+                capture=capture,
+                arguments=arguments_text(args, None) if capture else None,
+            )
+        return await tool.execute(args, call_id=call_id)
+
+    def to_openai_chat(self, *, strict: bool = False) -> list[JSONValue]:
+        """Every tool as an OpenAI Chat Completions ``tools`` entry."""
+        return [tool.to_openai_chat(strict=strict) for tool in self]
+
+    def to_openai_responses(self, *, strict: bool = False) -> list[JSONValue]:
+        """Every tool as an OpenAI Responses API ``tools`` entry."""
+        return [tool.to_openai_responses(strict=strict) for tool in self]
+
+    def to_anthropic(self) -> list[JSONValue]:
+        """Every tool as an Anthropic Messages ``tools`` entry."""
+        return [tool.to_anthropic() for tool in self]
+
+    def to_mcp(self) -> list[JSONValue]:
+        """Every tool as an MCP ``tools/list`` descriptor."""
+        return [tool.to_mcp() for tool in self]
+
+    def __repr__(self) -> str:
+        return f"<Toolset session={self.session_id!r} tools={self.names}>"
+
+
+TOOL_NAMES: Final = (
+    "spawn_agent",
+    "wait_agent",
+    "delegate_to_agent",
+    "cancel_agent",
+    "list_agents",
+)
+
+
+def _seconds(field: str, value: object, *, allow_none: bool) -> float | None:
+    return seconds(field, value, none_ok=allow_none, zero_ok=False)
+
+
+def build_tools(
+    manager: SubagentManager,
+    session_id: str,
+    *,
+    engine_tool_timeout: float | None = 60.0,
+    tool_timeouts: Mapping[str, float | None] | None = None,
+    wait_timeout: float = 30.0,
+    truncate_chars: int | None = None,
+    return_mode: str = "envelope",
+) -> Toolset:
+    """The LLM tools of ``session_id``: spawn, wait, delegate, cancel and list subagents.
+
+    Args:
+        manager: the running :class:`SubagentManager`.
+        session_id: the parent session: the host's conversation (default manager session
+            ``"root"``) or, inside a runner, ``ctx.session_id``.
+        engine_tool_timeout: the host loop's default per-tool timeout in seconds
+            (``None``: the host has none).
+        tool_timeouts: the host's per-tool overrides by tool name; other names ignored.
+        wait_timeout: how long ``wait_agent`` waits when the model gives no ``timeout_ms``.
+        truncate_chars: bound of the text a model reads from one call (default
+            ``manager.config.truncate_chars``).
+        return_mode: ``delegate_to_agent`` returns the ``"envelope"`` (default) or the
+            legacy bare output ``"string"``; any other value falls back to the envelope.
+
+    The layering rule: with ``effective = tool_timeouts.get("wait_agent",
+    engine_tool_timeout)``, ``wait_timeout`` must be at most ``effective -
+    wait_margin(effective)``; every ``timeout_ms`` a model asks for is clamped to that
+    ceiling, so ``wait_agent`` answers ``timed_out`` before the host kills it. The same
+    ceiling (with ``delegate_to_agent``'s own host timeout) bounds a delegated child.
+
+    Raises:
+        ConfigError: a timeout is not positive, or ``wait_timeout`` breaks the rule.
+    """
+    if not isinstance(session_id, str) or not session_id:
+        raise ConfigError("session_id", "a non-empty string", session_id)
+    default = _seconds("engine_tool_timeout", engine_tool_timeout, allow_none=True)
+    if not isinstance(tool_timeouts, (Mapping, type(None))):
+        raise ConfigError("tool_timeouts", "a mapping of tool name to seconds", tool_timeouts)
+    overrides = dict(tool_timeouts or {})
+    engine: dict[str, float | None] = {}
+    for name in TOOL_NAMES:
+        if name in overrides:
+            engine[name] = _seconds(f"tool_timeouts[{name!r}]", overrides[name], allow_none=True)
+        else:
+            engine[name] = default
+    wait = _seconds("wait_timeout", wait_timeout, allow_none=False)
+    assert wait is not None
+    effective = engine["wait_agent"]
+    if effective is None:
+        ceiling = max(wait, NO_HOST_TIMEOUT_WAIT_CAP)
+    else:
+        margin = wait_margin(effective)
+        ceiling = effective - margin
+        if ceiling <= 0 or wait > ceiling:
+            raise ConfigError(
+                "wait_timeout",
+                f"at most {max(ceiling, 0):g} s: wait_agent's host timeout of {effective:g} s "
+                f"minus the {margin:g} s safety margin (raise tool_timeouts['wait_agent'] "
+                "or lower wait_timeout)",
+                wait_timeout,
+            )
+    delegate_engine = engine["delegate_to_agent"]
+    delegate_ceiling = None
+    if delegate_engine is not None:
+        delegate_ceiling = delegate_engine - wait_margin(delegate_engine)
+        if delegate_ceiling <= 0:
+            raise ConfigError(
+                "tool_timeouts['delegate_to_agent']",
+                f"more than the {wait_margin(delegate_engine):g} s safety margin",
+                delegate_engine,
+            )
+    chars = manager.config.truncate_chars if truncate_chars is None else truncate_chars
+    if isinstance(chars, bool) or not isinstance(chars, int) or chars < 200:
+        raise ConfigError("truncate_chars", "an integer >= 200", truncate_chars)
+    if return_mode not in ("envelope", "string"):
+        logger.warning("unknown delegate return_mode %r; using 'envelope'", return_mode)
+        return_mode = "envelope"
+    limits = ToolLimits(
+        engine_timeouts=engine,
+        wait_timeout=wait,
+        wait_ceiling=ceiling,
+        delegate_ceiling=delegate_ceiling,
+        truncate_chars=chars,
+        return_mode="string" if return_mode == "string" else "envelope",
+    )
+    tools = build_session_tools(manager, session_id, limits)
+    if manager.config.capture_content:
+        tools = [attrs.evolve(tool, capture_content=True) for tool in tools]
+    return Toolset(tools, manager=manager, session_id=session_id, limits=limits)
