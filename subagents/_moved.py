@@ -1,9 +1,10 @@
 """Names that left the top level of ``subagents``, and what an old import gets.
 
-A name that moved keeps working: reading it warns with a ``DeprecationWarning`` naming its
-new home and returns the same object, so existing code runs while it migrates (a test
-suite running with warnings as errors sees the new name at once). A name that became
-private raises an ``AttributeError`` saying what replaces it.
+Every one keeps working: reading it warns with a ``DeprecationWarning`` that names what to
+use instead, and returns the same object, so existing code runs while it migrates (a test
+suite that turns warnings into errors sees the new name at once). A warning rather than
+an ``AttributeError``: ``from subagents import name`` replaces a module ``__getattr__``'s
+``AttributeError`` by a bare "cannot import name", which would hide the new name.
 """
 
 from __future__ import annotations
@@ -13,40 +14,31 @@ from typing import Final
 
 from . import tools
 from . import typing as public_typing
+from .tools import _build
 
 __all__ = ["moved_attribute"]
 
-MOVED: Final = {
-    "ToolLimits": ("subagents.tools", tools),
-    "Backend": ("subagents.typing", public_typing),
-    "Runner": ("subagents.typing", public_typing),
-}
-"""Old top-level name: the public module it lives in now, and that module."""
-
-_WAIT_LIMITS: Final = (
-    "read the limits a toolset enforces from build_tools(...).limits "
+_LIMITS: Final = (
+    "is private now; read the limits a toolset enforces from build_tools(...).limits "
     "(ToolLimits.wait_ceiling, ToolLimits.delegate_ceiling)"
 )
-PRIVATE: Final = {
-    "WAIT_MARGIN_RATIO": _WAIT_LIMITS,
-    "WAIT_MARGIN_MIN": _WAIT_LIMITS,
-    "NO_HOST_TIMEOUT_WAIT_CAP": _WAIT_LIMITS,
-    "wait_margin": _WAIT_LIMITS,
+MOVED: Final = {
+    "ToolLimits": ("moved to subagents.tools.ToolLimits; import it from there", tools),
+    "Backend": ("moved to subagents.typing.Backend; import it from there", public_typing),
+    "Runner": ("moved to subagents.typing.Runner; import it from there", public_typing),
+    "WAIT_MARGIN_RATIO": (_LIMITS, _build),
+    "WAIT_MARGIN_MIN": (_LIMITS, _build),
+    "NO_HOST_TIMEOUT_WAIT_CAP": (_LIMITS, _build),
+    "wait_margin": (_LIMITS, _build),
 }
-"""Old top-level name that became private: what to use instead."""
+"""Old top-level name: what to do instead, and the module that still holds it."""
 
 
 def moved_attribute(name: str) -> object:
-    """The module ``__getattr__`` of ``subagents``: a moved name with a warning, else an
-    ``AttributeError`` (naming the replacement of a name that became private)."""
-    if name in MOVED:
-        where, module = MOVED[name]
-        warnings.warn(
-            f"subagents.{name} moved to {where}.{name}; import it from {where}",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return getattr(module, name)
-    if name in PRIVATE:
-        raise AttributeError(f"subagents.{name} is private now; {PRIVATE[name]}")
-    raise AttributeError(f"module 'subagents' has no attribute {name!r}")
+    """The module ``__getattr__`` of ``subagents``: a name that left the top level, with a
+    ``DeprecationWarning``; any other unknown name is an ``AttributeError``."""
+    if name not in MOVED:
+        raise AttributeError(f"module 'subagents' has no attribute {name!r}")
+    advice, module = MOVED[name]
+    warnings.warn(f"subagents.{name} {advice}", DeprecationWarning, stacklevel=3)
+    return getattr(module, name)
