@@ -68,6 +68,15 @@ def module_names(root: pathlib.Path) -> dict[str, pathlib.Path]:
     return found
 
 
+def _type_checking(test: ast.expr) -> bool | None:
+    """True for ``if TYPE_CHECKING``, False for ``if not TYPE_CHECKING``, else None."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _type_checking(test.operand)
+        return None if inner is None else not inner
+    name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", None)
+    return True if name == "TYPE_CHECKING" else None
+
+
 def _kinds(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
     def visit(node: ast.AST, kind: str) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -75,12 +84,12 @@ def _kinds(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]
         inner = kind
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             inner = "lazy"
-        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            inner = "type-only" if kind == "runtime" else kind
+        elif isinstance(node, ast.If) and (checking := _type_checking(node.test)) is not None:
+            only = "type-only" if kind == "runtime" else kind
             for child in node.body:
-                yield from visit(child, inner)
+                yield from visit(child, only if checking else kind)
             for child in node.orelse:
-                yield from visit(child, kind)
+                yield from visit(child, kind if checking else only)
             return
         for child in ast.iter_child_nodes(node):
             yield from visit(child, inner)
@@ -217,6 +226,17 @@ def test_the_engine_cycle_only_shrinks() -> None:
     assert not left, f"no longer in a cycle, remove from ENGINE_CYCLE: {sorted(left)}"
 
 
+def test_without_type_only_imports_the_graph_has_no_cycle() -> None:
+    runtime = [e for e in EDGES_FOUND if e.kind != "type-only"]
+    found = cycles(graph(runtime))
+    assert not found, "\n\n".join(shortest_cycle(c, runtime, set(c)) for c in found)
+
+
+def test_no_module_defers_an_import_of_the_package_into_a_function() -> None:
+    lazy = [e for e in EDGES_FOUND if e.kind == "lazy"]
+    assert not lazy, "\n".join(f"{e.source} -> {e.target} (line {e.line})" for e in lazy)
+
+
 def test_the_core_never_imports_an_edge_or_the_facade() -> None:
     outward = [e for e in EDGES_FOUND if is_core(e.source) and not is_core(e.target)]
     assert not outward, "\n".join(
@@ -242,15 +262,21 @@ def test_the_reader_sees_every_form_of_import(tmp_path: pathlib.Path) -> None:
         "from typing import TYPE_CHECKING\nimport pkg.b\nif TYPE_CHECKING:\n"
         "    from .sub.c import C\nA = 1\n"
     )
-    (package / "b.py").write_text("def f():\n    from . import a\n")
+    (package / "b.py").write_text(
+        "import typing\ndef f():\n    from . import a\n"
+        "if not typing.TYPE_CHECKING:\n    from .sub import d\nelse:\n    from .sub import c\n"
+    )
     (package / "sub" / "__init__.py").write_text("")
     (package / "sub" / "c.py").write_text("from ..a import A\nimport os\n")
+    (package / "sub" / "d.py").write_text("")
     found = {(e.source, e.target, e.kind) for e in imports(package)}
     assert found == {
         ("pkg", "pkg.a", "runtime"),
         ("pkg.a", "pkg.b", "runtime"),
         ("pkg.a", "pkg.sub.c", "type-only"),
         ("pkg.b", "pkg.a", "lazy"),
+        ("pkg.b", "pkg.sub.d", "runtime"),
+        ("pkg.b", "pkg.sub.c", "type-only"),
         ("pkg.sub.c", "pkg.a", "runtime"),
     }
     assert cycles(graph(imports(package))) == [frozenset({"pkg.a", "pkg.b", "pkg.sub.c"})]
