@@ -185,10 +185,13 @@ def build_tools(
             legacy bare output ``"string"``; any other value falls back to the envelope.
 
     The layering rule: with ``effective = tool_timeouts.get("wait_agent",
-    engine_tool_timeout)``, ``wait_timeout`` must be at most ``effective -
-    wait_margin(effective)``; every ``timeout_ms`` a model asks for is clamped to that
-    ceiling, so ``wait_agent`` answers ``timed_out`` before the host kills it. The same
-    ceiling (with ``delegate_to_agent``'s own host timeout) bounds a delegated child.
+    engine_tool_timeout)``, ``wait_timeout`` must be at most ``effective - margin``, the
+    margin being ``max(0.1 * effective, 0.02)`` seconds; every ``timeout_ms`` a model asks
+    for is clamped to that ceiling, so ``wait_agent`` answers ``timed_out`` before the host
+    kills it. The same ceiling (with ``delegate_to_agent``'s own host timeout) bounds a
+    delegated child. Without a host timeout, one wait lasts at most 600 s (or
+    ``wait_timeout`` if that is longer).
+    ``Toolset.limits`` holds the resulting ceilings.
 
     Raises:
         ConfigError: a timeout is not positive, or ``wait_timeout`` breaks the rule.
