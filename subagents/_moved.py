@@ -40,5 +40,5 @@ def moved_attribute(name: str) -> object:
     if name not in MOVED:
         raise AttributeError(f"module 'subagents' has no attribute {name!r}")
     advice, module = MOVED[name]
-    warnings.warn(f"subagents.{name} {advice}", DeprecationWarning, stacklevel=3)
+    warnings.warn(f"subagents.{name} {advice}", DeprecationWarning, stacklevel=2)
     return getattr(module, name)

@@ -93,9 +93,10 @@ def test_compatibility_names_import_without_a_warning() -> None:
 def test_a_moved_name_warns_with_its_new_home_and_still_works(name: str) -> None:
     new_home = MOVED[name]
     advice = rf"subagents\.{name} moved to {new_home.__name__}\.{name}"
-    with pytest.deprecated_call(match=advice):
+    with pytest.deprecated_call(match=advice) as record:
         obj = getattr(subagents, name)
     assert obj is getattr(new_home, name)
+    assert record[0].filename == __file__, "the warning points at the line using the name"
     namespace: dict[str, object] = {}
     with pytest.deprecated_call(match=advice):
         exec(f"from subagents import {name}", namespace)
