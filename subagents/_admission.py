@@ -221,15 +221,19 @@ class Admission:
         try:
             yield
         finally:
+            # Only the last task out takes the slot back, and only while the child still
+            # runs: a task that outlived its runner (started in the background) must not
+            # take a slot for a child whose worker is gone.
+            reacquiring = owner._lends == 1 and not owner._holds_slot and not owner._ending
             try:
-                if owner._lends == 1 and not owner._holds_slot:
+                if reacquiring:
                     await self._reacquire(owner)
             finally:
                 owner._lends -= 1
-                if owner._lends and owner._holds_slot:
+                if reacquiring and owner._lends and owner._holds_slot:
                     # A sibling task began waiting while this one waited for the slot: this
                     # task runs on the lent slot, like any task whose wait ends before its
-                    # siblings' (design/core.md).
+                    # siblings' (design/core.md). The sibling's own exit takes it back.
                     self._release_slot(owner)
                     if self._state == "running":
                         self._pump()
