@@ -71,6 +71,7 @@ class ChildRuns:
     _live: dict[str, dict[SpawnHandle, None]]
     _mailboxes: dict[str, BaseMailbox]
     _names: dict[str, NameAllocator]
+    _forgotten_sessions: set[str]
     _deadlines: dict[SpawnHandle, float]
     _watch_at: float
     _settled: int
@@ -88,6 +89,8 @@ class ChildRuns:
         def _release_slot(self, handle: SpawnHandle) -> None: ...
 
         def _pump(self) -> None: ...
+
+        def _drop_record(self, handle: SpawnHandle) -> None: ...
 
     async def _run(
         self, handle: SpawnHandle, worker_scope: anyio.CancelScope | None = None
@@ -372,6 +375,17 @@ class ChildRuns:
             # Waiters hold it; later reads of handle.done get a new, already set event.
             # Keeping it would keep three objects per waited child alive for good.
             handle._done = None
+        if handle.session_id in self._forgotten_sessions:
+            # Its parent's record is gone (it outlived settle_timeout): nobody can collect
+            # it through the parent, so it goes as its ended siblings went.
+            self._drop_record(handle)
+
+    def _full_capacity(self, session_id: str) -> int:
+        """The capacity of the session mailbox that was just found full."""
+        mailbox = self._mailboxes.get(session_id)
+        if mailbox is None:
+            return self.config.mailbox_capacity
+        return mailbox.statistics().capacity
 
     def _publish_completed(
         self, event_type: str, session_id: str, envelope: DelegateResult
@@ -383,7 +397,7 @@ class ChildRuns:
             data: dict[str, JSONValue] = {
                 "agent": envelope.agent,
                 "status": envelope.status.value,
-                "capacity": self.config.mailbox_capacity,
+                "capacity": self._full_capacity(session_id),
             }
             bus.publish(
                 event_type,

@@ -139,10 +139,13 @@ class SubagentManager(Admission, ChildRuns):
         self._mailboxes: dict[str, BaseMailbox] = {}
         self._names: dict[str, NameAllocator] = {}
         self._closed_sessions: set[str] = set()
+        # Closed root sessions with no record left, oldest first: remembered (so spawns into
+        # them stay refused) up to _CLOSED_MEMORY of them, so closing sessions stays bounded.
+        self._closed_idle: dict[str, None] = {}
         # Retention (see forget()): collected records in collection order, kept at most
         # config.retain_collected of them; None keeps every record.
         self._retain = self.config.retain_collected
-        self._retained: deque[SpawnHandle] = deque()
+        self._retained: dict[SpawnHandle, None] = {}  # oldest first; O(1) removal
         self._forgot = False  # any record forgotten yet (unknown-id messages say so)
         # Sessions of forgotten children that still list children of their own: closed
         # until their listing empties (a late grandchild must not reopen them).
@@ -294,7 +297,8 @@ class SubagentManager(Admission, ChildRuns):
             high_water=self._high_water,
             borrowed=self._borrowed,
             borrows=self._borrows,
-            mailbox_overflows=self._notifier.overflows,
+            # A notifier subclass that skipped CompletionNotifier.__init__ counts nothing.
+            mailbox_overflows=getattr(self._notifier, "overflows", 0),
             spawned=self._spawned,
             settled=self._settled,
             workers=self._workers,
@@ -527,7 +531,11 @@ class SubagentManager(Admission, ChildRuns):
 
     async def close_session(self, session_id: str) -> None:
         """Cancel every unfinished child of ``session_id``, wait until each has settled,
-        then release the session's mailbox. Later spawns into it are rejected.
+        then release the session's mailbox. Later spawns into it are rejected: while any
+        record of it remains, and then among the 1,024 most recently emptied closed
+        sessions (its records all forgotten, see ``config.retain_collected``, or it never
+        had any); past those its id is forgotten like a name never used, so a long-lived
+        manager that closes a session per conversation stays bounded.
 
         Children that ignore cancellation longer than ``config.settle_timeout`` are left
         to finish on their own (their envelopes stay available from :meth:`result`).
@@ -548,10 +556,9 @@ class SubagentManager(Admission, ChildRuns):
             if mailbox is not None:
                 release(mailbox)
             self._names.pop(session_id, None)
-            if not self._by_session.get(session_id, True):
-                # Every record of it was forgotten: forget the session too (see _drop_record).
-                del self._by_session[session_id]
-                self._closed_sessions.discard(session_id)
+            if not self._by_session.get(session_id):
+                self._by_session.pop(session_id, None)
+                self._session_emptied(session_id)
 
     def _watch_close(self, session_id: str, callback: Callable[[], object]) -> int:
         """Run ``callback()`` once when ``session_id`` starts closing (before its children
@@ -714,10 +721,12 @@ class SubagentManager(Admission, ChildRuns):
         if retain == 0:
             self._drop_record(handle)
             return
+        if self._tasks.get(handle.task_id) is not handle:
+            return  # forgotten already (with its parent): it takes no place among the kept
         retained = self._retained
-        retained.append(handle)
+        retained[handle] = None
         if len(retained) > retain:
-            self._drop_record(retained.popleft())
+            self._drop_record(next(iter(retained)))
 
     def _drop_record(self, handle: SpawnHandle) -> None:
         """Forget ``handle``: out of the task index and its session's listing. O(1)."""
@@ -726,17 +735,15 @@ class SubagentManager(Admission, ChildRuns):
             return  # forgotten already
         del self._tasks[task_id]
         self._ids.discard(task_id)
+        self._retained.pop(handle, None)
         self._forgot = True
         session = handle.session_id
         listing = self._by_session.get(session)
         if listing is not None:
             listing.pop(handle, None)
             if not listing and self.session_closed(session):
-                # Its last record gone, a closed session is forgotten too: its id is unknown
-                # again, like a session name never used (nothing of it is left to find).
                 del self._by_session[session]
-                self._forgotten_sessions.discard(session)
-                self._closed_sessions.discard(session)
+                self._session_emptied(session)
         children = self._by_session.get(task_id)
         if children is not None:
             # Its ended children go with it, collected or not: their session is over and
@@ -749,6 +756,23 @@ class SubagentManager(Admission, ChildRuns):
                 self._closed_sessions.add(task_id)
             elif task_id in self._by_session:
                 del self._by_session[task_id]
+
+    def _session_emptied(self, session: str) -> None:
+        """The last record of the closed ``session`` is gone. A forgotten child's session
+        (a task id, never reused) is forgotten at once; a closed root session is kept among
+        the most recent :data:`_CLOSED_MEMORY`, the oldest beyond them forgotten."""
+        if session in self._forgotten_sessions:
+            self._forgotten_sessions.discard(session)
+            self._closed_sessions.discard(session)
+            return
+        if session not in self._closed_sessions:
+            return  # the session of a child that ended: closed by its owner's record
+        idle = self._closed_idle
+        idle[session] = None
+        if len(idle) > _CLOSED_MEMORY:
+            oldest = next(iter(idle))
+            del idle[oldest]
+            self._closed_sessions.discard(oldest)
 
     async def wait_result(
         self,
@@ -834,6 +858,7 @@ class SubagentManager(Admission, ChildRuns):
 
 
 _NO_OPTIONS: Final = SpawnOptions()
+_CLOSED_MEMORY: Final = 1024
 
 
 def _given_twice(timeout: float | None, name: str | None, options: SpawnOptions) -> ConfigError:
