@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from ._handle import NO_LEND, QUEUED, SpawnHandle
@@ -65,9 +66,6 @@ class Admission:
     _deadlines: dict[SpawnHandle, float]
     _watch_at: float
     _watch_wake: anyio.Event | None
-    _clock: Callable[[], float]
-    _checkpoint: Callable[[], Awaitable[None]]
-    _new_event: Callable[[], anyio.Event]
 
     _live: dict[str, dict[SpawnHandle, None]]
 
@@ -110,7 +108,7 @@ class Admission:
                             # wake is not delayed by this worker's exit) and take what they
                             # spawn next instead of a new worker being started for it.
                             lingered = True
-                            await self._checkpoint()
+                            await anyio.lowlevel.checkpoint()
                             continue
                         lingered = False
                         # _take_slot, _release_slot and _pump's first test inlined: once per
@@ -242,7 +240,7 @@ class Admission:
         if self._active < self._limit and not self._resumers:
             self._take_slot(owner)
             return
-        entry = (owner, self._new_event())
+        entry = (owner, anyio.Event())
         self._resumers.append(entry)
         try:
             await entry[1].wait()
@@ -276,7 +274,7 @@ class Admission:
             if self._watch_wake is None:
                 tg = self._tg
                 assert tg is not None
-                self._watch_wake = self._new_event()
+                self._watch_wake = anyio.Event()
                 _start_unowned(tg, self._watchdog)
             else:
                 self._watch_wake.set()
@@ -284,10 +282,10 @@ class Admission:
     async def _watchdog(self) -> None:
         """Cancel every watched child still running at its deadline (status: timeout)."""
         while True:
-            wake = self._watch_wake = self._new_event()
+            wake = self._watch_wake = anyio.Event()
             with anyio.CancelScope(deadline=self._watch_at):
                 await wake.wait()
-            now = self._clock()
+            now = anyio.current_time()
             earliest = math.inf
             for handle, deadline in list(self._deadlines.items()):
                 if deadline <= now:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import traceback
-from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from time import perf_counter
 from types import CoroutineType
@@ -75,7 +74,6 @@ class ChildRuns:
     _deadlines: dict[SpawnHandle, float]
     _watch_at: float
     _settled: int
-    _clock: Callable[[], float]
     _state: Literal["new", "running", "closing", "closed"]
 
     if TYPE_CHECKING:
@@ -112,7 +110,7 @@ class ChildRuns:
                 data={"queue_ms": int((started - handle._spawned_at) * 1000)},
             )
         timeout = handle._timeout
-        deadline = math.inf if timeout is None else self._clock() + timeout
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
         ctx = RunContext(
             cast("SubagentManager", self),
             handle,
@@ -180,7 +178,7 @@ class ChildRuns:
             # late to change the outcome. A result after the deadline never counts.
             handle._ending = True
             cancelled = handle._cancel_requested is not None
-            timed_out = not cancelled and (scope.cancel_called or self._clock() >= deadline)
+            timed_out = not cancelled and (scope.cancel_called or anyio.current_time() >= deadline)
         except BaseException:
             handle._ending = True
             # Cancelled from outside (manager shutdown, or the caller of execute): the

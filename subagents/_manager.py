@@ -10,13 +10,12 @@ import logging
 import math
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Literal
 
 import anyio
-import anyio.lowlevel
 import attrs
 from anyio.abc import TaskGroup
 
@@ -31,11 +30,10 @@ from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
 from ._events import SPAWNED, EventBus
 from ._handle import NO_LEND, QUEUED, SETTLED, SpawnHandle
 from ._lookup import IdIndex, live_ids_sentence
-from ._loop_clock_asyncio import loop_checkpoint, loop_clock, loop_event
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
-from ._spec import UNSET_TIMEOUT, AgentSpec, SpawnOptions, SubagentConfig, trusted_request
+from ._spec import UNSET, AgentSpec, SpawnOptions, SubagentConfig, _Unset, trusted_request
 from ._tracing import Telemetry
 from ._validators import count, seconds
 
@@ -47,7 +45,6 @@ __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
 DEFAULT_SESSION: Final = "root"
 logger = logging.getLogger("subagents")
 
-_UNSET: Final = UNSET_TIMEOUT
 _ROOT: Final = AgentPath.root()
 
 
@@ -156,9 +153,6 @@ class SubagentManager(Admission, ChildRuns):
         self._queue: deque[SpawnHandle] = deque()
         self._deadlines: dict[SpawnHandle, float] = {}  # running spawns under the watchdog
         self._watch_at = math.inf  # the watchdog wakes then (<= every deadline it holds)
-        self._clock: Callable[[], float] = anyio.current_time  # the loop's, once entered
-        self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint  # likewise
-        self._new_event: Callable[[], anyio.Event] = anyio.Event  # likewise
         self._watch_wake: anyio.Event | None = None
         self._queued = 0
         self._active = 0  # slots held (spawned children running, not lending)
@@ -180,9 +174,7 @@ class SubagentManager(Admission, ChildRuns):
     async def __aenter__(self) -> SubagentManager:
         if self._state != "new":
             raise RuntimeError("a SubagentManager can be entered only once")
-        self._clock = loop_clock()
-        self._checkpoint = loop_checkpoint()
-        self._new_event = loop_event()
+        self._telemetry.resolve()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -229,10 +221,6 @@ class SubagentManager(Admission, ChildRuns):
             await tg.__aexit__(None, None, None)
         finally:
             self._state = "closed"
-            # A handle read after this run (even under another backend) asks anyio again.
-            self._new_event = anyio.Event
-            self._clock = anyio.current_time
-            self._checkpoint = anyio.lowlevel.checkpoint
             for mailbox in self._mailboxes.values():
                 release(mailbox)
             self._mailboxes.clear()
@@ -313,7 +301,7 @@ class SubagentManager(Admission, ChildRuns):
         *,
         session_id: str = DEFAULT_SESSION,
         name: str | None = None,
-        timeout: float | None = _UNSET,
+        timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
     ) -> SpawnHandle:
         """Start a child fire-and-forget and return its handle at once. Never blocks.
@@ -360,7 +348,7 @@ class SubagentManager(Admission, ChildRuns):
         *,
         session_id: str = DEFAULT_SESSION,
         name: str | None = None,
-        timeout: float | None = _UNSET,
+        timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
     ) -> DelegateResult:
         """Delegate synchronously: run a child in the calling task and return its envelope.
@@ -389,7 +377,7 @@ class SubagentManager(Admission, ChildRuns):
         input: str,
         session_id: str,
         name: str | None,
-        timeout: float | None,
+        timeout: float | _Unset | None,
         options: SpawnOptions | None,
         *,
         sync: bool,
@@ -433,11 +421,11 @@ class SubagentManager(Admission, ChildRuns):
             options = _NO_OPTIONS
         elif not isinstance(options, SpawnOptions):
             raise ConfigError("options", "a SpawnOptions or None", options)
-        elif (timeout is not _UNSET and options.timeout is not None) or (
+        elif (timeout is not UNSET and options.timeout is not None) or (
             name is not None and options.name is not None
         ):
             raise _given_twice(timeout, name, options)
-        if timeout is _UNSET:
+        if timeout is UNSET:
             if options.timeout is not None:
                 timeout = options.timeout
             elif spec.timeout is not None:
@@ -497,7 +485,7 @@ class SubagentManager(Admission, ChildRuns):
                     "timeout_s": timeout,
                 },
             )
-        if self._telemetry.enabled():
+        if self._telemetry.active:
             handle._trace = self._telemetry.start(handle, parent)
         return handle
 
@@ -861,10 +849,12 @@ _NO_OPTIONS: Final = SpawnOptions()
 _CLOSED_MEMORY: Final = 1024
 
 
-def _given_twice(timeout: float | None, name: str | None, options: SpawnOptions) -> ConfigError:
+def _given_twice(
+    timeout: float | _Unset | None, name: str | None, options: SpawnOptions
+) -> ConfigError:
     """The error for a setting given both as an argument and in ``options``: neither may
     silently win over the other."""
-    if timeout is not _UNSET and options.timeout is not None:
+    if timeout is not UNSET and options.timeout is not None:
         return ConfigError(
             "timeout",
             f"given once: as timeout= or as options.timeout (here {options.timeout!r}), not both",
