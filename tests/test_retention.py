@@ -769,15 +769,17 @@ async def test_closed_sessions_with_no_record_are_remembered_up_to_a_bound() -> 
 
 async def test_a_grandchild_ending_after_its_parents_record_went_is_forgotten_too() -> None:
     release = anyio.Event()
+    started = anyio.Event()
 
     async def stubborn(request: Request, ctx: RunContext) -> str:
+        started.set()
         with anyio.CancelScope(shield=True):
             await release.wait()
         return "late"
 
     async def parent(request: Request, ctx: RunContext) -> str:
         ctx.spawn("stubborn")
-        await anyio.lowlevel.checkpoint()
+        await started.wait()  # running, so the parent's end must wait for it to settle
         return "parent"
 
     async with manager_with(
