@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from ._handle import NO_LEND, QUEUED, SpawnHandle
@@ -65,9 +66,6 @@ class Admission:
     _deadlines: dict[SpawnHandle, float]
     _watch_at: float
     _watch_wake: anyio.Event | None
-    _clock: Callable[[], float]
-    _checkpoint: Callable[[], Awaitable[None]]
-    _new_event: Callable[[], anyio.Event]
 
     _live: dict[str, dict[SpawnHandle, None]]
 
@@ -110,7 +108,7 @@ class Admission:
                             # wake is not delayed by this worker's exit) and take what they
                             # spawn next instead of a new worker being started for it.
                             lingered = True
-                            await self._checkpoint()
+                            await anyio.lowlevel.checkpoint()
                             continue
                         lingered = False
                         # _take_slot, _release_slot and _pump's first test inlined: once per
@@ -221,15 +219,19 @@ class Admission:
         try:
             yield
         finally:
+            # Only the last task out takes the slot back, and only while the child still
+            # runs: a task that outlived its runner (started in the background) must not
+            # take a slot for a child whose worker is gone.
+            reacquiring = owner._lends == 1 and not owner._holds_slot and not owner._ending
             try:
-                if owner._lends == 1 and not owner._holds_slot:
+                if reacquiring:
                     await self._reacquire(owner)
             finally:
                 owner._lends -= 1
-                if owner._lends and owner._holds_slot:
+                if reacquiring and owner._lends and owner._holds_slot:
                     # A sibling task began waiting while this one waited for the slot: this
                     # task runs on the lent slot, like any task whose wait ends before its
-                    # siblings' (design/core.md).
+                    # siblings' (design/core.md). The sibling's own exit takes it back.
                     self._release_slot(owner)
                     if self._state == "running":
                         self._pump()
@@ -238,7 +240,7 @@ class Admission:
         if self._active < self._limit and not self._resumers:
             self._take_slot(owner)
             return
-        entry = (owner, self._new_event())
+        entry = (owner, anyio.Event())
         self._resumers.append(entry)
         try:
             await entry[1].wait()
@@ -272,7 +274,7 @@ class Admission:
             if self._watch_wake is None:
                 tg = self._tg
                 assert tg is not None
-                self._watch_wake = self._new_event()
+                self._watch_wake = anyio.Event()
                 _start_unowned(tg, self._watchdog)
             else:
                 self._watch_wake.set()
@@ -280,10 +282,10 @@ class Admission:
     async def _watchdog(self) -> None:
         """Cancel every watched child still running at its deadline (status: timeout)."""
         while True:
-            wake = self._watch_wake = self._new_event()
+            wake = self._watch_wake = anyio.Event()
             with anyio.CancelScope(deadline=self._watch_at):
                 await wake.wait()
-            now = self._clock()
+            now = anyio.current_time()
             earliest = math.inf
             for handle, deadline in list(self._deadlines.items()):
                 if deadline <= now:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import traceback
-from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from time import perf_counter
 from types import CoroutineType
@@ -71,10 +70,10 @@ class ChildRuns:
     _live: dict[str, dict[SpawnHandle, None]]
     _mailboxes: dict[str, BaseMailbox]
     _names: dict[str, NameAllocator]
+    _forgotten_sessions: set[str]
     _deadlines: dict[SpawnHandle, float]
     _watch_at: float
     _settled: int
-    _clock: Callable[[], float]
     _state: Literal["new", "running", "closing", "closed"]
 
     if TYPE_CHECKING:
@@ -88,6 +87,8 @@ class ChildRuns:
         def _release_slot(self, handle: SpawnHandle) -> None: ...
 
         def _pump(self) -> None: ...
+
+        def _drop_record(self, handle: SpawnHandle) -> None: ...
 
     async def _run(
         self, handle: SpawnHandle, worker_scope: anyio.CancelScope | None = None
@@ -109,7 +110,7 @@ class ChildRuns:
                 data={"queue_ms": int((started - handle._spawned_at) * 1000)},
             )
         timeout = handle._timeout
-        deadline = math.inf if timeout is None else self._clock() + timeout
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
         ctx = RunContext(
             cast("SubagentManager", self),
             handle,
@@ -177,7 +178,7 @@ class ChildRuns:
             # late to change the outcome. A result after the deadline never counts.
             handle._ending = True
             cancelled = handle._cancel_requested is not None
-            timed_out = not cancelled and (scope.cancel_called or self._clock() >= deadline)
+            timed_out = not cancelled and (scope.cancel_called or anyio.current_time() >= deadline)
         except BaseException:
             handle._ending = True
             # Cancelled from outside (manager shutdown, or the caller of execute): the
@@ -372,6 +373,17 @@ class ChildRuns:
             # Waiters hold it; later reads of handle.done get a new, already set event.
             # Keeping it would keep three objects per waited child alive for good.
             handle._done = None
+        if handle.session_id in self._forgotten_sessions:
+            # Its parent's record is gone (it outlived settle_timeout): nobody can collect
+            # it through the parent, so it goes as its ended siblings went.
+            self._drop_record(handle)
+
+    def _full_capacity(self, session_id: str) -> int:
+        """The capacity of the session mailbox that was just found full."""
+        mailbox = self._mailboxes.get(session_id)
+        if mailbox is None:
+            return self.config.mailbox_capacity
+        return mailbox.statistics().capacity
 
     def _publish_completed(
         self, event_type: str, session_id: str, envelope: DelegateResult
@@ -383,7 +395,7 @@ class ChildRuns:
             data: dict[str, JSONValue] = {
                 "agent": envelope.agent,
                 "status": envelope.status.value,
-                "capacity": self.config.mailbox_capacity,
+                "capacity": self._full_capacity(session_id),
             }
             bus.publish(
                 event_type,

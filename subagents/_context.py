@@ -15,7 +15,7 @@ from ._mailbox import closed_mailbox
 from ._paths import AgentPath
 from ._permissions import Ruleset
 from ._progress import Progress
-from ._spec import UNSET_TIMEOUT
+from ._spec import UNSET, _Unset
 from ._validators import count, plain_usage, text, texts
 
 if TYPE_CHECKING:
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from ._spec import SpawnOptions
 
 __all__ = ["RunContext"]
-
-_UNSET: float = UNSET_TIMEOUT
 
 
 class RunContext:
@@ -172,7 +170,7 @@ class RunContext:
         input: str = "",
         *,
         name: str | None = None,
-        timeout: float | None = _UNSET,
+        timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
     ) -> SpawnHandle:
         """Spawn a grandchild into this run's session; see :meth:`SubagentManager.spawn`.
@@ -190,7 +188,7 @@ class RunContext:
         input: str = "",
         *,
         name: str | None = None,
-        timeout: float | None = _UNSET,
+        timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
     ) -> DelegateResult:
         """Delegate synchronously from this run; see :meth:`SubagentManager.execute`.

@@ -141,7 +141,7 @@ class SpawnHandle:
     def done(self) -> anyio.Event:
         """Set once the child has ended and its envelope has been delivered."""
         if self._done is None:
-            self._done = self._manager._new_event()
+            self._done = anyio.Event()
             if self._delivered:  # not merely ended: first read during delivery stays unset
                 self._done.set()
         return self._done

@@ -22,6 +22,7 @@ __all__ = ["MAX_CANDIDATES", "IdIndex", "live_ids_sentence"]
 MAX_CANDIDATES: Final = 64
 """Known ids compared with one unknown id, at most."""
 _KEY: Final = 3  # characters an index key takes from either end of an id
+_MAX_NEEDLE: Final = 64  # longer than any id: comparing it would only cost time
 _SHOWN: Final = 10  # unfinished tasks named in a sentence
 
 
@@ -68,8 +69,8 @@ class IdIndex:
         """Up to three indexed ids that ``task_id`` was probably meant to be, those for which
         ``prefer(id)`` holds (the caller's session) first. ``known(id)`` tells an exact hit."""
         needle = task_id.strip().lower()
-        if len(needle) < _KEY:
-            return []  # too short to mean one id rather than many
+        if not _KEY <= len(needle) <= _MAX_NEEDLE:
+            return []  # too short to mean one id rather than many, or too long to be one
         if needle != task_id and known(needle):
             return [needle]  # the same id in another case or with spaces around it
         pool = itertools.chain(
@@ -82,7 +83,7 @@ class IdIndex:
             group = group[:MAX_CANDIDATES]
             close = [c for c in group if c.startswith(needle) or needle.startswith(c)]
             close += difflib.get_close_matches(needle, group, n=3, cutoff=0.6)
-            ranked += [c for c in close if c not in ranked]
+            ranked += [c for c in dict.fromkeys(close) if c not in ranked]
             if len(ranked) >= 3:
                 break
         return ranked[:3]

@@ -10,13 +10,12 @@ import logging
 import math
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from time import perf_counter
 from types import TracebackType
 from typing import Final, Literal
 
 import anyio
-import anyio.lowlevel
 import attrs
 from anyio.abc import TaskGroup
 
@@ -32,11 +31,10 @@ from ._errors import ConfigError, SpawnRejected, UnknownAgent, UnknownTask
 from ._events import SPAWNED, EventBus
 from ._handle import NO_LEND, QUEUED, SETTLED, SpawnHandle
 from ._lookup import IdIndex, live_ids_sentence
-from ._loop_clock_asyncio import loop_checkpoint, loop_clock, loop_event
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
-from ._spec import UNSET_TIMEOUT, AgentSpec, SpawnOptions, SubagentConfig, trusted_request
+from ._spec import UNSET, AgentSpec, SpawnOptions, SubagentConfig, _Unset, trusted_request
 from ._tracing import Telemetry
 from ._validators import count, seconds
 
@@ -45,7 +43,6 @@ __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
 DEFAULT_SESSION: Final = "root"
 logger = logging.getLogger("subagents")
 
-_UNSET: Final = UNSET_TIMEOUT
 _ROOT: Final = AgentPath.root()
 
 
@@ -137,10 +134,13 @@ class SubagentManager(Admission, ChildRuns):
         self._mailboxes: dict[str, BaseMailbox] = {}
         self._names: dict[str, NameAllocator] = {}
         self._closed_sessions: set[str] = set()
+        # Closed root sessions with no record left, oldest first: remembered (so spawns into
+        # them stay refused) up to _CLOSED_MEMORY of them, so closing sessions stays bounded.
+        self._closed_idle: dict[str, None] = {}
         # Retention (see forget()): collected records in collection order, kept at most
         # config.retain_collected of them; None keeps every record.
         self._retain = self.config.retain_collected
-        self._retained: deque[SpawnHandle] = deque()
+        self._retained: dict[SpawnHandle, None] = {}  # oldest first; O(1) removal
         self._forgot = False  # any record forgotten yet (unknown-id messages say so)
         # Sessions of forgotten children that still list children of their own: closed
         # until their listing empties (a late grandchild must not reopen them).
@@ -151,9 +151,6 @@ class SubagentManager(Admission, ChildRuns):
         self._queue: deque[SpawnHandle] = deque()
         self._deadlines: dict[SpawnHandle, float] = {}  # running spawns under the watchdog
         self._watch_at = math.inf  # the watchdog wakes then (<= every deadline it holds)
-        self._clock: Callable[[], float] = anyio.current_time  # the loop's, once entered
-        self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint  # likewise
-        self._new_event: Callable[[], anyio.Event] = anyio.Event  # likewise
         self._watch_wake: anyio.Event | None = None
         self._queued = 0
         self._active = 0  # slots held (spawned children running, not lending)
@@ -175,9 +172,7 @@ class SubagentManager(Admission, ChildRuns):
     async def __aenter__(self) -> SubagentManager:
         if self._state != "new":
             raise RuntimeError("a SubagentManager can be entered only once")
-        self._clock = loop_clock()
-        self._checkpoint = loop_checkpoint()
-        self._new_event = loop_event()
+        self._telemetry.resolve()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -224,10 +219,6 @@ class SubagentManager(Admission, ChildRuns):
             await tg.__aexit__(None, None, None)
         finally:
             self._state = "closed"
-            # A handle read after this run (even under another backend) asks anyio again.
-            self._new_event = anyio.Event
-            self._clock = anyio.current_time
-            self._checkpoint = anyio.lowlevel.checkpoint
             for mailbox in self._mailboxes.values():
                 release(mailbox)
             self._mailboxes.clear()
@@ -292,7 +283,8 @@ class SubagentManager(Admission, ChildRuns):
             high_water=self._high_water,
             borrowed=self._borrowed,
             borrows=self._borrows,
-            mailbox_overflows=self._notifier.overflows,
+            # A notifier subclass that skipped CompletionNotifier.__init__ counts nothing.
+            mailbox_overflows=getattr(self._notifier, "overflows", 0),
             spawned=self._spawned,
             settled=self._settled,
             workers=self._workers,
@@ -307,7 +299,7 @@ class SubagentManager(Admission, ChildRuns):
         *,
         session_id: str = DEFAULT_SESSION,
         name: str | None = None,
-        timeout: float | None = _UNSET,
+        timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
     ) -> SpawnHandle:
         """Start a child fire-and-forget and return its handle at once. Never blocks.
@@ -354,7 +346,7 @@ class SubagentManager(Admission, ChildRuns):
         *,
         session_id: str = DEFAULT_SESSION,
         name: str | None = None,
-        timeout: float | None = _UNSET,
+        timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
     ) -> DelegateResult:
         """Delegate synchronously: run a child in the calling task and return its envelope.
@@ -383,7 +375,7 @@ class SubagentManager(Admission, ChildRuns):
         input: str,
         session_id: str,
         name: str | None,
-        timeout: float | None,
+        timeout: float | _Unset | None,
         options: SpawnOptions | None,
         *,
         sync: bool,
@@ -427,11 +419,11 @@ class SubagentManager(Admission, ChildRuns):
             options = _NO_OPTIONS
         elif not isinstance(options, SpawnOptions):
             raise ConfigError("options", "a SpawnOptions or None", options)
-        elif (timeout is not _UNSET and options.timeout is not None) or (
+        elif (timeout is not UNSET and options.timeout is not None) or (
             name is not None and options.name is not None
         ):
             raise _given_twice(timeout, name, options)
-        if timeout is _UNSET:
+        if timeout is UNSET:
             if options.timeout is not None:
                 timeout = options.timeout
             elif spec.timeout is not None:
@@ -491,7 +483,7 @@ class SubagentManager(Admission, ChildRuns):
                     "timeout_s": timeout,
                 },
             )
-        if self._telemetry.enabled():
+        if self._telemetry.active:
             handle._trace = self._telemetry.start(handle, parent)
         return handle
 
@@ -525,7 +517,11 @@ class SubagentManager(Admission, ChildRuns):
 
     async def close_session(self, session_id: str) -> None:
         """Cancel every unfinished child of ``session_id``, wait until each has settled,
-        then release the session's mailbox. Later spawns into it are rejected.
+        then release the session's mailbox. Later spawns into it are rejected: while any
+        record of it remains, and then among the 1,024 most recently emptied closed
+        sessions (its records all forgotten, see ``config.retain_collected``, or it never
+        had any); past those its id is forgotten like a name never used, so a long-lived
+        manager that closes a session per conversation stays bounded.
 
         Children that ignore cancellation longer than ``config.settle_timeout`` are left
         to finish on their own (their envelopes stay available from :meth:`result`).
@@ -546,10 +542,9 @@ class SubagentManager(Admission, ChildRuns):
             if mailbox is not None:
                 release(mailbox)
             self._names.pop(session_id, None)
-            if not self._by_session.get(session_id, True):
-                # Every record of it was forgotten: forget the session too (see _drop_record).
-                del self._by_session[session_id]
-                self._closed_sessions.discard(session_id)
+            if not self._by_session.get(session_id):
+                self._by_session.pop(session_id, None)
+                self._session_emptied(session_id)
 
     def _watch_close(self, session_id: str, callback: Callable[[], object]) -> int:
         """Run ``callback()`` once when ``session_id`` starts closing (before its children
@@ -712,10 +707,12 @@ class SubagentManager(Admission, ChildRuns):
         if retain == 0:
             self._drop_record(handle)
             return
+        if self._tasks.get(handle.task_id) is not handle:
+            return  # forgotten already (with its parent): it takes no place among the kept
         retained = self._retained
-        retained.append(handle)
+        retained[handle] = None
         if len(retained) > retain:
-            self._drop_record(retained.popleft())
+            self._drop_record(next(iter(retained)))
 
     def _drop_record(self, handle: SpawnHandle) -> None:
         """Forget ``handle``: out of the task index and its session's listing. O(1)."""
@@ -724,17 +721,15 @@ class SubagentManager(Admission, ChildRuns):
             return  # forgotten already
         del self._tasks[task_id]
         self._ids.discard(task_id)
+        self._retained.pop(handle, None)
         self._forgot = True
         session = handle.session_id
         listing = self._by_session.get(session)
         if listing is not None:
             listing.pop(handle, None)
             if not listing and self.session_closed(session):
-                # Its last record gone, a closed session is forgotten too: its id is unknown
-                # again, like a session name never used (nothing of it is left to find).
                 del self._by_session[session]
-                self._forgotten_sessions.discard(session)
-                self._closed_sessions.discard(session)
+                self._session_emptied(session)
         children = self._by_session.get(task_id)
         if children is not None:
             # Its ended children go with it, collected or not: their session is over and
@@ -747,6 +742,23 @@ class SubagentManager(Admission, ChildRuns):
                 self._closed_sessions.add(task_id)
             elif task_id in self._by_session:
                 del self._by_session[task_id]
+
+    def _session_emptied(self, session: str) -> None:
+        """The last record of the closed ``session`` is gone. A forgotten child's session
+        (a task id, never reused) is forgotten at once; a closed root session is kept among
+        the most recent :data:`_CLOSED_MEMORY`, the oldest beyond them forgotten."""
+        if session in self._forgotten_sessions:
+            self._forgotten_sessions.discard(session)
+            self._closed_sessions.discard(session)
+            return
+        if session not in self._closed_sessions:
+            return  # the session of a child that ended: closed by its owner's record
+        idle = self._closed_idle
+        idle[session] = None
+        if len(idle) > _CLOSED_MEMORY:
+            oldest = next(iter(idle))
+            del idle[oldest]
+            self._closed_sessions.discard(oldest)
 
     async def wait_result(
         self,
@@ -830,12 +842,15 @@ class SubagentManager(Admission, ChildRuns):
 
 
 _NO_OPTIONS: Final = SpawnOptions()
+_CLOSED_MEMORY: Final = 1024
 
 
-def _given_twice(timeout: float | None, name: str | None, options: SpawnOptions) -> ConfigError:
+def _given_twice(
+    timeout: float | _Unset | None, name: str | None, options: SpawnOptions
+) -> ConfigError:
     """The error for a setting given both as an argument and in ``options``: neither may
     silently win over the other."""
-    if timeout is not _UNSET and options.timeout is not None:
+    if timeout is not UNSET and options.timeout is not None:
         return ConfigError(
             "timeout",
             f"given once: as timeout= or as options.timeout (here {options.timeout!r}), not both",

@@ -17,6 +17,7 @@ MAX_OUTPUT_CHARS: Final = 1_000_000
 """Characters of output an envelope keeps (the head); a marker says how many were dropped."""
 MAX_FILES: Final = 1000
 """``files_changed`` entries an envelope keeps; the last says how many more there were."""
+_MAX_DROPPED_SEEN: Final = 100_000  # hashes of dropped paths kept to skip their repeats
 
 
 def cap_output(output: str, dropped: int = 0) -> str:
@@ -45,10 +46,11 @@ class Progress:
 
     Appending is amortised O(length appended): chunks are joined only when the output is
     read. Output past :data:`MAX_OUTPUT_CHARS` and distinct paths past :data:`MAX_FILES`
-    are counted, not kept (a dropped path reported again is counted again).
+    are counted, not kept; repeats of a dropped path are recognised by hash for the first
+    hundred thousand dropped (a rare hash collision undercounts by one).
     """
 
-    __slots__ = ("_chars", "_chunks", "_dropped", "_files", "_files_dropped")
+    __slots__ = ("_chars", "_chunks", "_dropped", "_dropped_seen", "_files", "_files_dropped")
 
     def __init__(self) -> None:
         self._chunks: list[str] = []
@@ -56,6 +58,7 @@ class Progress:
         self._dropped = 0
         self._files: dict[str, None] = {}
         self._files_dropped = 0
+        self._dropped_seen: set[int] = set()
 
     @property
     def output_chars(self) -> int:
@@ -98,8 +101,16 @@ class Progress:
                 continue
             if len(files) < MAX_FILES:
                 files[path] = None
-            else:
-                self._files_dropped += 1
+                continue
+            # A runner often reports its whole list again each turn: a dropped path is
+            # remembered by its hash (up to a bound) so that repeats are not counted twice.
+            seen = self._dropped_seen
+            key = hash(path)
+            if key in seen:
+                continue
+            if len(seen) < _MAX_DROPPED_SEEN:
+                seen.add(key)
+            self._files_dropped += 1
 
     def files(self, extra: Iterable[str] = ()) -> tuple[str, ...]:
         """The reported paths, then the ``extra`` ones not among them, capped."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
 
 import attrs
 
@@ -35,9 +36,25 @@ __all__ = [
 DEFAULT_MAX_CONCURRENT_SPAWNS: Final = 4
 DEFAULT_SPAWN_TIMEOUT: Final = 180.0
 DEFAULT_MAX_DEPTH: Final = 3
-UNSET_TIMEOUT: Final[float] = float("nan")
-"""Default of ``timeout`` arguments meaning "not given"; recognised by identity only, so an
-explicit ``float("nan")`` from a caller is rejected as malformed rather than taken as unset."""
+
+
+class _Unset(enum.Enum):
+    """The type of :data:`UNSET`: an argument that was not given.
+
+    ``None`` already means "no limit" for a timeout, so "not given" (use the configured
+    default) needs a value of its own. An enum of one member, because mypy narrows
+    ``x is UNSET`` for enum members (and not for an instance of a plain class), and a copy
+    or an unpickled value stays the same object.
+    """
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"  # what signatures and help() show as the default
+
+
+UNSET: Final = _Unset.UNSET
+"""Default of ``timeout`` arguments meaning "not given": the configured default applies."""
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
@@ -173,6 +190,26 @@ class AgentSpec:
     """Default watchdog for this agent in seconds; ``None`` uses the manager's."""
 
 
+class TracerProviderLike(Protocol):
+    """An OpenTelemetry ``TracerProvider`` (the core does not import opentelemetry)."""
+
+    def get_tracer(self, instrumenting_module_name: str, /) -> object: ...
+
+
+class MeterProviderLike(Protocol):
+    """An OpenTelemetry ``MeterProvider`` (the core does not import opentelemetry)."""
+
+    def get_meter(self, name: str, /) -> object: ...
+
+
+def _check_provider(method: str) -> Callable[[object, attrs.Attribute[Any], Any], None]:
+    def check(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None and not callable(getattr(value, method, None)):
+            raise ConfigError(attribute.name, f"None or an object with {method}()", value)
+
+    return check
+
+
 def _check_positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
     count(attribute.name, value, minimum=1)
 
@@ -246,3 +283,13 @@ class SubagentConfig:
     capture_content: bool = False
     """Also record prompts and outputs on spans (``gen_ai.input.messages``,
     ``gen_ai.output.messages``); off by default, as content may be sensitive."""
+    tracer_provider: TracerProviderLike | None = attrs.field(
+        default=None, validator=_check_provider("get_tracer")
+    )
+    """An OpenTelemetry ``TracerProvider`` for this manager's spans; ``None``: the global
+    one, as it is when the manager is entered."""
+    meter_provider: MeterProviderLike | None = attrs.field(
+        default=None, validator=_check_provider("get_meter")
+    )
+    """An OpenTelemetry ``MeterProvider`` for this manager's metrics; ``None``: the global
+    one, as it is when the manager is entered."""

@@ -7,10 +7,13 @@ conventions are the OpenTelemetry GenAI agent spans (``invoke_agent {agent}``,
 define is named under ``subagents.``, and the deprecated ``gen_ai.system`` is never
 written. See ``design/observability.md``.
 
-Cost: a :class:`Telemetry` decides once, when the manager is built, whether a real
-tracer or meter provider is installed (anything but the API's proxy/no-op providers). When
-none is, or ``SubagentConfig.tracing`` is off, :meth:`Telemetry.start` is never called and a
-spawn pays one attribute check; no span, context or dict is created.
+Cost: a :class:`Telemetry` decides once, when the manager is entered, whether its tracer
+and meter record anything: the providers given in ``SubagentConfig``, else the global ones,
+through ``get_tracer`` / ``get_meter`` and public checks only (the API's proxy and no-op
+tracers, and a global meter provider without the SDK's ``force_flush`` / ``shutdown``,
+record nothing). When neither does, or ``SubagentConfig.tracing`` is off,
+:meth:`Telemetry.start` is never called and a spawn pays one attribute check; no span,
+context or dict is created.
 
 Context: the caller's OpenTelemetry context is captured when ``spawn`` is called and
 attached around the child's runner, so the child's ``invoke_agent`` span is a child of the
@@ -22,12 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from opentelemetry import baggage, context, metrics, trace
-from opentelemetry.trace import SpanContext, SpanKind, StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from ._json import dumps_str
 
@@ -48,7 +51,6 @@ __all__ = [
     "TOOL_CONTENT_LIMIT",
     "Telemetry",
     "ToolSpan",
-    "span_context_of",
     "tool_span",
 ]
 
@@ -81,62 +83,52 @@ EVENT_QUEUED: Final = "queued"
 EVENT_STARTED: Final = "started"
 EVENT_WATCHDOG: Final = "watchdog.fired"
 
-# Bounded map task id -> the span context of its invoke_agent span, for the links of
-# wait_agent's execute_tool span. Oldest entries are evicted first.
-SPAN_CONTEXTS_LIMIT: Final = 65_536
-_span_contexts: dict[str, SpanContext] = {}
-
 _TELEMETRY_KEY: Final = context.create_key("subagents-telemetry")
 _EMPTY_CONTEXT: Final = context.Context()
 
 
-def _is_real_tracer_provider(provider: trace.TracerProvider) -> bool:
-    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+def _real_tracer(provider: trace.TracerProvider) -> trace.Tracer | None:
+    """``provider``'s tracer, or ``None`` for the API's stand-ins when no SDK is installed:
+    the no-op tracer, and the proxy that the global provider hands out until one is."""
+    tracer = provider.get_tracer(INSTRUMENTATION)
+    if isinstance(tracer, (trace.ProxyTracer, trace.NoOpTracer)):
+        return None
+    return tracer
 
 
-def _is_real_meter_provider(provider: metrics.MeterProvider) -> bool:
+def _is_sdk_meter_provider(provider: object) -> bool:
+    """Whether the global meter provider is an implementation rather than the API's
+    placeholder.
+
+    The API gives its placeholder no public name, so this asks what the specification
+    requires of every SDK ``MeterProvider`` and the placeholder lacks: ``force_flush`` and
+    ``shutdown``.
+    """
     if isinstance(provider, metrics.NoOpMeterProvider):
         return False
-    # The API's placeholder before the application installs one (a private class).
-    return type(provider).__name__ != "_ProxyMeterProvider"
-
-
-# The API keeps the installed providers in two module globals (None until set). Reading them
-# is much cheaper than the public getters (which consult the environment on each call); if a
-# future API version renames them, the public getters are compared instead.
-_metrics_internal: Any = getattr(metrics, "_internal", None)
-_trace_module: Any = trace
-_FAST_MARKS: Final = hasattr(trace, "_TRACER_PROVIDER") and hasattr(
-    _metrics_internal, "_METER_PROVIDER"
-)
-
-
-def _global_marks() -> tuple[object, object]:
-    if _FAST_MARKS:
-        return (_trace_module._TRACER_PROVIDER, _metrics_internal._METER_PROVIDER)
-    return (trace.get_tracer_provider(), metrics.get_meter_provider())
-
-
-def span_context_of(task_id: str) -> SpanContext | None:
-    """The span context of ``task_id``'s ``invoke_agent`` span, if still remembered."""
-    return _span_contexts.get(task_id)
-
-
-def _remember(task_id: str, span_context: SpanContext) -> None:
-    contexts = _span_contexts
-    if len(contexts) >= SPAN_CONTEXTS_LIMIT:
-        with suppress(StopIteration, KeyError, RuntimeError):  # racing threads
-            del contexts[next(iter(contexts))]
-    contexts[task_id] = span_context
+    return callable(getattr(provider, "force_flush", None)) and callable(
+        getattr(provider, "shutdown", None)
+    )
 
 
 class _TaskTrace:
     """Per-task tracing state, kept in ``SpawnHandle._trace``."""
 
-    __slots__ = ("active_count", "conversation_id", "ctx", "running", "span", "started_at")
+    __slots__ = (
+        "active_count",
+        "conversation_id",
+        "ctx",
+        "running",
+        "span",
+        "span_context",
+        "started_at",
+    )
 
     def __init__(self, span: trace.Span | None, ctx: Context, conversation_id: str) -> None:
         self.span = span
+        # Outlives the span (wait_agent links to it after the child ended); the handle
+        # holding it is the manager's, so the bookkeeping is per manager.
+        self.span_context = span.get_span_context() if span is not None else None
         self.ctx = ctx
         self.conversation_id = conversation_id
         self.running = False
@@ -146,6 +138,9 @@ class _TaskTrace:
 
 class Telemetry:
     """One manager's tracer and metric instruments, and the hooks it calls.
+
+    The providers are resolved once, by :meth:`resolve` (when the manager is entered):
+    a provider installed globally after that is not used by this manager.
 
     Args:
         tracing: ``False`` turns spans and metrics off entirely.
@@ -157,12 +152,11 @@ class Telemetry:
     __slots__ = (
         "_active_count",
         "_duration",
-        "_fixed_meter_provider",
-        "_fixed_tracer_provider",
+        "_meter_provider",
         "_queue_wait",
-        "_seen",
         "_tokens",
         "_tracer",
+        "_tracer_provider",
         "_tracing",
         "_watchdog",
         "active",
@@ -174,14 +168,13 @@ class Telemetry:
         *,
         tracing: bool = True,
         capture_content: bool = False,
-        tracer_provider: trace.TracerProvider | None = None,
-        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: object | None = None,
+        meter_provider: object | None = None,
     ) -> None:
         self.capture_content = capture_content
         self._tracing = tracing
-        self._fixed_tracer_provider = tracer_provider
-        self._fixed_meter_provider = meter_provider
-        self._seen: tuple[object, object] = (None, None)
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
         self._tracer: trace.Tracer | None = None
         self._duration: metrics.Histogram | None = None
         self._tokens: metrics.Histogram | None = None
@@ -190,51 +183,52 @@ class Telemetry:
         self._watchdog: metrics.Counter | None = None
         self.active = False
         """True when spans or metrics are recorded (the manager skips every hook otherwise)."""
-        if tracing:
-            self._resolve(*self._providers())
 
     @classmethod
     def from_config(cls, config: SubagentConfig) -> Telemetry:
-        """Build from ``config.tracing`` / ``config.capture_content`` and global providers."""
-        return cls(tracing=config.tracing, capture_content=config.capture_content)
-
-    def _providers(self) -> tuple[trace.TracerProvider, metrics.MeterProvider]:
-        tp = self._fixed_tracer_provider
-        mp = self._fixed_meter_provider
-        return (
-            tp if tp is not None else trace.get_tracer_provider(),
-            mp if mp is not None else metrics.get_meter_provider(),
+        """Build from ``config.tracing``, ``config.capture_content`` and the providers."""
+        return cls(
+            tracing=config.tracing,
+            capture_content=config.capture_content,
+            tracer_provider=config.tracer_provider,
+            meter_provider=config.meter_provider,
         )
 
-    def enabled(self) -> bool:
-        """Whether to trace a new spawn: tracing is on and a real provider is installed.
-
-        Called once per spawn, so it only compares the API's two global slots with what
-        it saw last time; a provider the application installs later is picked up by the
-        next spawn.
-        """
+    def resolve(self) -> None:
+        """Get the tracer and the metric instruments, once: the given providers, else
+        the global ones. Without an SDK (the API's stand-ins) nothing is recorded and
+        :attr:`active` stays false, so a spawn pays one attribute check."""
+        self._clear()
         if not self._tracing:
-            return False
-        seen = self._seen
-        if _FAST_MARKS:
-            if (
-                _trace_module._TRACER_PROVIDER is not seen[0]
-                or _metrics_internal._METER_PROVIDER is not seen[1]
-            ):
-                self._resolve(*self._providers())
-        else:
-            marks = _global_marks()
-            if marks[0] is not seen[0] or marks[1] is not seen[1]:
-                self._resolve(*self._providers())
-        return self.active
+            return
+        try:
+            self._resolve()
+        except Exception:  # a broken provider must not stop the manager: it runs untraced
+            logger.exception("resolving the tracer and meter failed; subagents run untraced")
+            self._clear()
+            return
+        self.active = self._tracer is not None or self._duration is not None
 
-    def _resolve(self, tp: trace.TracerProvider, mp: metrics.MeterProvider) -> None:
-        self._seen = _global_marks()
-        self._tracer = tp.get_tracer(INSTRUMENTATION) if _is_real_tracer_provider(tp) else None
+    def _clear(self) -> None:
+        self._tracer = None
         self._duration = self._tokens = None
         self._active_count = self._queue_wait = self._watchdog = None
-        if _is_real_meter_provider(mp):
-            meter = mp.get_meter(INSTRUMENTATION)
+        self.active = False
+
+    def _resolve(self) -> None:
+        tp = self._tracer_provider
+        tracer_provider = cast(
+            "trace.TracerProvider", tp if tp is not None else trace.get_tracer_provider()
+        )
+        self._tracer = _real_tracer(tracer_provider)
+        mp = self._meter_provider
+        if mp is None:
+            mp = metrics.get_meter_provider()
+            real_meter = _is_sdk_meter_provider(mp)
+        else:  # given explicitly: used, whatever it is, unless it is the no-op one
+            real_meter = not isinstance(mp, metrics.NoOpMeterProvider)
+        if real_meter:
+            meter = cast("metrics.MeterProvider", mp).get_meter(INSTRUMENTATION)
             self._duration = meter.create_histogram(
                 "gen_ai.client.operation.duration",
                 unit="s",
@@ -261,7 +255,6 @@ class Telemetry:
                 unit="{agent}",
                 description="Subagents stopped by their watchdog.",
             )
-        self.active = self._tracer is not None or self._duration is not None
 
     # ----------------------------------------------------------------- manager hooks
 
@@ -314,7 +307,6 @@ class Telemetry:
                 kind=SpanKind.INTERNAL,
                 attributes=attributes,
             )
-            _remember(handle.task_id, span.get_span_context())
             ctx = trace.set_span_in_context(span, captured)
         ctx = baggage.set_baggage(BAGGAGE_CONVERSATION_ID, conversation_id, ctx)
         ctx = baggage.set_baggage(BAGGAGE_AGENT_PATH, str(handle.agent_path), ctx)
@@ -485,12 +477,14 @@ _global_tracer_cache: list[object] = [None, None]  # [provider, tracer]
 
 
 def _global_tracer() -> trace.Tracer | None:
+    """The global provider's tracer (``None`` without an SDK), looked up again only when
+    the global provider changes."""
     provider = trace.get_tracer_provider()
     cache = _global_tracer_cache
     if cache[0] is provider:
         tracer = cache[1]
         return tracer if isinstance(tracer, trace.Tracer) else None
-    tracer = provider.get_tracer(INSTRUMENTATION) if _is_real_tracer_provider(provider) else None
+    tracer = _real_tracer(provider)
     cache[0], cache[1] = provider, tracer
     return tracer
 
@@ -528,18 +522,18 @@ class ToolSpan:
         if self._span is not None:
             self._span.set_attribute("gen_ai.tool.call.result", _bounded(text))
 
-    def link_tasks(self, task_ids: Iterable[str]) -> None:
-        """Link this span to the ``invoke_agent`` spans of the given tasks.
+    def link_tasks(self, handles: Iterable[SpawnHandle]) -> None:
+        """Link this span to the ``invoke_agent`` spans of the given children.
 
-        Unknown task ids (or ones evicted from the bounded map) are skipped.
+        Children that were not traced are skipped.
         """
         span = self._span
         if span is None:
             return
-        for task_id in task_ids:
-            span_context = _span_contexts.get(task_id)
-            if span_context is not None:
-                span.add_link(span_context, {"subagents.task_id": task_id})
+        for handle in handles:
+            state = handle._trace
+            if isinstance(state, _TaskTrace) and state.span_context is not None:
+                span.add_link(state.span_context, {"subagents.task_id": handle.task_id})
 
 
 _NO_TOOL_SPAN: Final = ToolSpan()

@@ -211,3 +211,104 @@ async def test_a_cancelled_lender_runs_its_cleanup_on_a_borrowed_slot() -> None:
         assert [g.result.status for g in grandchild if g.result] == ["cancelled"]
         assert manager.statistics().running == 0
         assert manager.statistics().borrowed == 0
+
+
+# ---------------------------------------------------------------- several tasks of one child
+
+
+async def test_sibling_lends_leave_the_child_holding_a_slot_once_all_are_out() -> None:
+    """Task B of a child takes its slot back and waits for one; task A starts lending,
+    then leaves first. The slot handed to B stays B's: once both are out the child holds
+    a slot, so a queued child cannot start beside it at a limit of 1."""
+    first, second, a_may_wait = anyio.Event(), anyio.Event(), anyio.Event()
+    after_waits = anyio.Event()
+    finish = anyio.Event()
+    seen: list[tuple[int, int]] = []
+
+    async def leaf(request: Request, ctx: RunContext) -> str:
+        await (first if request.input == "1" else second).wait()
+        return request.input
+
+    async def late(request: Request, ctx: RunContext) -> str:
+        return "late"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        one, two = ctx.spawn("leaf", "1"), ctx.spawn("leaf", "2")
+
+        async def task_b() -> None:
+            await ctx.wait(one.task_id)
+
+        async def task_a() -> None:
+            await a_may_wait.wait()
+            await ctx.wait(two.task_id)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(task_b)
+            tg.start_soon(task_a)
+        stats = ctx.manager.statistics()
+        seen.append((stats.running, stats.borrowed))
+        after_waits.set()
+        await finish.wait()
+        return "parent"
+
+    config = SubagentConfig(max_concurrent_spawns=1)
+    specs = [_spec("leaf", leaf), _spec("late", late), _spec("parent", parent)]
+    async with SubagentManager(specs, config=config) as manager:
+        handle = manager.spawn("parent")
+        await anyio.wait_all_tasks_blocked()
+        queued = manager.spawn("late")
+        await anyio.wait_all_tasks_blocked()
+        first.set()
+        await anyio.wait_all_tasks_blocked()
+        a_may_wait.set()
+        await anyio.wait_all_tasks_blocked()
+        second.set()
+        with anyio.fail_after(5):
+            await after_waits.wait()
+        await anyio.wait_all_tasks_blocked()
+        assert seen == [(1, 0)]  # the parent holds the one slot
+        assert queued.state == "queued"  # so the queued child waits for it
+        finish.set()
+        with anyio.fail_after(5):
+            assert (await handle.wait()).output == "parent"
+            assert (await queued.wait()).output == "late"
+        assert manager.statistics().running == 0
+
+
+async def test_a_task_outliving_its_runner_inside_a_lend_takes_no_slot_back() -> None:
+    """A runner starts a task elsewhere that waits (lending the runner's slot) and returns
+    before that wait ends: the ended child gets no slot back, so none is lost for good."""
+    gate = anyio.Event()
+    waiting = anyio.Event()
+
+    async def other(request: Request, ctx: RunContext) -> str:
+        await gate.wait()
+        return "other"
+
+    async def leaf(request: Request, ctx: RunContext) -> str:
+        return "leaf"
+
+    async with anyio.create_task_group() as host:
+
+        async def runner(request: Request, ctx: RunContext) -> str:
+            target = ctx.manager.spawn("other", session_id="side")
+
+            async def background() -> None:
+                waiting.set()
+                await target.wait()
+
+            host.start_soon(background)
+            await waiting.wait()
+            return "runner"
+
+        config = SubagentConfig(max_concurrent_spawns=1)
+        specs = [_spec("other", other), _spec("leaf", leaf), _spec("runner", runner)]
+        async with SubagentManager(specs, config=config) as manager:
+            with anyio.fail_after(5):
+                assert (await manager.spawn("runner").wait()).output == "runner"
+            gate.set()
+            with anyio.fail_after(5):
+                await manager.tasks("side")[0].wait()
+                await anyio.wait_all_tasks_blocked()
+                assert manager.statistics().running == 0
+                assert (await manager.spawn("leaf").wait()).output == "leaf"

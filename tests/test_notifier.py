@@ -15,6 +15,7 @@ from subagents import (
     Request,
     RunContext,
     Status,
+    SubagentManager,
 )
 from tests.helpers import manager_with, spec
 
@@ -176,3 +177,21 @@ async def test_a_plain_batch_past_the_mailbox_capacity_warns_nothing_and_counts_
     assert set(full) == {h.task_id for h in handles[64:]}
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("delivered by the completion event" in r.message for r in caplog.records)
+
+
+@pytest.mark.anyio
+async def test_the_mailbox_full_event_names_the_capacity_of_the_full_mailbox() -> None:
+    async def runner(request: Request, ctx: RunContext) -> str:
+        return request.input
+
+    events: list[object] = []
+    manager = SubagentManager(
+        [spec("w", runner)], mailbox_factory=lambda session: Mailbox(capacity=2)
+    )
+    manager.events.subscribe(
+        lambda e: events.append(e.data["capacity"]) if e.type == "subagent.mailbox_full" else None
+    )
+    async with manager:
+        for h in [manager.spawn("w", str(i)) for i in range(3)]:
+            await h.done.wait()
+    assert events == [2]

@@ -78,3 +78,11 @@ async def test_a_runner_reporting_piece_by_piece_gets_it_all_in_its_envelope() -
     assert len(envelope.files_changed) == MAX_FILES
     assert envelope.files_changed[0] == "f0.py"
     assert envelope.files_changed[-1] == f"[… {1500 - MAX_FILES + 1} more paths]"
+
+
+def test_a_list_reported_again_each_turn_counts_each_dropped_path_once() -> None:
+    progress = Progress()
+    paths = [f"f{i}.py" for i in range(MAX_FILES + 500)]
+    for turn in range(1, 16):
+        progress.add_files(paths[: turn * 100])
+    assert progress.files()[-1] == "[… 501 more paths]"

@@ -415,8 +415,8 @@ async def test_every_call_runs_in_a_tool_span(monkeypatch: pytest.MonkeyPatch) -
         def set_attribute(self, key: str, value: object) -> None:
             pass
 
-        def link_tasks(self, task_ids: object) -> None:
-            links.append(list(task_ids))  # type: ignore[call-overload]
+        def link_tasks(self, handles: object) -> None:
+            links.append([h.task_id for h in handles])  # type: ignore[attr-defined]
 
         def set_error(self, error_type: str, message: str = "") -> None:
             pass

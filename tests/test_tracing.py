@@ -34,7 +34,7 @@ from subagents import (
     Usage,
     _tracing,
 )
-from subagents._tracing import Telemetry, tool_span
+from subagents._tracing import tool_span
 from subagents.tools import build_tools
 
 
@@ -355,6 +355,11 @@ async def test_cancel_running_and_queued(exporter: InMemorySpanExporter) -> None
 
 @pytest.mark.anyio
 async def test_tool_spans_parent_and_links(exporter: InMemorySpanExporter) -> None:
+    async with SubagentManager(
+        [spec("general")], config=SubagentConfig(tracing=False)
+    ) as untraced_manager:
+        untraced = untraced_manager.spawn("general", "c")
+        await untraced.wait()
     async with SubagentManager([spec("general")]) as manager:
         with tracer().start_as_current_span("agent turn"):
             with tool_span("spawn_agent", call_id="call-1", transfer_target="general"):
@@ -365,7 +370,7 @@ async def test_tool_spans_parent_and_links(exporter: InMemorySpanExporter) -> No
             await second.wait()
             with tool_span("wait_agent", call_id="call-3") as span:
                 assert span.recording
-                span.link_tasks([first.task_id, second.task_id, "no-such-task"])
+                span.link_tasks([first, second, untraced])  # an untraced child is skipped
                 span.set_attribute("subagents.collected", 2)
 
     spawns = spans_named(exporter, "execute_tool spawn_agent")
@@ -495,17 +500,6 @@ async def test_tool_successes_leave_their_span_unset(exporter: InMemorySpanExpor
         assert "error.type" not in dict(span.attributes or {})
 
 
-def test_span_context_map_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_tracing, "_span_contexts", {})
-    monkeypatch.setattr(_tracing, "SPAN_CONTEXTS_LIMIT", 3)
-    ctx = trace.INVALID_SPAN_CONTEXT
-    for i in range(5):
-        _tracing._remember(f"t{i}", ctx)
-    assert list(_tracing._span_contexts) == ["t2", "t3", "t4"]
-    assert _tracing.span_context_of("t0") is None
-    assert _tracing.span_context_of("t4") is ctx
-
-
 # --------------------------------------------------------------------------- metrics
 
 
@@ -518,8 +512,10 @@ async def test_metrics(exporter: InMemorySpanExporter) -> None:
         await anyio.sleep_forever()
         raise AssertionError
 
-    manager = SubagentManager([spec("general"), spec("stuck", stuck)])
-    manager._telemetry = Telemetry(meter_provider=provider)
+    manager = SubagentManager(
+        [spec("general"), spec("stuck", stuck)],
+        config=SubagentConfig(meter_provider=provider),
+    )
     async with manager:
         await manager.spawn("general").wait()
         await manager.execute("general")
@@ -556,7 +552,7 @@ def test_no_sdk_installed_nothing_breaks() -> None:
         async def runner(request, ctx):
             with tool_span("read_file", call_id="x") as span:
                 span.set_attribute("k", 1)
-                span.link_tasks(["nope"])
+                span.link_tasks([])
                 span.set_error("E")
             h = None
             if request.input == "outer":
@@ -575,7 +571,7 @@ def test_no_sdk_installed_nothing_breaks() -> None:
                 assert not span.recording
 
         async def late_provider():
-            # A provider installed after the manager was built is used by the next spawn.
+            # A provider installed after the manager was built, before it is entered, is used.
             from opentelemetry import trace
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -588,10 +584,24 @@ def test_no_sdk_installed_nothing_breaks() -> None:
             provider = TracerProvider()
             provider.add_span_processor(SimpleSpanProcessor(exporter))
             trace.set_tracer_provider(provider)
+            # Likewise a global SDK meter provider (found by its public force_flush/shutdown).
+            from opentelemetry import metrics
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+            reader = InMemoryMetricReader()
+            metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
             async with m:
                 await m.spawn("a", "inner").wait()
             names = sorted(s.name for s in exporter.get_finished_spans())
             assert names == ["execute_tool read_file", "invoke_agent a"], names
+            recorded = {
+                metric.name
+                for rm in reader.get_metrics_data().resource_metrics
+                for sm in rm.scope_metrics
+                for metric in sm.metrics
+            }
+            assert "gen_ai.client.operation.duration" in recorded, recorded
 
         anyio.run(main)
         anyio.run(late_provider)
@@ -627,8 +637,7 @@ async def test_broken_tracing_never_loses_an_envelope(
 ) -> None:
     provider = TracerProvider()
     provider.add_span_processor(_Exploding(where))
-    manager = SubagentManager([spec("general")])
-    manager._telemetry = Telemetry(tracer_provider=provider)
+    manager = SubagentManager([spec("general")], config=SubagentConfig(tracer_provider=provider))
     async with manager:
         handle = manager.spawn("general", "x")
         with anyio.fail_after(5):
@@ -636,3 +645,114 @@ async def test_broken_tracing_never_loses_an_envelope(
         assert (await manager.execute("general")).status == "completed"
     assert envelope.status == "completed"
     assert f"processor bug at {where}" in caplog.text
+
+
+# --------------------------------------------------------------------------- providers
+
+
+def _own_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    own = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(own))
+    return provider, own
+
+
+@pytest.mark.anyio
+async def test_a_given_tracer_provider_receives_the_spans(
+    exporter: InMemorySpanExporter,
+) -> None:
+    async def with_tool(request: Request, ctx: RunContext) -> str:
+        with tool_span("read_file"):
+            pass
+        return "ok"
+
+    provider, own = _own_provider()
+    config = SubagentConfig(tracer_provider=provider)
+    async with SubagentManager([spec("general", with_tool)], config=config) as manager:
+        await manager.spawn("general").wait()
+        await manager.execute("general")
+    names = sorted(s.name for s in own.get_finished_spans())
+    assert names == ["execute_tool read_file"] * 2 + ["invoke_agent general"] * 2
+    assert not [s for s in exporter.get_finished_spans() if "general" in s.name]
+
+
+@pytest.mark.anyio
+async def test_managers_with_their_own_providers_keep_their_spans_and_links_apart(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Each manager's tool span links only to its own children's spans, which went to its
+    own provider."""
+    provider_a, own_a = _own_provider()
+    provider_b, own_b = _own_provider()
+    manager_a = SubagentManager([spec("a")], config=SubagentConfig(tracer_provider=provider_a))
+    manager_b = SubagentManager([spec("b")], config=SubagentConfig(tracer_provider=provider_b))
+    async with manager_a, manager_b:
+        tools_a = build_tools(manager_a, "root")
+        tools_b = build_tools(manager_b, "root")
+        spawned_a = await tools_a.call("spawn_agent", {"agent": "a", "input": "x"})
+        spawned_b = await tools_b.call("spawn_agent", {"agent": "b", "input": "x"})
+        task_a, task_b = spawned_a.details["task_id"], spawned_b.details["task_id"]
+        await tools_a.call("wait_agent", {"task_ids": [task_a], "timeout_ms": 5000})
+        await tools_b.call("wait_agent", {"task_ids": [task_b], "timeout_ms": 5000})
+    (span_a,) = own_a.get_finished_spans()
+    (span_b,) = own_b.get_finished_spans()
+    assert (span_a.name, span_b.name) == ("invoke_agent a", "invoke_agent b")
+    waits = spans_named(exporter, "execute_tool wait_agent")
+    linked = [[link.context.span_id for link in w.links] for w in waits]
+    assert linked == [[span_id(span_a)], [span_id(span_b)]]
+
+
+@pytest.mark.anyio
+async def test_the_providers_are_resolved_once_when_the_manager_is_entered() -> None:
+    """A provider handed in is asked for its tracer and meter once per manager, however
+    many children run."""
+    provider, own = _own_provider()
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    asked: list[str] = []
+
+    class Counting:
+        def get_tracer(self, name: str, *args: object) -> trace.Tracer:
+            asked.append("tracer")
+            return provider.get_tracer(name)
+
+        def get_meter(self, name: str, *args: object) -> object:
+            asked.append("meter")
+            return meter_provider.get_meter(name)
+
+    counting = Counting()
+    config = SubagentConfig(tracer_provider=counting, meter_provider=counting)
+    manager = SubagentManager([spec("general")], config=config)
+    assert asked == []
+    async with manager:
+        for _ in range(3):
+            await manager.spawn("general").wait()
+    assert asked == ["tracer", "meter"]
+    assert len(own.get_finished_spans()) == 3
+    meter_provider.shutdown()
+
+
+def test_a_provider_must_have_its_getter() -> None:
+    from subagents import ConfigError
+
+    with pytest.raises(ConfigError, match="tracer_provider"):
+        SubagentConfig(tracer_provider="global")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="meter_provider"):
+        SubagentConfig(meter_provider=TracerProvider())  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_a_broken_provider_leaves_the_manager_untraced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        def get_tracer(self, name: str, *args: object) -> trace.Tracer:
+            raise RuntimeError("provider bug")
+
+    config = SubagentConfig(tracer_provider=Broken())
+    async with SubagentManager([spec("general")], config=config) as manager:
+        handle = manager.spawn("general")
+        assert (await handle.wait()).status == "completed"
+        assert handle._trace is None  # untraced: no tracing state was made for it
+    assert "provider bug" in caplog.text

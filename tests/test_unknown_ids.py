@@ -99,3 +99,13 @@ async def test_an_unknown_id_lists_the_sessions_unfinished_tasks_only() -> None:
         with pytest.raises(UnknownTask) as info:
             manager.handle("nonexistent-id", session_id="root")
         assert "no unfinished tasks" in str(info.value)
+
+
+def test_an_id_matching_two_ways_is_named_once() -> None:
+    index = _index(["1067edbe08a5"])
+    assert _similar(index, {"1067edbe08a5"}, "1067edbe") == ["1067edbe08a5"]
+
+
+def test_an_id_far_longer_than_any_is_not_compared() -> None:
+    index = _index(["abc123456789"])
+    assert _similar(index, {"abc123456789"}, "abc" + "x" * 1_000_000) == []

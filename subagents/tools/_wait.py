@@ -201,7 +201,7 @@ class WaitAgent:
             results.append(
                 {"task_id": handle.task_id, "already_collected": already, **envelope.to_dict()}
             )
-        span.link_tasks([h.task_id for h in delivered])
+        span.link_tasks(delivered)
         content = "\n\n".join([head_text, *blocks, *([tail_text] if tail else [])])
         details: dict[str, JSONValue] = {
             "completed": completed,
