@@ -282,15 +282,17 @@ class _Suite:
     async def timeout(self) -> None:
         async with self.manager() as manager:
             start = anyio.current_time()
-            envelope = await manager.spawn("conf-hang", timeout=self.watchdog).wait()
+            # All three at once: the check waits one watchdog, not three.
+            hung = manager.spawn("conf-hang", timeout=self.watchdog)
+            late = manager.spawn("conf-late", timeout=self.watchdog)
+            executed = await manager.execute("conf-hang", timeout=self.watchdog)
+            envelope = await hung.wait()
             elapsed = anyio.current_time() - start
             _expect(envelope, Status.TIMEOUT, "a hung spawned runner")
             require(envelope.error_type == "timeout", f"error_type is {envelope.error_type!r}")
             require(elapsed >= self.watchdog * 0.8, f"timed out after {elapsed} s")
-            envelope = await manager.execute("conf-hang", timeout=self.watchdog)
-            _expect(envelope, Status.TIMEOUT, "a hung executed runner")
-            envelope = await manager.spawn("conf-late", timeout=self.watchdog).wait()
-            _expect(envelope, Status.TIMEOUT, "a runner returning after its watchdog")
+            _expect(executed, Status.TIMEOUT, "a hung executed runner")
+            _expect(await late.wait(), Status.TIMEOUT, "a runner returning after its watchdog")
 
     async def cancellation(self) -> None:
         async with self.manager() as manager:

@@ -65,8 +65,9 @@ def mailbox_checks(
             pass e.g. ``lambda **kw: SqliteMailbox(new_temp_path(), **kw)``.
         ttl: False for an implementation without expiry: the TTL checks are left out and
             the factory never receives ``ttl`` or ``clock``.
-        patience: seconds a check waits for something that should follow at once (a
-            waiter woken by a put or a drop) before calling it lost.
+        patience: seconds a check allows, beyond letting every task of the loop run, for
+            something that should follow at once (a waiter woken by a put or a drop)
+            before calling it lost.
         deadline: seconds one check may take before it counts as hung.
 
     Returns:

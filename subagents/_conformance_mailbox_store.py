@@ -45,8 +45,9 @@ class ManualClock:
 class Arrivals:
     """What the suite's own waiter tasks returned, and a bounded wait for the n-th.
 
-    Bounded by ``patience`` rather than by letting every task run: an implementation may
-    wake its waiters from a thread or another process, which no task of this loop sees.
+    The wait first lets every task of this loop run, then allows ``patience`` more: an
+    implementation may wake its waiters from a thread or another process, which no task
+    of this loop sees, while a loaded machine must not turn a slow wake-up into a lost one.
     """
 
     def __init__(self, patience: float) -> None:
@@ -64,8 +65,13 @@ class Arrivals:
         return [envelope for _, envelope in self.items]
 
     async def reached(self, count: int) -> bool:
-        """Wait until ``count`` waiters have returned; False if ``patience`` ran out."""
-        if len(self.items) < count:
+        """Wait until ``count`` waiters have returned; False if they still have not after
+        ``patience``, then every task running, then ``patience`` again."""
+        for settle in (False, True):
+            if len(self.items) >= count:
+                return True
+            if settle:  # costly on asyncio (anyio polls), so only once patience ran out
+                await anyio.wait_all_tasks_blocked()
             self._wanted = count
             self._reached = anyio.Event()
             with anyio.move_on_after(self.patience):

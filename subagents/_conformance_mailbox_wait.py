@@ -119,6 +119,7 @@ class WaitChecks(SuiteBase):
             tg.start_soon(box.wait, "a", None)
             await anyio.wait_all_tasks_blocked()
             box.put("a", env("a"))
+            await anyio.wait_all_tasks_blocked()
             with anyio.move_on_after(self.patience):
                 await exiting.wait()
             tg.cancel_scope.cancel()

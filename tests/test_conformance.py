@@ -1,6 +1,7 @@
 """The shipped conformance suites: Mailbox and run_local pass them on asyncio and trio,
-and every check can fail: each deliberately broken mailbox or backend below breaks one
-promise, and exactly the checks of that promise report it."""
+and every check can fail. Curated broken mailboxes and backends each break one promise and
+fail exactly the checks of that promise; beyond them, every check has a variant that breaks
+it (and the sound base the variant is made from passes that check)."""
 
 from __future__ import annotations
 
@@ -342,7 +343,7 @@ async def test_a_broken_mailbox_fails_exactly_its_checks(
     factory: Callable[..., BaseMailbox], failing: set[str]
 ) -> None:
     with pytest.raises(ConformanceError) as info:
-        await check_mailbox(factory, patience=0.2)
+        await check_mailbox(factory, patience=0.05)
     assert set(info.value.failures) == failing, info.value
     for name in failing:
         assert str(info.value.failures[name]).startswith(f"{name}: ")
@@ -352,6 +353,242 @@ async def test_a_broken_mailbox_fails_exactly_its_checks(
 @pytest.mark.anyio
 async def test_an_implementation_without_ttl_passes_with_ttl_false() -> None:
     await check_mailbox(no_ttl, ttl=False)
+
+
+# Every check can fail: one variant per check, each breaking that check's promise (the
+# variant may break others too; the exact-set tests above pin down the curated ones).
+
+
+class PutReturnsNone(Delegating):
+    def put(self, task_id: str, envelope: DelegateResult) -> bool:
+        super().put(task_id, envelope)
+        return None  # type: ignore[return-value]  # the broken promise
+
+
+class EvictsOldest(Delegating):
+    """Makes room for a new id by dropping the oldest entry instead of refusing it."""
+
+    def put(self, task_id: str, envelope: DelegateResult) -> bool:
+        if self.peek(task_id) is None and len(self) >= self.capacity:
+            oldest = self.inner.drain_all()
+            for kept in oldest[1:]:
+                self.inner.put(kept.task_id, kept)
+        return super().put(task_id, envelope)
+
+
+class DrainKeeps(Delegating):
+    def drain(self, task_id: str) -> DelegateResult | None:
+        envelope = self.peek(task_id)
+        if envelope is not None:
+            self._consumed([envelope])
+        return envelope
+
+
+class PeekConsumes(Delegating):
+    def peek(self, task_id: str) -> DelegateResult | None:
+        return self.inner.drain(task_id)
+
+
+class FiresOnAnyPut(Delegating):
+    """A one-shot subscription made of an all-puts one: any id's put fires it."""
+
+    def subscribe_once(self, task_id: str, callback: Signal) -> str | None:
+        if self.closed or self.peek(task_id) is not None:
+            callback()
+            return None
+        sub: list[str] = []
+
+        def once() -> None:
+            self.unsubscribe(sub[0])
+            callback()
+
+        sub.append(self.subscribe_all(once))
+        return sub[0]
+
+
+class IgnoresUnsubscribeAll(Delegating):
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.all_ids: set[str] = set()
+
+    def subscribe_all(self, callback: Signal) -> str:
+        sub_id = super().subscribe_all(callback)
+        self.all_ids.add(sub_id)
+        return sub_id
+
+    def unsubscribe(self, subscription_id: str | None) -> None:
+        if subscription_id not in self.all_ids:
+            super().unsubscribe(subscription_id)
+
+
+class PropagatesCallbackErrors(Delegating):
+    """Re-raises, after the put, what a subscriber raised."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.errors: list[Exception] = []
+
+    def guard(self, callback: Signal) -> Signal:
+        def guarded() -> None:
+            try:
+                callback()
+            except Exception as exc:
+                self.errors.append(exc)
+
+        return guarded
+
+    def put(self, task_id: str, envelope: DelegateResult) -> bool:
+        stored = super().put(task_id, envelope)
+        if self.errors:
+            raise self.errors.pop()
+        return stored
+
+    def subscribe_once(self, task_id: str, callback: Signal) -> str | None:
+        return super().subscribe_once(task_id, self.guard(callback))
+
+    def subscribe_all(self, callback: Signal) -> str:
+        return super().subscribe_all(self.guard(callback))
+
+
+class RejectsReentrantPut(Delegating):
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.putting = False
+
+    def put(self, task_id: str, envelope: DelegateResult) -> bool:
+        if self.putting:
+            raise RuntimeError("put re-entered from a callback")
+        self.putting = True
+        try:
+            return super().put(task_id, envelope)
+        finally:
+            self.putting = False
+
+
+class ZeroTimeoutNeverLooks(Delegating):
+    async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
+        if timeout == 0:
+            return None
+        return await super().wait(task_id, timeout)
+
+
+class WakesOnAnyPut(Delegating):
+    """Returns whatever its id holds after the first put of any id."""
+
+    async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
+        timeout = check_timeout(timeout)
+        envelope = self.drain(task_id)
+        if envelope is not None or self.closed or timeout == 0:
+            return envelope
+        with anyio.move_on_after(timeout) if timeout is not None else nullcontext():
+            event = anyio.Event()
+            subs = [self.subscribe_once(task_id, event.set), self.subscribe_all(event.set)]
+            try:
+                await event.wait()
+            finally:
+                for sub in subs:
+                    self.unsubscribe(sub)
+        return self.drain(task_id)
+
+
+class ReturnsEarly(Delegating):
+    async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
+        return await super().wait(task_id, timeout / 10 if timeout else timeout)
+
+
+class IgnoresBlocking(Delegating):
+    async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
+        blocking, self.blocking = self.blocking, None
+        try:
+            return await super().wait(task_id, timeout)
+        finally:
+            self.blocking = blocking
+
+
+class PeeksThenDrains(Delegating):
+    """Reads the entry, yields, then removes it: two waiters both get it."""
+
+    async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
+        timeout = check_timeout(timeout)
+        with anyio.move_on_after(timeout) if timeout is not None else nullcontext():
+            while self.peek(task_id) is None and not self.closed:
+                event = anyio.Event()
+                sub = self.subscribe_once(task_id, event.set)
+                try:
+                    await event.wait()
+                finally:
+                    self.unsubscribe(sub)
+            envelope = self.peek(task_id)
+            await anyio.lowlevel.checkpoint()
+            self.drain(task_id)
+            return envelope
+        return self.drain(task_id)
+
+
+class BlocksWhenDropped(Delegating):
+    async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
+        if self.closed:
+            await anyio.sleep_forever()
+        return await super().wait(task_id, timeout)
+
+
+class MisreportsCapacity(Delegating):
+    def statistics(self) -> MailboxStatistics:
+        return attrs.evolve(super().statistics(), capacity=self.capacity + 1)
+
+
+def default_ttl(
+    *, capacity: int, ttl: float | None = None, clock: Callable[[], float] = time.monotonic
+) -> Delegating:
+    """Takes ``ttl=None`` for "the default TTL" instead of "no expiry"."""
+    return Delegating(capacity=capacity, ttl=3600.0 if ttl is None else ttl, clock=clock)
+
+
+BREAKS_MAILBOX_CHECK: dict[str, Callable[..., BaseMailbox]] = {
+    "put_peek_drain": PutReturnsNone,
+    "overwrite_without_growth": OverwriteGrows,
+    "overwrite_is_newest_arrival": SortedDrainAll,
+    "capacity": EvictsOldest,
+    "drain_all_arrival_order": SortedDrainAll,
+    "consumed_never_again": DrainKeeps,
+    "peek_never_consumes": PeekConsumes,
+    "consumed_hook": HookSkipsDrainAll,
+    "subscribe_once_when_present": WindowedSubscribe,
+    "subscribe_once_one_shot": FiresOnAnyPut,
+    "subscribe_all_only_signals": IgnoresUnsubscribeAll,
+    "unsubscribe": IgnoresUnsubscribeAll,
+    "callback_errors_isolated": PropagatesCallbackErrors,
+    "reentrant_callbacks": RejectsReentrantPut,
+    "wait_present": ZeroTimeoutNeverLooks,
+    "wait_blocks_until_put": WakesOnAnyPut,
+    "wait_timeout": ReturnsEarly,
+    "wait_cancelled_consumes_nothing": DrainsInsideBlocking,
+    "blocking_hook": IgnoresBlocking,
+    "two_waiters_one_entry": PeeksThenDrains,
+    "race_free_subscribe": WindowedSubscribe,
+    "drop": DropKeepsWaiters,
+    "wait_after_drop_never_blocks": BlocksWhenDropped,
+    "statistics": MisreportsCapacity,
+    "ttl_expiry": no_ttl,
+    "ttl_frees_capacity": no_ttl,
+    "ttl_none_keeps": default_ttl,
+}
+
+
+def test_every_mailbox_check_has_a_variant_that_breaks_it() -> None:
+    assert set(BREAKS_MAILBOX_CHECK) == {check.name for check in mailbox_checks(Mailbox)}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", list(BREAKS_MAILBOX_CHECK))
+async def test_every_mailbox_check_can_fail(name: str) -> None:
+    broken = BREAKS_MAILBOX_CHECK[name]
+    [check] = [c for c in mailbox_checks(broken, patience=0.05) if c.name == name]
+    with pytest.raises(AssertionError, match=rf"^{name}: "):
+        await check()
+    # and the same check passes on the sound base the variant breaks
+    [sound] = [c for c in mailbox_checks(Delegating) if c.name == name]
+    await sound()
 
 
 # ---------------------------------------------------------------- broken backends
@@ -465,10 +702,72 @@ async def test_a_broken_backend_fails_exactly_its_checks(
     make: Callable[[], Backend], failing: set[str]
 ) -> None:
     with pytest.raises(ConformanceError) as info:
-        await check_backend(make())
+        await check_backend(make(), watchdog=0.02)
     assert set(info.value.failures) == failing, info.value
     for name in failing:
         assert str(info.value.failures[name]).startswith(f"{name}: ")
+
+
+async def decorates_output(spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
+    result = await run_local(spec, request, ctx)
+    return attrs.evolve(result, output=f"[remote] {result.output}")
+
+
+async def drops_prompt(spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
+    return await run_local(spec, attrs.evolve(request, prompt=None), ctx)
+
+
+class WithoutReport:
+    """A stand-in context whose ``report`` goes nowhere (a remote side that cannot reach
+    the manager)."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.attempt = 1
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.ctx, name)
+
+    def report(self, **progress: object) -> None:
+        pass
+
+
+async def drops_reports(spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
+    return await run_local(spec, request, WithoutReport(ctx))  # type: ignore[arg-type]
+
+
+async def own_short_timeout(spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
+    """Gives up on a run after 10 ms of its own, as an error, before any watchdog."""
+    with anyio.move_on_after(0.01):
+        return await run_local(spec, request, ctx)
+    raise TimeoutError("the backend gave up")
+
+
+BREAKS_BACKEND_CHECK: dict[str, Callable[[], Backend]] = {
+    "completed": lambda: decorates_output,
+    "request_and_context": lambda: drops_prompt,
+    "result_fields": lambda: drops_usage,
+    "reported_progress": lambda: drops_reports,
+    "error_status": lambda: swallows_exceptions,
+    "exception_text": lambda: loses_exception_type,
+    "timeout": lambda: own_short_timeout,
+    "cancellation": lambda: converts_cancellation,
+    "retries": lambda: ignores_retries,
+    "bad_return": lambda: stringifies_returns,
+    "concurrent_runs": Coalescing,
+}
+
+
+def test_every_backend_check_has_a_variant_that_breaks_it() -> None:
+    assert set(BREAKS_BACKEND_CHECK) == {check.name for check in backend_checks(run_local)}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", list(BREAKS_BACKEND_CHECK))
+async def test_every_backend_check_can_fail(name: str) -> None:
+    [check] = [c for c in backend_checks(BREAKS_BACKEND_CHECK[name]()) if c.name == name]
+    with pytest.raises(AssertionError, match=rf"^{name}: "):
+        await check()
 
 
 @pytest.mark.anyio
