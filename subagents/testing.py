@@ -1,6 +1,7 @@
 """Helpers for testing code that uses ``subagents``: a scripted model and a minimal
 tool-calling loop that behaves like a host agent loop (per-tool timeouts, waking an idle
-parent), plus a trivial agent type.
+parent), a trivial agent type, and the conformance suites a mailbox or backend of your own
+must pass (:func:`check_mailbox`, :func:`check_backend`).
 
 Example::
 
@@ -23,18 +24,28 @@ from typing import Protocol, TypeAlias
 import anyio
 import attrs
 
+from ._conformance import Check, ConformanceError
+from ._conformance_backend import backend_checks, check_backend
+from ._conformance_mailbox import MailboxFactory, check_mailbox, mailbox_checks
 from ._json import JSONValue
 from ._spec import AgentSpec, Request
 from .tools import ToolResult, Toolset
 
 __all__ = [
+    "Check",
+    "ConformanceError",
+    "MailboxFactory",
     "ModelTurn",
     "ScriptError",
     "ScriptedModel",
     "ToolCall",
     "Transcript",
+    "backend_checks",
     "call_with_host_timeout",
+    "check_backend",
+    "check_mailbox",
     "echo_agent",
+    "mailbox_checks",
     "run_tool_loop",
 ]
 
