@@ -16,7 +16,6 @@ import pytest
 
 from subagents import (
     AgentSpec,
-    Backend,
     BaseMailbox,
     ConfigError,
     DelegateResult,
@@ -36,6 +35,7 @@ from subagents.testing import (
     check_mailbox,
     mailbox_checks,
 )
+from subagents.typing import Backend
 
 
 @pytest.fixture(autouse=True)

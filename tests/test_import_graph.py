@@ -22,8 +22,9 @@ import subagents
 
 PACKAGE = pathlib.Path(subagents.__file__).parent
 
-EDGE = re.compile(r"subagents\.(tools(\..+)?|_cli\w*|_demo|testing)")
-"""Modules around the core: the tools package, the command line, the demo, test helpers."""
+EDGE = re.compile(r"subagents\.(tools(\..+)?|_cli\w*|_demo|testing|_conformance\w*)")
+"""Modules around the core: the tools package, the command line, the demo, test helpers
+(``testing`` and the conformance suites it ships)."""
 FACADE = frozenset({"subagents", "subagents.__main__", "subagents.typing", "subagents._moved"})
 """The public faces: they re-export core and edges alike."""
 
@@ -291,6 +292,7 @@ def test_the_reader_sees_every_form_of_import(tmp_path: pathlib.Path) -> None:
         ("subagents.tools._wait", False),
         ("subagents._cli_events", False),
         ("subagents.testing", False),
+        ("subagents._conformance_mailbox", False),
         ("subagents.typing", False),
         ("subagents", False),
     ],
