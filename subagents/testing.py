@@ -49,6 +49,11 @@ __all__ = [
     "run_tool_loop",
 ]
 
+# The conformance suites live in modules of their own; they are documented as this module's.
+for _obj in (Check, ConformanceError, backend_checks, check_backend, check_mailbox, mailbox_checks):
+    _obj.__module__ = __name__
+del _obj
+
 Arguments: TypeAlias = "JSONValue | Callable[[Transcript], object]"
 _ids = itertools.count(1)
 

@@ -57,14 +57,6 @@ def test_star_import_gives_exactly_all() -> None:
     assert set(namespace) - {"__builtins__"} == TOP_LEVEL
 
 
-NOT_YET_RENAMED = {
-    "Check", "ConformanceError", "backend_checks", "check_backend", "check_mailbox",
-    "mailbox_checks",
-}  # fmt: skip
-"""Re-exported by subagents.testing from its _conformance modules, which keep their own
-__module__ until testing.py rewrites it as the other public modules do."""
-
-
 def _public_objects() -> list[object]:
     found: list[object] = []
     for module in PUBLIC_MODULES:
@@ -72,13 +64,8 @@ def _public_objects() -> list[object]:
             obj = getattr(module, name)
             # Type aliases are forward-reference strings and constants have no module.
             if inspect.isclass(obj) or inspect.isfunction(obj):
-                marks = []
-                if module is subagents.testing and name in NOT_YET_RENAMED:
-                    marks = [pytest.mark.xfail(reason="testing.py keeps private __module__")]
                 found.append(
-                    pytest.param(
-                        module.__name__, name, obj, id=f"{module.__name__}.{name}", marks=marks
-                    )
+                    pytest.param(module.__name__, name, obj, id=f"{module.__name__}.{name}")
                 )
     return found
 
