@@ -7,6 +7,7 @@ of its envelope (it ignores later calls): exactly one envelope per spawn, whatev
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import traceback
@@ -22,6 +23,7 @@ from ._context import RunContext
 from ._envelope import (
     DelegateResult,
     Status,
+    Usage,
     bound_text,
     clean_text,
     describe_exception,
@@ -154,7 +156,7 @@ class ChildRuns:
                 except Exception as exc:
                     error = exc
                 except anyio.get_cancelled_exc_class() as exc:
-                    if anyio.current_effective_deadline() == -math.inf:
+                    if _being_cancelled():
                         raise  # a real cancellation: the watchdog, a cancel, or from outside
                     # Nothing cancelled us: the runner raised a cancellation of its own (on
                     # asyncio: it awaited a future someone else cancelled). Its error, not ours
@@ -169,10 +171,12 @@ class ChildRuns:
                     if _interrupts(exc):
                         fatal = exc  # the envelope, then on up: it stops the program
                         raise
-                    if isinstance(exc, BaseExceptionGroup) and exc.subgroup(
-                        anyio.get_cancelled_exc_class()
+                    if (
+                        isinstance(exc, BaseExceptionGroup)
+                        and exc.subgroup(anyio.get_cancelled_exc_class())
+                        and _being_cancelled()
                     ):
-                        raise  # holds a cancellation, which is never swallowed
+                        raise  # holds the cancellation of this task, which is never swallowed
                     error = exc  # the runner's error, like any other: the worker goes on
             # Decided now, before cleanup awaits: a cancel arriving during cleanup is too
             # late to change the outcome. A result after the deadline never counts.
@@ -286,6 +290,41 @@ class ChildRuns:
         *,
         result: Result | str | None = None,
         error: BaseException | None = None,
+    ) -> DelegateResult:
+        """The envelope of ``handle``'s outcome; never raises. If what the runner left
+        (its result, its exception, its reports) cannot be made into one, the child still
+        gets an ``error`` envelope saying so, rather than none."""
+        try:
+            return self._envelope_of(handle, status, ctx, result=result, error=error)
+        except Exception as exc:
+            logger.exception("building the envelope of task %s failed", handle.task_id)
+            spawned = handle._spawned_at
+            return trusted_envelope(
+                handle._spec.name,
+                handle.task_id,
+                Status.ERROR,
+                "",
+                (),
+                f"the outcome of this run could not be recorded ({type(exc).__name__})",
+                "EnvelopeError",
+                int((perf_counter() - spawned) * 1000),
+                0,
+                0,
+                1,
+                Usage(),
+                now_ms(),
+                handle.agent_path,
+                handle.parent_path,
+            )
+
+    def _envelope_of(
+        self,
+        handle: SpawnHandle,
+        status: Status,
+        ctx: RunContext | None,
+        *,
+        result: Result | str | None,
+        error: BaseException | None,
     ) -> DelegateResult:
         end = perf_counter()
         started = handle._started_at
@@ -416,3 +455,20 @@ class ChildRuns:
             agent_path=envelope.agent_path,
             data=data,
         )
+
+
+def _being_cancelled() -> bool:
+    """Whether the current task is being cancelled, so a cancellation the runner raised is
+    this task's to propagate rather than the runner's own error.
+
+    anyio's scopes cover the watchdog, ``cancel`` and a host's anyio or trio timeout. On
+    asyncio a host may also cancel natively (``task.cancel()``, ``asyncio.timeout``,
+    ``wait_for``), which no anyio scope sees: the task's ``cancelling()`` count says so.
+    """
+    if anyio.current_effective_deadline() == -math.inf:
+        return True
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not on asyncio
+        return False
+    return task is not None and task.cancelling() > 0

@@ -19,6 +19,7 @@ __all__ = [
     "clean_text",
     "describe_exception",
     "now_ms",
+    "plain_str",
 ]
 
 DEFAULT_TRUNCATE_CHARS: Final = 2000
@@ -304,6 +305,18 @@ def bound_text(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def plain_str(value: object) -> str | None:
+    """``value`` as a plain ``str``, or ``None`` if it is not a string: a subclass is
+    copied, so none of its overrides runs later. ``type(value)`` rather than
+    ``isinstance``: an object can claim a ``__class__``."""
+    kind = type(value)
+    if kind is str:
+        return value  # type: ignore[return-value]
+    if issubclass(kind, str):
+        return str.__str__(value)
+    return None
+
+
 def describe_exception(exc: BaseException) -> tuple[str, str]:
     """``(error_type, message)`` for an envelope: qualified class name and bounded text.
 
@@ -313,14 +326,16 @@ def describe_exception(exc: BaseException) -> tuple[str, str]:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     cls = type(exc)
-    qualname = cls.__qualname__
-    module = cls.__module__
-    if module.startswith("subagents._"):
-        module = "subagents"  # name our own errors by their public path
-    error_type = qualname if module in ("builtins", "__main__") else f"{module}.{qualname}"
+    # A runner's exception class may carry anything in these: keep plain strings only.
+    qualname = plain_str(getattr(cls, "__qualname__", None)) or "<exception>"
+    module = plain_str(getattr(cls, "__module__", None)) or ""
+    plain_module = module in ("builtins", "__main__", "")
+    error_type = qualname if plain_module else f"{module}.{qualname}"
     try:
-        text = str(exc)
+        text = plain_str(str(exc))
     except Exception:  # a __str__ that raises must not lose the envelope
+        text = None
+    if text is None:
         text = "<unprintable exception>"
     message = f"{qualname}: {text}" if text else qualname
     if isinstance(exc, BaseExceptionGroup):

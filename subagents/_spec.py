@@ -127,8 +127,17 @@ def _check_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
     validate_name(value)
 
 
-def _check_timeout(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    seconds(attribute.name, value, none_ok=True, zero_ok=False)
+def _keep_plain(instance: object, attribute: attrs.Attribute[Any], given: Any, plain: Any) -> None:
+    # A record keeps the plain number the validator made of a value: a subclass's methods
+    # (its __format__, its __add__) would otherwise run later, where nothing can blame it.
+    if plain is not given:
+        object.__setattr__(instance, attribute.name, plain)
+
+
+def _check_timeout(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    _keep_plain(
+        instance, attribute, value, seconds(attribute.name, value, none_ok=True, zero_ok=False)
+    )
 
 
 def _is_coroutine_callable(value: object) -> bool:
@@ -210,16 +219,19 @@ def _check_provider(method: str) -> Callable[[object, attrs.Attribute[Any], Any]
     return check
 
 
-def _check_positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    count(attribute.name, value, minimum=1)
+def _check_positive_int(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    _keep_plain(instance, attribute, value, count(attribute.name, value, minimum=1))
 
 
-def _check_depth(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    count(attribute.name, value, minimum=0)
+def _check_depth(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    _keep_plain(instance, attribute, value, count(attribute.name, value, minimum=0))
 
 
-def _check_retain(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
-    count(attribute.name, value, minimum=0, none_ok=True)
+def _check_retain(
+    instance: object, attribute: attrs.Attribute[int | None], value: int | None
+) -> None:
+    plain = count(attribute.name, value, minimum=0, none_ok=True)
+    _keep_plain(instance, attribute, value, plain)
 
 
 @attrs.frozen(kw_only=True)

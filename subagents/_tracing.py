@@ -569,13 +569,16 @@ def tool_span(
     if tracer is None:
         yield _NO_TOOL_SPAN
         return
+    # Names and ids may come from a model (an unknown tool, a made-up agent): bounded, so a
+    # span's name and attributes never grow with what a model sends.
+    tool = _bounded_name(tool)
     attributes: dict[str, AttributeValue] = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": tool,
         "gen_ai.tool.type": "function",
     }
     if call_id:
-        attributes["gen_ai.tool.call.id"] = call_id
+        attributes["gen_ai.tool.call.id"] = _bounded_name(call_id)
     if description:
         attributes["gen_ai.tool.description"] = description
     if arguments is not None:
@@ -584,7 +587,7 @@ def tool_span(
         # The GenAI conventions' transfer attributes (gen_ai.transfer.*) exist only in an
         # in-development refinement of execute_tool, so these stay in our namespace.
         attributes["subagents.transfer.mode"] = "return_to_caller"
-        attributes["subagents.transfer.target.name"] = transfer_target
+        attributes["subagents.transfer.target.name"] = _bounded_name(transfer_target)
         attributes["subagents.transfer.target.type"] = "agent"
     conversation_id = baggage.get_baggage(BAGGAGE_CONVERSATION_ID, current)
     if isinstance(conversation_id, str):
@@ -603,6 +606,13 @@ def tool_span(
             span.set_attribute("error.type", _qualified_name(exc))
             span.set_status(StatusCode.ERROR, str(exc) or None)
             raise
+
+
+_NAME_LIMIT: Final = 128  # characters of a tool, agent or call id name in a span
+
+
+def _bounded_name(name: str) -> str:
+    return name if len(name) <= _NAME_LIMIT else name[: _NAME_LIMIT - 1] + "…"
 
 
 def _bounded(text: str) -> str:

@@ -15,6 +15,7 @@ import math
 from typing import Final, Literal, overload
 
 from ._envelope import Usage
+from ._envelope import plain_str as as_str
 from ._errors import ConfigError
 
 __all__ = [
@@ -32,19 +33,6 @@ __all__ = [
 
 MAX_COUNT: Final = 2**63 - 1
 """Counts travel as JSON integers; orjson (and most consumers) stop at 64 bits."""
-
-
-def as_str(value: object) -> str | None:
-    """``value`` as a plain ``str``, or ``None`` if it is not a string.
-
-    ``type(value)`` rather than ``isinstance``: an object can claim a ``__class__``.
-    """
-    kind = type(value)
-    if kind is str:
-        return value  # type: ignore[return-value]
-    if issubclass(kind, str):
-        return str.__str__(value)
-    return None
 
 
 def as_int(value: object) -> int | None:

@@ -144,3 +144,55 @@ def test_keyboard_interrupt_and_system_exit_name_themselves_then_stop_the_progra
     assert envelope.error.startswith("the runner raised "), envelope.error
     assert "caller was cancelled" not in envelope.error
     assert envelope.output == "partial"
+
+
+# ---------------------------------------------------------------- asyncio's own cancellation
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_asyncio_native_cancellation_of_execute_propagates() -> None:
+    """A host loop that times a tool out with asyncio itself (``asyncio.timeout``,
+    ``wait_for``, ``task.cancel()``) cancels no anyio scope: the runner's CancelledError is
+    still that cancellation, not the runner's own error, and it reaches the host."""
+    import asyncio
+
+    entered = anyio.Event()
+
+    async def slow(request: Request, ctx: RunContext) -> str:
+        entered.set()
+        await anyio.sleep_forever()
+        return "never"
+
+    async with manager_with(spec("slow", slow)) as manager:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.01):
+                await manager.execute("slow", "timeout")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(manager.execute("slow", "wait_for"), 0.01)
+        task = asyncio.create_task(manager.execute("slow", "cancel"))
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        envelopes = [h.result for h in manager.tasks()]
+        assert [e.status for e in envelopes if e is not None] == [Status.CANCELLED] * 3
+
+
+@pytest.mark.anyio
+async def test_a_group_holding_a_cancellation_nobody_asked_for_is_the_runners_error() -> None:
+    """A runner raising a group with a cancellation in it while nothing cancels its task:
+    its error, not a cancellation that would take the worker (and its siblings) down."""
+
+    async def bad(request: Request, ctx: RunContext) -> str:
+        cancelled = anyio.get_cancelled_exc_class()
+        try:
+            raise cancelled()
+        except cancelled as exc:  # trio's Cancelled cannot be made: reuse a caught one
+            raise BaseExceptionGroup("g", [exc, ValueError("boom")]) from None
+
+    async with manager_with(spec("bad", bad), spec("echo", echo)) as manager:
+        handles = [manager.spawn("bad"), manager.spawn("echo", "sibling")]
+        envelopes = [await h.wait() for h in handles]
+    assert envelopes[0].status is Status.ERROR
+    assert envelopes[1].status is Status.COMPLETED

@@ -17,6 +17,7 @@ from subagents import (
     Result,
     RetryPolicy,
     RunContext,
+    SpawnOptions,
     Status,
     SubagentManager,
     Usage,
@@ -250,3 +251,66 @@ async def test_a_report_whose_paths_cannot_be_iterated_is_a_config_error() -> No
     (error,) = raised
     assert isinstance(error, ConfigError)
     assert error.field == "files_changed"
+
+
+# ---------------------------------------------------------------- hostile exceptions and numbers
+
+
+class _RaisingBool(str):
+    def __bool__(self) -> bool:
+        raise RuntimeError("bool")
+
+    def __format__(self, spec: str) -> str:
+        raise RuntimeError("format")
+
+
+class _StrReturnsHostile(Exception):
+    def __str__(self) -> str:
+        return _RaisingBool("hello")
+
+
+class _ModuleNotAString(Exception):
+    pass
+
+
+_ModuleNotAString.__module__ = 5  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("exc_type", [_StrReturnsHostile, _ModuleNotAString])
+async def test_a_hostile_exception_ends_in_one_error_envelope(exc_type: type[Exception]) -> None:
+    async def runner(request: Request, ctx: RunContext) -> str:
+        raise exc_type("x")
+
+    async with manager_with(spec("bad", runner), spec("echo", echo)) as m:
+        handles = [m.spawn("bad"), m.spawn("echo", "sibling")]
+        envelopes = [await h.wait() for h in handles]
+        executed = await m.execute("bad")
+    assert envelopes[0].status is Status.ERROR
+    assert exc_type.__qualname__ in envelopes[0].error
+    assert type(envelopes[0].error) is str
+    assert envelopes[1].status is Status.COMPLETED
+    assert executed.status is Status.ERROR
+
+
+class _HostileFloat(float):
+    def __format__(self, spec: str) -> str:
+        raise RuntimeError("format")
+
+    def __add__(self, other: object) -> float:
+        raise RuntimeError("add")
+
+
+@pytest.mark.parametrize("where", ["options", "spec", "config"])
+async def test_a_hostile_timeout_number_is_kept_as_a_plain_float(where: str) -> None:
+    async def stuck(request: Request, ctx: RunContext) -> str:
+        await anyio.sleep_forever()
+        return "never"
+
+    hostile = _HostileFloat(0.01)
+    spec_kw = {"timeout": hostile} if where == "spec" else {}
+    config_kw = {"spawn_timeout": hostile} if where == "config" else {}
+    options = SpawnOptions(timeout=hostile) if where == "options" else None
+    async with manager_with(spec("stuck", stuck, **spec_kw), **config_kw) as m:
+        envelope = await m.spawn("stuck", options=options).wait()
+    assert envelope.status is Status.TIMEOUT
+    assert "0.01 s" in envelope.error

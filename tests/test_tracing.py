@@ -756,3 +756,25 @@ async def test_a_broken_provider_leaves_the_manager_untraced(
         assert (await handle.wait()).status == "completed"
         assert handle._trace is None  # untraced: no tracing state was made for it
     assert "provider bug" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_names_a_model_sends_are_bounded_in_tool_spans(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """An unknown tool, a made-up agent and a huge call id: none makes a span's name or
+    attributes (or the tool's details) grow with what the model sent."""
+    huge = "x" * 200_000
+    async with SubagentManager([spec("general")]) as manager:
+        tools = build_tools(manager, "root")
+        unknown_tool = await tools.call(huge, {}, call_id=huge)
+        unknown_agent = await tools.call("spawn_agent", {"agent": huge, "input": "hi"})
+    assert unknown_tool.is_error
+    assert unknown_agent.is_error
+    assert len(str(unknown_agent.details)) < 1_000
+    spans = exporter.get_finished_spans()
+    assert spans
+    for span in spans:
+        assert len(span.name) < 200
+        for key, value in (span.attributes or {}).items():
+            assert len(str(value)) <= 4_096, key

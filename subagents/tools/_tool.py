@@ -305,7 +305,7 @@ def error_result(exc: Exception, tool: str) -> ToolResult:
         known = exc.known[:_UNKNOWN_AGENT_NAMES]
         details: dict[str, JSONValue] = {
             "error": "unknown_agent",
-            "agent": exc.name,
+            "agent": bound_text(exc.name, 128),  # what the model sent: bounded
             "known": [*known],
         }
         if len(exc.known) <= _UNKNOWN_AGENT_NAMES:
