@@ -24,12 +24,14 @@ from subagents.tools import Toolset, build_tools
 MODEL = "claude-sonnet-4-5"
 
 
-async def anthropic_loop(client: Any, toolset: Toolset, task: str, *, model: str = MODEL) -> str:
+async def anthropic_loop(
+    client: Any, toolset: Toolset, task: str, *, model: str = MODEL, max_turns: int = 50
+) -> str:
     """Run the model until it answers without a tool call and no child is still running;
-    returns its last text."""
+    returns its last text, or says the loop stopped after ``max_turns`` model calls."""
     tools = toolset.to_anthropic()
     messages: list[Any] = [{"role": "user", "content": task}]
-    while True:
+    for _ in range(max_turns):
         reply = await client.messages.create(
             model=model, max_tokens=4096, messages=messages, tools=tools
         )
@@ -40,13 +42,19 @@ async def anthropic_loop(client: Any, toolset: Toolset, task: str, *, model: str
             ready = await toolset.manager.completions(toolset.session_id)
             if not ready:
                 return "".join(block.text for block in reply.content if block.type == "text")
-            messages.append({"role": "user", "content": f"{len(ready)} subagent(s) finished."})
+            # Hand the results to the model and collect them: completions() reports a
+            # result until it is collected, and would wake the loop for it every turn.
+            for envelope in ready:
+                toolset.manager.collect(toolset.manager.handle(envelope.task_id))
+            report = "\n\n".join(envelope.truncated() for envelope in ready)
+            messages.append({"role": "user", "content": f"Subagents finished:\n\n{report}"})
             continue
         results = [
             (await toolset.call(use.name, use.input, call_id=use.id)).to_anthropic(use.id)
             for use in uses
         ]
         messages.append({"role": "user", "content": results})
+    return f"[stopped: no final answer within {max_turns} model turns]"
 
 
 async def researcher(request: Request, ctx: RunContext) -> str:

@@ -24,12 +24,14 @@ from subagents.tools import Toolset, build_tools
 MODEL = "gpt-4.1-mini"
 
 
-async def chat_loop(client: Any, toolset: Toolset, task: str, *, model: str = MODEL) -> str:
+async def chat_loop(
+    client: Any, toolset: Toolset, task: str, *, model: str = MODEL, max_turns: int = 50
+) -> str:
     """Run the model until it answers without a tool call and no child is still running;
-    returns its last text."""
+    returns its last text, or says the loop stopped after ``max_turns`` model calls."""
     tools = toolset.to_openai_chat()  # or toolset.to_openai_chat(strict=True)
     messages: list[Any] = [{"role": "user", "content": task}]
-    while True:
+    for _ in range(max_turns):
         reply = await client.chat.completions.create(model=model, messages=messages, tools=tools)
         message = reply.choices[0].message
         messages.append(message)
@@ -38,12 +40,18 @@ async def chat_loop(client: Any, toolset: Toolset, task: str, *, model: str = MO
             ready = await toolset.manager.completions(toolset.session_id)
             if not ready:
                 return str(message.content or "")
-            messages.append({"role": "user", "content": f"{len(ready)} subagent(s) finished."})
+            # Hand the results to the model and collect them: completions() reports a
+            # result until it is collected, and would wake the loop for it every turn.
+            for envelope in ready:
+                toolset.manager.collect(toolset.manager.handle(envelope.task_id))
+            report = "\n\n".join(envelope.truncated() for envelope in ready)
+            messages.append({"role": "user", "content": f"Subagents finished:\n\n{report}"})
             continue
         for call in message.tool_calls:
             name, arguments = call.function.name, call.function.arguments  # JSON text is fine
             result = await toolset.call(name, arguments, call_id=call.id)
             messages.append(result.to_openai_chat(call.id))
+    return f"[stopped: no final answer within {max_turns} model turns]"
 
 
 async def researcher(request: Request, ctx: RunContext) -> str:

@@ -25,12 +25,14 @@ from subagents.tools import Toolset, build_tools
 MODEL = "gpt-4.1-mini"
 
 
-async def responses_loop(client: Any, toolset: Toolset, task: str, *, model: str = MODEL) -> str:
+async def responses_loop(
+    client: Any, toolset: Toolset, task: str, *, model: str = MODEL, max_turns: int = 50
+) -> str:
     """Run the model until it answers without a tool call and no child is still running;
-    returns its last text."""
+    returns its last text, or says the loop stopped after ``max_turns`` model calls."""
     tools = toolset.to_openai_responses()  # or toolset.to_openai_responses(strict=True)
     items: list[Any] = [{"role": "user", "content": task}]
-    while True:
+    for _ in range(max_turns):
         reply = await client.responses.create(model=model, input=items, tools=tools)
         items += reply.output  # the calls first, then their outputs
         calls = [item for item in reply.output if item.type == "function_call"]
@@ -39,11 +41,17 @@ async def responses_loop(client: Any, toolset: Toolset, task: str, *, model: str
             ready = await toolset.manager.completions(toolset.session_id)
             if not ready:
                 return str(reply.output_text)
-            items.append({"role": "user", "content": f"{len(ready)} subagent(s) finished."})
+            # Hand the results to the model and collect them: completions() reports a
+            # result until it is collected, and would wake the loop for it every turn.
+            for envelope in ready:
+                toolset.manager.collect(toolset.manager.handle(envelope.task_id))
+            report = "\n\n".join(envelope.truncated() for envelope in ready)
+            items.append({"role": "user", "content": f"Subagents finished:\n\n{report}"})
             continue
         for call in calls:
             result = await toolset.call(call.name, call.arguments, call_id=call.call_id)
             items.append(result.to_openai_responses(call.call_id))
+    return f"[stopped: no final answer within {max_turns} model turns]"
 
 
 async def researcher(request: Request, ctx: RunContext) -> str:

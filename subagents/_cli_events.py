@@ -100,8 +100,14 @@ def _positive_float(text: str) -> float:
 
 
 def _when(timestamp_ms: int) -> str:
-    moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
-    return moment.strftime("%H:%M:%S.") + f"{timestamp_ms % 1000:03d}"
+    seconds, millis = divmod(timestamp_ms, 1000)
+    try:
+        moment = datetime.fromtimestamp(seconds, tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        # A log is any file: a time outside datetime's years (or the platform's) is shown
+        # as the number it is, so one odd line never ends the tail.
+        return f"timestamp_ms={timestamp_ms}"
+    return moment.strftime("%H:%M:%S.") + f"{millis:03d}"
 
 
 def format_event(event: Event) -> str:

@@ -109,9 +109,11 @@ class Completions:
     * ``ready = await manager.completions(sid)``: blocks until at least one child of the
       session has ended with a result nobody collected yet, and returns those envelopes
       (peeked, not consumed: ``wait_agent`` still collects them). Returns ``[]`` at once
-      when there is nothing to wait for (no unfinished child) or the session is closed,
-      so it never hangs forever. Level-triggered: a child that ended before the call
-      counts, so no completion is missed between turns.
+      only when there is no such envelope and no unfinished child, or the session is
+      closed, so it never hangs forever. Level-triggered: a child that ended before the
+      call counts, so no completion is missed between turns, and it counts on every call
+      until its result is collected: a loop that reports the envelopes itself collects
+      them, or it is woken for the same ones again.
     * ``async for envelope in manager.completions(sid)``: yields each uncollected
       envelope once, in completion order, until no child of the session is unfinished
       (or the session is closed). ``async with manager.completions(sid) as c:`` works too.

@@ -87,16 +87,27 @@ def run(args: argparse.Namespace) -> int:
     sink = None
     if args.events:
         try:
-            sink = JsonlSink(args.events)
+            # A failed write is reported below, once the demo has finished: one line of
+            # ours instead of the sink's log record.
+            sink = JsonlSink(args.events, on_error=lambda exc: None)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             print(f"subagents demo: cannot write {args.events}: {reason}", file=sys.stderr)
             return 1
     try:
-        return anyio.run(_main, args.seed, args.json, sink, backend=args.backend)
+        status = anyio.run(_main, args.seed, args.json, sink, backend=args.backend)
     finally:
         if sink is not None:
             sink.close()
+    if sink is not None and sink.error is not None:
+        reason = sink.error.strerror or str(sink.error)
+        print(
+            f"subagents demo: writing {args.events} failed: {reason}; "
+            f"the event log is incomplete ({sink.written} events written)",
+            file=sys.stderr,
+        )
+        return 1
+    return status
 
 
 def _agents(seed: int) -> list[AgentSpec]:

@@ -3,7 +3,7 @@
 Writing: :class:`JsonlSink` is an :class:`EventBus` subscriber that appends each event
 with a single ``write`` to a file opened in append mode, so a dashboard can tail the
 file and a crash mid-write leaves at most one partial last line. After a failed write
-the sink stops (logging once) rather than risk a torn line in the middle of the file.
+the sink stops (reporting it once) rather than risk a torn line in the middle of the file.
 
 Reading: :func:`read_events` and :class:`EventFollower` parse the file back into
 :class:`Event` records; a partial or malformed line is skipped with a logged warning,
@@ -42,17 +42,32 @@ class JsonlSink:
     buffering, so a reader sees every event as soon as it is published. Writes are
     synchronous (a local file; use a :meth:`EventBus.stream` consumer to write elsewhere).
 
+    A failed write (a full disk, a lost mount) stops the sink: :attr:`error` keeps the
+    exception, and it is logged once on ``subagents.events`` as one line, or handed to
+    ``on_error`` instead.
+
     Args:
         path: the file; created if missing, appended to if present.
         fsync: also ``fsync`` after each event (durable across power loss; slower).
+        on_error: called once with the :class:`OSError` that stopped the log, instead of
+            logging it (a command line reports it in its own words). Must not raise.
     """
 
-    def __init__(self, path: PathLike, *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        fsync: bool = False,
+        on_error: Callable[[OSError], None] | None = None,
+    ) -> None:
         self.path = Path(path)
         """The file written to."""
         self.fsync = fsync
         self.written = 0
         """Events written so far."""
+        self.error: OSError | None = None
+        """The error that stopped the log (events after it were not written), or None."""
+        self._on_error = on_error
         self._fd: int | None = os.open(
             self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644
         )
@@ -85,19 +100,36 @@ class JsonlSink:
                 view = view[written:]
             if self.fsync:
                 os.fsync(fd)
-        except OSError:
-            logger.exception("writing the event log %s failed; the log stops here", self.path)
-            self._close_fd()
+        except OSError as exc:
+            # Closed before the report, so a raising on_error still leaves the sink stopped;
+            # the write's error is the one worth reporting, not a close's after it.
+            self._fd = None
+            with suppress(OSError):
+                os.close(fd)
+            self._failed(exc, "writing")
             return
         self.written += 1
+
+    def _failed(self, exc: OSError, doing: str) -> None:
+        if self.error is not None:
+            return
+        self.error = exc
+        if self._on_error is not None:
+            self._on_error(exc)
+        else:
+            # The OS's reason is the whole story; a traceback of os.write adds nothing.
+            reason = exc.strerror or str(exc)
+            logger.error(
+                "%s the event log %s failed (%s); the log stops here", doing, self.path, reason
+            )
 
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
             try:
                 os.close(fd)
-            except OSError:  # pragma: no cover - close of a regular file
-                logger.exception("closing the event log %s failed", self.path)
+            except OSError as exc:  # pragma: no cover - close of a regular file
+                self._failed(exc, "closing")
 
     def close(self) -> None:
         """Unsubscribe from the buses given to :meth:`attach` and close the file. Idempotent."""

@@ -833,8 +833,9 @@ class SubagentManager(Admission, ChildRuns):
 
         ``await manager.completions(sid)`` blocks until at least one child has ended with
         a result not yet collected and returns those envelopes (peeked: ``wait_agent``
-        still collects them); it returns ``[]`` at once when no child is unfinished or the
-        session is closed. ``async for envelope in manager.completions(sid)`` yields each
+        still collects them, and until then every call returns them again); it returns
+        ``[]`` at once only when no ended child is uncollected and none is unfinished, or
+        the session is closed. ``async for envelope in manager.completions(sid)`` yields each
         uncollected envelope once, in completion order, until no child is unfinished.
         Cancelling the waiter changes nothing. See :class:`~subagents.Completions`.
         """

@@ -49,6 +49,16 @@ def test_demo_events_path_that_cannot_be_written_is_a_one_line_error(
     assert proc.stdout == ""  # refused before any agent ran
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_demo_whose_event_log_fails_to_write_finishes_then_exits_1_in_one_line() -> None:
+    """Every write to /dev/full fails (ENOSPC): the demo still runs to its summary, then
+    says in one line that the log is incomplete, and the status says the run failed."""
+    proc = run_cli("demo", "--events", "/dev/full")
+    assert_one_line_error(proc, "subagents demo", "/dev/full", "No space left on device")
+    assert "incomplete" in proc.stderr
+    assert "14 envelopes in" in proc.stdout
+
+
 def test_version_comes_from_the_package_metadata(tmp_path: Path) -> None:
     # A dist-info earlier on the path than any installed copy: the version printed must be
     # the one the metadata declares, whatever is installed in the environment.

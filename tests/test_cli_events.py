@@ -223,6 +223,39 @@ def test_tail_of_a_directory_is_a_one_line_error(tmp_path: Path, follow: bool) -
     ]
 
 
+def test_tail_and_summary_show_a_time_out_of_datetime_range_as_its_number(
+    tmp_path: Path,
+) -> None:
+    """Past year 9999 or before year 1 there is no clock time to print: the line shows the
+    raw number, the other lines print as usual, and neither command prints a traceback."""
+    path = tmp_path / "events.jsonl"
+    odd = [
+        Event(
+            type=COMPLETED,
+            seq=seq,
+            timestamp_ms=timestamp_ms,
+            session_id="root",
+            task_id=f"t{seq}",
+            agent_path=f"/root/t{seq}",
+            data={"agent": "a", "status": "completed", "duration_ms": 5},
+        )
+        for seq, timestamp_ms in [(1, 10**18), (2, -(10**18)), (3, 1_700_000_000_123)]
+    ]
+    write_log(path, odd)
+    proc = run_cli("events", "tail", "--no-follow", str(path))
+    assert (proc.returncode, proc.stderr) == (0, "")
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3, proc.stdout
+    assert lines[0].startswith(f"timestamp_ms={10**18} #1 ")
+    assert lines[1].startswith(f"timestamp_ms={-(10**18)} #2 ")
+    assert lines[2].startswith("22:13:20.123 #3 ")
+    assert all("completed in 5 ms" in line for line in lines)
+    for extra in ([], ["--json"]):
+        proc = run_cli("events", "summary", *extra, str(path))
+        assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+        assert "completed" in proc.stdout
+
+
 def test_tail_of_a_missing_file_says_it_is_waiting_then_follows(tmp_path: Path) -> None:
     path = tmp_path / "later.jsonl"
     args = ["events", "tail", str(path), "--max-events", "1", "--interval", "0.01"]

@@ -77,9 +77,31 @@ def test_failed_write_stops_the_log(tmp_path: Path, caplog: pytest.LogCaptureFix
     os.close(sink._fd)  # the next write fails with EBADF
     sink.write_line(line(1))
     assert sink.closed
-    assert "the log stops here" in caplog.text
+    assert isinstance(sink.error, OSError)
+    [record] = caplog.records
+    assert "the log stops here" in record.getMessage()
+    assert "Bad file descriptor" in record.getMessage()
+    assert record.exc_info is None  # one line: the reason, not a traceback of os.write
     sink.write_line(line(2))  # no second error, no exception
     assert sink.written == 0
+    assert len(caplog.records) == 1
+
+
+def test_failed_write_goes_to_on_error_instead_of_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    errors: list[OSError] = []
+    sink = JsonlSink(tmp_path / "events.jsonl", on_error=errors.append)
+    sink.write_line(line(1))
+    assert sink._fd is not None
+    os.close(sink._fd)
+    sink.write_line(line(2))
+    sink.write_line(line(3))
+    sink.close()
+    assert sink.written == 1
+    assert errors == [sink.error]
+    assert isinstance(sink.error, OSError)
+    assert caplog.records == []
 
 
 def test_partial_last_line_is_skipped_with_warning(

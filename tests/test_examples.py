@@ -2,10 +2,12 @@
 
 The model-loop examples run against fake async clients shaped like the SDKs' own (the SDKs
 are not installed in the test environment, and no test reaches a network). Each fake
-scripts one conversation: ``spawn_agent``, a turn that ends while the child runs,
-``wait_agent``, a final answer. During the second model call the fake waits for the
-background child to make progress, so a loop that blocks the event loop for the length
-of a model call fails the test instead of passing slowly.
+scripts one conversation: ``spawn_agent``, a turn that ends while the child runs (the
+loop then hands the model the child's result), ``wait_agent``, a final answer. During the
+second model call the fake waits for the background child to make progress, so a loop
+that blocks the event loop for the length of a model call fails the test instead of
+passing slowly. Other scripts check that every loop ends: a model that never asks for
+the result, and one that never stops calling tools.
 
 README rule: every ```python block either runs as printed (it is executed here, in a
 fresh interpreter) or is an excerpt of a complete example: its first line is
@@ -30,6 +32,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from subagents import AgentSpec, Request, RunContext, SubagentManager
@@ -79,8 +82,9 @@ FINAL = "All notes are in; here is the report."
 class Script:
     """The model's side of one conversation, provider-neutral.
 
-    ``turn(outputs)`` gets the tool outputs the loop has sent so far and returns the next
-    reply: a ``(tool, arguments)`` call or a text that ends the turn. The second call
+    ``turn(outputs, notes)`` gets the tool outputs and the user messages after the task
+    (the loop's reports of finished children) sent so far, and returns the next reply: a
+    ``(tool, arguments)`` call or a text that ends the turn. The second call
     waits, inside the model call, for the background child to make progress; a loop that
     blocks the event loop never lets the child run, and the wait times out.
     """
@@ -96,17 +100,22 @@ class Script:
         self.child_progressed.set()
         return f"notes on {request.input}"
 
-    async def turn(self, outputs: list[str]) -> tuple[str, dict[str, Any]] | str:
+    async def turn(self, outputs: list[str], notes: list[str]) -> tuple[str, dict[str, Any]] | str:
         self.calls += 1
         if self.calls == 1:
             return ("spawn_agent", {"agent": "researcher", "input": "anyio"})
         if self.calls == 2:
             assert len(outputs) == 1, outputs
+            assert notes == [], notes
             self.model_calling.set()
             with anyio.fail_after(5):
                 await self.child_progressed.wait()
             return "The researcher is working; I will collect its notes when it is done."
         if self.calls == 3:
+            # The loop woke on the child's end and reported it; a model may still ask.
+            [note] = notes
+            assert "status: completed" in note, note
+            assert "notes on anyio" in note, note
             task_ids = TASK_ID.findall(outputs[0])
             assert len(task_ids) == 1, outputs
             return ("wait_agent", {"task_ids": task_ids, "mode": "all", "timeout_ms": 5000})
@@ -122,6 +131,16 @@ class Script:
         assert "notes on anyio" in self.waited, self.waited
 
 
+def user_notes(messages: list[Any]) -> list[str]:
+    """The text messages a loop sent as the user after the task (its wake-up reports)."""
+    texts = [
+        m["content"]
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m["content"], str)
+    ]
+    return texts[1:]
+
+
 class FakeChatClient:
     """``AsyncOpenAI`` as far as Chat Completions goes: ``chat.completions.create``."""
 
@@ -132,7 +151,7 @@ class FakeChatClient:
     async def create(self, *, model: str, messages: list[Any], tools: list[Any]) -> Any:
         assert {tool["function"]["name"] for tool in tools} >= {"spawn_agent", "wait_agent"}
         outputs = [m["content"] for m in messages if isinstance(m, dict) and m["role"] == "tool"]
-        reply = await self.script.turn(outputs)
+        reply = await self.script.turn(outputs, user_notes(messages))
         if isinstance(reply, str):
             message = SimpleNamespace(role="assistant", content=reply, tool_calls=None)
         else:
@@ -162,7 +181,7 @@ class FakeResponsesClient:
             for item in input
             if isinstance(item, dict) and item.get("type") == "function_call_output"
         ]
-        reply = await self.script.turn(outputs)
+        reply = await self.script.turn(outputs, user_notes(input))
         n = self.script.calls
         if isinstance(reply, str):
             message = SimpleNamespace(type="message", role="assistant", id=f"msg_{n}")
@@ -218,7 +237,7 @@ class FakeAnthropicClient:
             for block in message["content"]
             if block["type"] == "tool_result"
         ]
-        reply = await self.script.turn(outputs)
+        reply = await self.script.turn(outputs, user_notes(messages))
         if isinstance(reply, str):
             return SimpleNamespace(content=[SimpleNamespace(type="text", text=reply)])
         use = SimpleNamespace(
@@ -285,6 +304,69 @@ async def test_model_loop_example_main_runs_with_its_sdk(
     assert len(clients) == 1
     script.assert_done()
     check_client(clients[0])
+
+
+class AnswersWithoutWaiting(Script):
+    """Spawns once, then only ever answers in text: it never calls ``wait_agent``."""
+
+    async def researcher(self, request: Request, ctx: RunContext) -> str:
+        await anyio.sleep(0.01)
+        return f"notes on {request.input}"
+
+    async def turn(self, outputs: list[str], notes: list[str]) -> tuple[str, dict[str, Any]] | str:
+        # A model call yields: a loop that never ends then times out instead of hanging.
+        await anyio.lowlevel.checkpoint()
+        self.calls += 1
+        if self.calls == 1:
+            return ("spawn_agent", {"agent": "researcher", "input": "anyio"})
+        self.waited = "\n".join(notes)
+        return f"answer {self.calls}"
+
+
+class NeverStops(Script):
+    """Calls a tool on every turn, forever."""
+
+    async def turn(self, outputs: list[str], notes: list[str]) -> tuple[str, dict[str, Any]] | str:
+        await anyio.lowlevel.checkpoint()
+        self.calls += 1
+        return ("list_agents", {})
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("example", list(LOOPS))
+async def test_model_loop_ends_when_the_model_never_collects_what_it_spawned(
+    example: str,
+) -> None:
+    """The loop reports the finished child once, collecting it, so the next text-only turn
+    finds nothing left to wait for: three model calls, not one per wake-up forever."""
+    function, fake, _, _ = LOOPS[example]
+    loop = getattr(load_example(example), function)
+    script = AnswersWithoutWaiting()
+    agents = [AgentSpec(name="researcher", description="Takes notes.", runner=script.researcher)]
+    async with SubagentManager(agents) as manager:
+        toolset: Toolset = build_tools(manager, "root", engine_tool_timeout=60.0)
+        with anyio.fail_after(5):
+            answer = await loop(fake(script), toolset, "Research anyio.", model="fake-model")
+        [handle] = manager.tasks("root")
+        assert handle.collected
+    assert (answer, script.calls) == ("answer 3", 3)
+    assert script.waited is not None
+    assert "status: completed" in script.waited
+    assert "notes on anyio" in script.waited
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("example", list(LOOPS))
+async def test_model_loop_stops_after_max_turns(example: str) -> None:
+    function, fake, _, _ = LOOPS[example]
+    loop = getattr(load_example(example), function)
+    script = NeverStops()
+    async with SubagentManager([]) as manager:
+        toolset: Toolset = build_tools(manager, "root", engine_tool_timeout=60.0)
+        with anyio.fail_after(5):
+            answer = await loop(fake(script), toolset, "Loop.", model="fake-model", max_turns=4)
+    assert script.calls == 4
+    assert answer == "[stopped: no final answer within 4 model turns]"
 
 
 # ---------------------------------------------------------------- README
