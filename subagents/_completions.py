@@ -149,6 +149,9 @@ class Completions:
 
     async def wait(self) -> list[DelegateResult]:
         """See the class docstring (the awaitable form). Blocks; never consumes."""
+        # A checkpoint even when something is ready at once: a host loop that calls this
+        # every turn must still let the children (and its own timeouts) run.
+        await anyio.lowlevel.checkpoint()
         while True:
             ready = self._ready()
             if ready:

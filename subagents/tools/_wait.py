@@ -21,7 +21,7 @@ __all__ = ["WaitAgent", "int_arg", "ms", "status_of"]
 
 MIN_SHARE: Final = 300
 """Characters a delivered result gets at least before others are deferred to a later call."""
-ALREADY: Final = "[already collected by an earlier wait_agent call; shown again]\n"
+ALREADY: Final = "[already collected earlier; shown again]\n"
 
 
 def ms(seconds: float) -> int:
