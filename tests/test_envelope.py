@@ -303,3 +303,16 @@ def test_status_given_as_text_is_converted() -> None:
     assert "completed" in env.truncated()
     with pytest.raises(ValueError, match="bogus"):
         DelegateResult(agent="a", task_id="t", status="bogus")  # type: ignore[arg-type]
+
+
+def test_lone_surrogates_are_replaced_in_output_files_and_error() -> None:
+    env = DelegateResult(
+        agent="a",
+        task_id="t1",
+        status=Status.ERROR,
+        output="out \udcff",
+        files_changed=("f\udc80.py", "g.py"),
+        error="bad \udcfe",
+    )
+    assert (env.output, env.files_changed, env.error) == ("out ?", ("f?.py", "g.py"), "bad ?")
+    assert orjson.loads(env.to_json())["output"] == "out ?"
