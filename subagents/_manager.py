@@ -34,7 +34,7 @@ from ._lookup import IdIndex, live_ids_sentence
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
-from ._spec import UNSET, AgentSpec, SpawnOptions, SubagentConfig, _Unset, trusted_request
+from ._spec import UNSET, AgentSpec, Request, SpawnOptions, SubagentConfig, _Unset
 from ._tracing import Telemetry
 from ._validators import count, seconds
 
@@ -439,12 +439,12 @@ class SubagentManager(Admission, ChildRuns):
         task_id = _new_task_id()
         while task_id in self._tasks:  # pragma: no cover - 48 random bits
             task_id = _new_task_id()
-        request = trusted_request(
-            spec.name,
-            input,
-            options.prompt if options.prompt is not None else spec.prompt,
-            options.files,
-            options.model if options.model is not None else spec.model,
+        request = Request(
+            agent=spec.name,
+            input=input,
+            prompt=options.prompt if options.prompt is not None else spec.prompt,
+            files=options.files,
+            model=options.model if options.model is not None else spec.model,
         )
         handle = SpawnHandle(
             self,

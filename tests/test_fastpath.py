@@ -381,17 +381,6 @@ async def test_an_oversized_plain_text_is_still_bounded() -> None:
     assert envelope.output.endswith("[… 10 characters dropped …]")
 
 
-def test_trusted_request_equals_the_attrs_built_one() -> None:
-    """The spawn path's fast Request is the runner's ordinary Request."""
-    from subagents._spec import trusted_request
-
-    fast = trusted_request("a", "task", "be brief", ("x.py",), None)
-    slow = Request(agent="a", input="task", prompt="be brief", files=("x.py",), model=None)
-    assert fast == slow
-    assert hash(fast) == hash(slow)
-    assert repr(fast) == repr(slow)
-
-
 def test_a_handle_read_after_its_run_works_under_another_backend() -> None:
     """A handle read after the run (here under trio, the run was asyncio) gets an event of
     the reader's backend."""
