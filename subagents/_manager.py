@@ -863,16 +863,6 @@ def _given_twice(
     )
 
 
-_task_id_pool: list[str] = []
-
-
 def _new_task_id() -> str:
-    """12 random hex digits (48 bits from the OS), drawn 256 ids per system call."""
-    if not _task_id_pool:
-        block = os.urandom(6 * 256).hex()
-        _task_id_pool.extend(block[i : i + 12] for i in range(0, len(block), 12))
-    return _task_id_pool.pop()
-
-
-# A forked child must not hand out the ids its parent holds in the pool.
-os.register_at_fork(after_in_child=_task_id_pool.clear)
+    """12 random hex digits: 48 bits from the OS."""
+    return os.urandom(6).hex()
