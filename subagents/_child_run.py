@@ -22,10 +22,12 @@ from ._context import RunContext
 from ._envelope import (
     DelegateResult,
     Status,
+    Usage,
     bound_text,
     clean_text,
     describe_exception,
     now_ms,
+    trusted_envelope,
 )
 from ._events import COMPLETED, MAILBOX_FULL, STARTED, EventBus
 from ._handle import NO_LEND, RUNNING, SETTLED, SpawnHandle
@@ -261,15 +263,22 @@ class ChildRuns:
         except Exception as exc:
             logger.exception("building the envelope of task %s failed", handle.task_id)
             spawned = handle._spawned_at
-            return DelegateResult(
-                agent=handle._spec.name,
-                task_id=handle.task_id,
-                status=Status.ERROR,
-                error=f"the outcome of this run could not be recorded ({type(exc).__name__})",
-                error_type="EnvelopeError",
-                duration_ms=int((perf_counter() - spawned) * 1000),
-                agent_path=handle.agent_path,
-                parent_path=handle.parent_path,
+            return trusted_envelope(
+                handle._spec.name,
+                handle.task_id,
+                Status.ERROR,
+                "",
+                (),
+                f"the outcome of this run could not be recorded ({type(exc).__name__})",
+                "EnvelopeError",
+                int((perf_counter() - spawned) * 1000),
+                0,
+                0,
+                1,
+                Usage(),
+                now_ms(),
+                handle.agent_path,
+                handle.parent_path,
             )
 
     def _envelope_of(
@@ -317,27 +326,27 @@ class ChildRuns:
             reason = handle._cancel_requested
             message = f"cancelled: {reason}" if reason else "cancelled"
         output = cap_output(output)
-        # DelegateResult's converters make output, error and paths JSON-safe (clean_text).
+        # trusted_envelope makes output, error and paths JSON-safe (clean_text).
         files = cap_files(extra_files) if progress is None else progress.files(extra_files)
         if files:
             files = tuple(bound_text(f, MAX_PATH_CHARS) for f in files)
-        return DelegateResult(
-            agent=handle._spec.name,
-            task_id=handle.task_id,
-            status=status,
-            output=output,
-            files_changed=files,
-            error=message,
-            error_type=error_type,
-            duration_ms=int((end - handle._spawned_at) * 1000),
+        return trusted_envelope(
+            handle._spec.name,
+            handle.task_id,
+            status,
+            output,
+            files,
+            message,
+            error_type,
+            int((end - handle._spawned_at) * 1000),
             # never started (cancelled in the queue): all of its time was queue wait
-            queue_ms=int(((end if started is None else started) - handle._spawned_at) * 1000),
-            iterations=iterations,
-            attempts=ctx.attempt if ctx is not None else 1,
-            usage=usage,
-            timestamp_ms=now_ms(),
-            agent_path=handle.agent_path,
-            parent_path=handle.parent_path,
+            int(((end if started is None else started) - handle._spawned_at) * 1000),
+            iterations,
+            ctx.attempt if ctx is not None else 1,
+            usage,
+            now_ms(),
+            handle.agent_path,
+            handle.parent_path,
         )
 
     def _finalize(self, handle: SpawnHandle, envelope: DelegateResult) -> None:
