@@ -13,11 +13,12 @@ import math
 import traceback
 from contextlib import AbstractAsyncContextManager, nullcontext
 from time import perf_counter
+from types import CoroutineType
 from typing import TYPE_CHECKING, Final, Literal, cast
 
 import anyio
 
-from ._backend import Backend, coerce_result, run_local
+from ._backend import Backend, awaitable, coerce_result, run_local
 from ._context import RunContext
 from ._envelope import (
     DelegateResult,
@@ -117,7 +118,7 @@ class ChildRuns:
             deadline=None if timeout is None else deadline,
             permissions=handle._permissions,
         )
-        result: Result | None = None
+        result: Result | str | None = None
         error: BaseException | None = None
         fatal: BaseException | None = None  # a KeyboardInterrupt or SystemExit of the runner
         try:
@@ -135,13 +136,22 @@ class ChildRuns:
                 try:
                     spec = handle._spec
                     backend = self._backend
-                    if handle._trace is None:
-                        raw = await backend(spec, handle._request, ctx)
+                    if handle._trace is None and backend is run_local and spec.retry is None:
+                        # run_local inlined (the common case); a str stays a str, which the
+                        # envelope takes as the output (no Result record for it).
+                        pending = spec.runner(handle._request, ctx)
+                        if type(pending) is not CoroutineType:  # rare: check what it is
+                            pending = awaitable(spec.name, pending)
+                        raw: object = await pending
+                        result = raw if type(raw) is str else coerce_result(spec.name, raw)
                     else:
-                        raw = await self._telemetry.run(backend, handle, ctx)
-                    # run_local checked its return; a custom backend may hand back
-                    # anything, and a bad return must end this child in an error envelope.
-                    result = raw if backend is run_local else coerce_result(spec.name, raw)
+                        if handle._trace is None:
+                            raw = await backend(spec, handle._request, ctx)
+                        else:
+                            raw = await self._telemetry.run(backend, handle, ctx)
+                        # run_local checked its return; a custom backend may hand back
+                        # anything, and a bad return must end this child in an error envelope.
+                        result = raw if backend is run_local else coerce_result(spec.name, raw)
                 except Exception as exc:
                     error = exc
                 except anyio.get_cancelled_exc_class() as exc:
@@ -252,7 +262,7 @@ class ChildRuns:
         status: Status,
         ctx: RunContext | None,
         *,
-        result: Result | None = None,
+        result: Result | str | None = None,
         error: BaseException | None = None,
     ) -> DelegateResult:
         """The envelope of ``handle``'s outcome; never raises. If what the runner left
@@ -287,7 +297,7 @@ class ChildRuns:
         status: Status,
         ctx: RunContext | None,
         *,
-        result: Result | None,
+        result: Result | str | None,
         error: BaseException | None,
     ) -> DelegateResult:
         end = perf_counter()
@@ -300,18 +310,21 @@ class ChildRuns:
         message = ""
         error_type = ""
         if status is Status.COMPLETED and result is not None:
-            output = result.output
-            usage = result.usage if result.usage else usage
-            iterations = result.iterations or iterations
-            extra_files = result.files_changed
-            if result.error or result.status is Status.ERROR:
-                status = Status.ERROR
-                message = bound_text(result.error or "the runner reported an error", 500)
-                error_type = "RunnerReportedError"
-            elif result.status is not None and result.status is not Status.COMPLETED:
-                status = result.status
-                message = f"the runner reported status {status.value}"
-                error_type = status.value
+            if isinstance(result, str):
+                output = result  # a runner's plain text: the rest is what it reported
+            else:
+                output = result.output
+                usage = result.usage if result.usage else usage
+                iterations = result.iterations or iterations
+                extra_files = result.files_changed
+                if result.error or result.status is Status.ERROR:
+                    status = Status.ERROR
+                    message = bound_text(result.error or "the runner reported an error", 500)
+                    error_type = "RunnerReportedError"
+                elif result.status is not None and result.status is not Status.COMPLETED:
+                    status = result.status
+                    message = f"the runner reported status {status.value}"
+                    error_type = status.value
         elif status is Status.ERROR and error is not None:
             error_type, message = describe_exception(error)
             if not isinstance(error, Exception):  # KeyboardInterrupt and the like
