@@ -111,15 +111,9 @@ class Admission:
                             await anyio.lowlevel.checkpoint()
                             continue
                         lingered = False
-                        # _take_slot, _release_slot and _pump's first test inlined: once per
-                        # child, a call each is a tenth of what the rest of the loop costs.
-                        handle._holds_slot = True
-                        active = self._active = self._active + 1
-                        if active > self._high_water:
-                            self._high_water = active
+                        self._take_slot(handle)
                         self._busy += 1
-                        if self._queued and self._workers == self._busy:
-                            self._pump()
+                        self._pump()  # this worker is busy now: another may be needed
                         # Not reset after the run: an ended child neither holds nor lends a
                         # slot, so lend_slot() sees nothing to lend until the next is set.
                         _SLOT_OWNER.set(handle)

@@ -48,7 +48,6 @@ __all__ = ["MAX_FILES", "MAX_OUTPUT_CHARS", "MAX_PATH_CHARS", "ChildRuns"]
 MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 logger = logging.getLogger("subagents")
 _ENTERED: Final = nullcontext()  # a scope the caller has entered already
-_COMPLETED: Final = Status.COMPLETED
 _ERROR_CHARS: Final = 500  # an envelope's error text, as describe_exception bounds it
 
 
@@ -209,31 +208,6 @@ class ChildRuns:
             envelope = self._ended(handle, Status.TIMEOUT, ctx)
         elif error is not None:
             envelope = self._ended(handle, Status.ERROR, ctx, error=error)
-        elif (
-            type(result) is str
-            and (handle._progress is None or not handle._progress.has_files)
-            and len(result) <= MAX_OUTPUT_CHARS
-        ):
-            # _ended's completed-text case, inlined: the envelope of most children, and a
-            # call with keywords plus its branches cost about 0.4 µs of a no-op child's ~11.
-            spawned = handle._spawned_at
-            envelope = trusted_envelope(
-                handle._spec.name,
-                handle.task_id,
-                _COMPLETED,
-                result,
-                (),
-                "",
-                "",
-                int((perf_counter() - spawned) * 1000),
-                int((started - spawned) * 1000),
-                handle._iterations,
-                ctx.attempt,
-                handle._usage,
-                now_ms(),
-                handle.agent_path,
-                handle.parent_path,
-            )
         else:
             assert result is not None
             envelope = self._ended(handle, Status.COMPLETED, ctx, result=result)

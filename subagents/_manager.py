@@ -34,7 +34,7 @@ from ._lookup import IdIndex, live_ids_sentence
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath, NameAllocator, child_path
-from ._spec import UNSET, AgentSpec, SpawnOptions, SubagentConfig, _Unset, trusted_request
+from ._spec import UNSET, AgentSpec, Request, SpawnOptions, SubagentConfig, _Unset
 from ._tracing import Telemetry
 from ._validators import count, seconds
 
@@ -439,12 +439,12 @@ class SubagentManager(Admission, ChildRuns):
         task_id = _new_task_id()
         while task_id in self._tasks:  # pragma: no cover - 48 random bits
             task_id = _new_task_id()
-        request = trusted_request(
-            spec.name,
-            input,
-            options.prompt if options.prompt is not None else spec.prompt,
-            options.files,
-            options.model if options.model is not None else spec.model,
+        request = Request(
+            agent=spec.name,
+            input=input,
+            prompt=options.prompt if options.prompt is not None else spec.prompt,
+            files=options.files,
+            model=options.model if options.model is not None else spec.model,
         )
         handle = SpawnHandle(
             self,
@@ -864,16 +864,6 @@ def _given_twice(
     )
 
 
-_task_id_pool: list[str] = []
-
-
 def _new_task_id() -> str:
-    """12 random hex digits (48 bits from the OS), drawn 256 ids per system call."""
-    if not _task_id_pool:
-        block = os.urandom(6 * 256).hex()
-        _task_id_pool.extend(block[i : i + 12] for i in range(0, len(block), 12))
-    return _task_id_pool.pop()
-
-
-# A forked child must not hand out the ids its parent holds in the pool.
-os.register_at_fork(after_in_child=_task_id_pool.clear)
+    """12 random hex digits: 48 bits from the OS."""
+    return os.urandom(6).hex()

@@ -18,16 +18,8 @@ _ROOT: Final = "root"
 _SEGMENT: Final = re.compile(NAME_PATTERN)
 
 
-# Names already found valid (plain str only): spawning re-validates the same few agent
-# names over and over, and the regex costs more than the set lookup. Bounded.
-_VALID: Final[set[str]] = set()
-_VALID_MAX: Final = 4096
-
-
 def validate_name(name: object) -> str:
     """Return ``name`` if it is a valid path segment, else raise :class:`InvalidName`."""
-    if type(name) is str and name in _VALID:
-        return name
     if not isinstance(name, str):
         raise InvalidName(name, "a name must be a string")
     if not name:
@@ -41,10 +33,6 @@ def validate_name(name: object) -> str:
             name,
             "use letters, digits, '_', '-' and '.', starting with a letter or digit",
         )
-    if type(name) is str:
-        if len(_VALID) >= _VALID_MAX:
-            _VALID.clear()  # many distinct names: start over, so the hot few stay cached
-        _VALID.add(name)
     return name
 
 

@@ -79,28 +79,6 @@ class Request:
     """Model for this run: the spawn's override, else the agent type's (``None``: neither)."""
 
 
-_REQUEST_FIELDS: Final = ("agent", "input", "prompt", "files", "model")
-if tuple(f.name for f in attrs.fields(Request)) != _REQUEST_FIELDS:  # pragma: no cover
-    raise RuntimeError("trusted_request() is out of date with Request's fields")
-_set_agent, _set_input, _set_prompt, _set_files, _set_model = (
-    vars(Request)[name].__set__ for name in _REQUEST_FIELDS
-)
-
-
-def trusted_request(
-    agent: str, input: str, prompt: str | None, files: tuple[str, ...], model: str | None, /
-) -> Request:
-    """``Request(...)`` for ``files`` already a tuple (a spawn's: ``SpawnOptions`` made it
-    one), setting the slots directly: the attrs ``__init__`` costs twice as much."""
-    request: Request = object.__new__(Request)
-    _set_agent(request, agent)
-    _set_input(request, input)
-    _set_prompt(request, prompt)
-    _set_files(request, files)
-    _set_model(request, model)
-    return request
-
-
 @attrs.frozen(kw_only=True)
 class Result:
     """What a runner returns (a plain ``str`` is wrapped as ``Result(output=...)``)."""

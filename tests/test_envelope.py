@@ -303,3 +303,50 @@ def test_status_given_as_text_is_converted() -> None:
     assert "completed" in env.truncated()
     with pytest.raises(ValueError, match="bogus"):
         DelegateResult(agent="a", task_id="t", status="bogus")  # type: ignore[arg-type]
+
+
+def test_lone_surrogates_are_replaced_in_output_files_and_error() -> None:
+    env = DelegateResult(
+        agent="a",
+        task_id="t1",
+        status=Status.ERROR,
+        output="out \udcff",
+        files_changed=("f\udc80.py", "g.py"),
+        error="bad \udcfe",
+    )
+    assert (env.output, env.files_changed, env.error) == ("out ?", ("f?.py", "g.py"), "bad ?")
+    assert orjson.loads(env.to_json())["output"] == "out ?"
+
+
+def test_trusted_envelope_equals_the_attrs_built_one() -> None:
+    """The runtime's fast constructor gives the same envelope as DelegateResult(...),
+    text cleaned of lone surrogates included (equality, hash, dict, repr)."""
+    from subagents._envelope import trusted_envelope
+
+    values = {
+        "agent": "a",
+        "task_id": "t1",
+        "status": Status.ERROR,
+        "output": "out \udcff",
+        "files_changed": ("f\udc80.py", "g.py"),
+        "error": "bad \udcfe",
+        "error_type": "ValueError",
+        "duration_ms": 5,
+        "queue_ms": 2,
+        "iterations": 3,
+        "attempts": 2,
+        "usage": Usage(input_tokens=1, output_tokens=2),
+        "timestamp_ms": 1234,
+        "agent_path": "/root/a",
+        "parent_path": "/root",
+    }
+    fast = trusted_envelope(*values.values())
+    slow = DelegateResult(**values)  # type: ignore[arg-type]
+    assert fast == slow
+    assert hash(fast) == hash(slow)
+    assert fast.to_dict() == slow.to_dict()
+    assert repr(fast) == repr(slow)
+    assert "\udcff" not in fast.output
+    assert fast.to_json()
+    bare = {**values, "files_changed": (), "error": ""}
+    assert trusted_envelope(*bare.values()) == DelegateResult(**bare)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from subagents import (
+    AgentSpec,
     ConfigError,
     DelegateResult,
     Event,
@@ -689,3 +690,28 @@ async def test_exception_or_cancel_in_the_async_with_body_still_ends_every_child
     assert handle2.result.status is Status.CANCELLED
     assert tracker2.alive == 0
     assert manager2.statistics().workers == 0
+
+
+def test_a_handle_read_after_its_run_works_under_another_backend() -> None:
+    """A handle read after the run (here under trio, the run was asyncio) gets an event of
+    the reader's backend."""
+
+    async def quick(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    spec = AgentSpec(name="quick", description="d", runner=quick)
+
+    async def run_one() -> SpawnHandle:
+        async with SubagentManager([spec]) as manager:
+            handle = manager.spawn("quick")
+            await handle.done.wait()
+            return handle
+
+    handle = anyio.run(run_one, backend="asyncio")
+
+    async def read_later() -> bool:
+        with anyio.fail_after(5):
+            await handle.done.wait()
+        return handle.done.is_set()
+
+    assert anyio.run(read_later, backend="trio")

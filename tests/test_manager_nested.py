@@ -7,6 +7,7 @@ import orjson
 import pytest
 
 from subagents import (
+    AgentSpec,
     DelegateResult,
     Request,
     Result,
@@ -14,6 +15,7 @@ from subagents import (
     SpawnHandle,
     SpawnRejected,
     Status,
+    SubagentManager,
     UnknownAgent,
     Usage,
 )
@@ -412,3 +414,83 @@ async def test_cancel_after_the_runner_returned_keeps_its_result() -> None:
         env = await handle.wait()
     assert env.status is Status.COMPLETED
     assert env.output == "the parent's result"
+
+
+@pytest.mark.anyio
+async def test_a_plain_text_result_keeps_what_the_runner_reported() -> None:
+    """A runner returning a str ends like Result(output=...): the text (cleaned, a str
+    subclass made a str) with the usage, iterations and paths it reported on the way."""
+    from subagents import Usage
+
+    class Text(str):
+        pass
+
+    async def texty(request: Request, ctx: RunContext) -> str:
+        ctx.report(usage=Usage(input_tokens=2, output_tokens=3), iterations=4)
+        ctx.report(files_changed=["a.py"])
+        return Text("done \udcff") if request.input == "sub" else "done"
+
+    spec = AgentSpec(name="texty", description="d", runner=texty)
+    async with SubagentManager([spec]) as manager:
+        for text in ("plain", "sub"):
+            handle = manager.spawn("texty", text)
+            envelope = await handle.wait()
+            assert envelope.status is Status.COMPLETED
+            assert type(envelope.output) is str
+            assert envelope.output == ("done" if text == "plain" else "done ?")
+            assert envelope.usage == Usage(input_tokens=2, output_tokens=3)
+            assert envelope.iterations == 4
+            assert envelope.files_changed == ("a.py",)
+            assert envelope.attempts == 1
+            assert envelope.agent_path == handle.agent_path
+            assert 0 <= envelope.queue_ms <= envelope.duration_ms
+
+
+@pytest.mark.anyio
+async def test_an_oversized_plain_text_is_still_bounded() -> None:
+    """A plain text past the output bound is cut, with a marker saying how much."""
+    from subagents._child_run import MAX_OUTPUT_CHARS
+
+    async def huge(request: Request, ctx: RunContext) -> str:
+        return "x" * (MAX_OUTPUT_CHARS + 10)
+
+    spec = AgentSpec(name="huge", description="d", runner=huge)
+    async with SubagentManager([spec]) as manager:
+        envelope = await manager.spawn("huge").wait()
+    assert envelope.output.startswith("x" * MAX_OUTPUT_CHARS)
+    assert envelope.output.endswith("[… 10 characters dropped …]")
+
+
+@pytest.mark.anyio
+async def test_a_child_session_is_released_when_it_ends() -> None:
+    """A child that only opened its mailbox, or only delegated, has its session state
+    (mailbox, names, live children) released as it ends; one that did neither has none."""
+    mailboxes: list[object] = []
+
+    async def opens_mailbox(request: Request, ctx: RunContext) -> str:
+        mailboxes.append(ctx.mailbox)
+        return "ok"
+
+    async def delegates(request: Request, ctx: RunContext) -> str:
+        await ctx.spawn("plain").wait()
+        mailboxes.append(ctx.mailbox)
+        return "ok"
+
+    async def plain(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    specs = [
+        AgentSpec(name="opens", description="d", runner=opens_mailbox),
+        AgentSpec(name="delegates", description="d", runner=delegates),
+        AgentSpec(name="plain", description="d", runner=plain),
+    ]
+    async with SubagentManager(specs) as manager:
+        for agent in ("opens", "delegates", "plain"):
+            handle = manager.spawn(agent)
+            await handle.done.wait()
+            session = handle.task_id
+            assert session not in manager._mailboxes
+            assert session not in manager._names
+            assert session not in manager._live
+        assert len(mailboxes) == 2
+        assert all(mailbox.closed for mailbox in mailboxes)  # type: ignore[attr-defined]
