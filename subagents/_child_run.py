@@ -404,24 +404,18 @@ class ChildRuns:
         bus = self.events
         if not bus._subscribers:  # not .active: no property call per child
             return
+        data: dict[str, JSONValue]
         if event_type == MAILBOX_FULL:
-            data: dict[str, JSONValue] = {
+            data = {
                 "agent": envelope.agent,
                 "status": envelope.status.value,
                 "capacity": self._full_capacity(session_id),
             }
-            bus.publish(
-                event_type,
-                session_id=session_id,
-                task_id=envelope.task_id,
-                agent_path=envelope.agent_path,
-                data=data,
-            )
-            return
-        data = envelope.to_dict()
-        handle = self._tasks.get(envelope.task_id)
-        if handle is not None and handle._traceback is not None:
-            data["traceback"] = handle._traceback
+        else:
+            data = envelope.to_dict()
+            handle = self._tasks.get(envelope.task_id)
+            if handle is not None and handle._traceback is not None:
+                data["traceback"] = handle._traceback
         bus.publish(
             event_type,
             session_id=session_id,
