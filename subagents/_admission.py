@@ -60,9 +60,8 @@ class Admission:
     _limit: int
     _high_water: int
     _resumers: deque[tuple[SpawnHandle, anyio.Event]]
-    _borrowed: int
     _borrows: int
-    _borrowers: deque[SpawnHandle]
+    _borrowers: dict[SpawnHandle, None]
     _deadlines: dict[SpawnHandle, float]
     _watch_at: float
     _watch_wake: anyio.Event | None
@@ -132,7 +131,7 @@ class Admission:
     def _take_slot(self, handle: SpawnHandle) -> None:
         handle._holds_slot = True
         self._active += 1
-        held = self._active - self._borrowed
+        held = self._active - len(self._borrowers)
         if held > self._high_water:
             self._high_water = held
 
@@ -141,39 +140,30 @@ class Admission:
         while waiting for one. It counts against the limit like a held slot, so nobody is
         admitted until the overdraft is repaid by the next slots to free."""
         handle._holds_slot = True
-        handle._borrowing = True
         self._active += 1
-        self._borrowed += 1
         self._borrows += 1
-        self._borrowers.append(handle)
+        self._borrowers[handle] = None
 
     def _release_slot(self, handle: SpawnHandle) -> None:
         handle._holds_slot = False
         self._active -= 1
-        if handle._borrowing:
-            handle._borrowing = False
-            self._borrowed -= 1
-            if not self._borrowed:
-                self._borrowers.clear()  # only released borrowers are left in it
-        if self._resumers or self._borrowed:
+        borrowers = self._borrowers
+        if borrowers:
+            borrowers.pop(handle, None)
+        if self._resumers or borrowers:
             self._slot_freed()
 
     def _slot_freed(self) -> None:
         """Hand out capacity that just freed (a release, or a raised limit).
 
-        A borrowed slot is repaid first: that child becomes a regular holder, so
-        ``borrowed`` is always exactly how far the children running exceed the limit.
-        Then parents resuming after lending their slot go before the queue: their children
-        are done, and finishing them frees whole subtrees.
+        A borrowed slot is repaid first: the oldest borrower becomes a regular holder, so
+        the number of borrowers is always exactly how far the children running exceed the
+        limit. Then parents resuming after lending their slot go before the queue: their
+        children are done, and finishing them frees whole subtrees.
         """
         borrowers = self._borrowers
-        while self._borrowed and self._active - self._borrowed < self._limit:
-            borrower = borrowers.popleft()
-            if borrower._borrowing:  # else it released its borrowed slot already
-                borrower._borrowing = False
-                self._borrowed -= 1
-        if not self._borrowed:
-            borrowers.clear()
+        while borrowers and self._active - len(borrowers) < self._limit:
+            del borrowers[next(iter(borrowers))]
         while self._resumers and self._active < self._limit:
             resumer, event = self._resumers.popleft()
             self._take_slot(resumer)

@@ -36,7 +36,6 @@ class SpawnHandle:
     """
 
     __slots__ = (
-        "_borrowing",
         "_cancel_requested",
         "_collected",
         "_delivered",
@@ -115,7 +114,6 @@ class SpawnHandle:
         self._iterations = 0
         self._trace: object = None
         self._holds_slot = False
-        self._borrowing = False  # its slot is borrowed (held beyond the limit)
         self._ending = False
         self._lends = 0
         self._traceback: str | None = None

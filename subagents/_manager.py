@@ -157,9 +157,9 @@ class SubagentManager(Admission, ChildRuns):
         self._workers = 0  # worker tasks alive
         self._busy = 0  # workers inside a child run (holding or lending a slot)
         self._resumers: deque[tuple[SpawnHandle, anyio.Event]] = deque()
-        self._borrowed = 0  # slots in use beyond the limit (counted in _active too)
         self._borrows = 0
-        self._borrowers: deque[SpawnHandle] = deque()  # borrowed first, repaid first
+        # Children on a borrowed slot (counted in _active too), oldest first: repaid first.
+        self._borrowers: dict[SpawnHandle, None] = {}
         self._high_water = 0
         self._spawned = 0
         self._settled = 0
@@ -281,7 +281,7 @@ class SubagentManager(Admission, ChildRuns):
             running=self._active,
             queued=self._queued,
             high_water=self._high_water,
-            borrowed=self._borrowed,
+            borrowed=len(self._borrowers),
             borrows=self._borrows,
             # A notifier subclass that skipped CompletionNotifier.__init__ counts nothing.
             mailbox_overflows=getattr(self._notifier, "overflows", 0),
@@ -419,10 +419,8 @@ class SubagentManager(Admission, ChildRuns):
             options = _NO_OPTIONS
         elif not isinstance(options, SpawnOptions):
             raise ConfigError("options", "a SpawnOptions or None", options)
-        elif (timeout is not UNSET and options.timeout is not None) or (
-            name is not None and options.name is not None
-        ):
-            raise _given_twice(timeout, name, options)
+        elif (twice := _given_twice(timeout, name, options)) is not None:
+            raise twice
         if timeout is UNSET:
             if options.timeout is not None:
                 timeout = options.timeout
@@ -848,20 +846,22 @@ _CLOSED_MEMORY: Final = 1024
 
 def _given_twice(
     timeout: float | _Unset | None, name: str | None, options: SpawnOptions
-) -> ConfigError:
-    """The error for a setting given both as an argument and in ``options``: neither may
-    silently win over the other."""
+) -> ConfigError | None:
+    """The error for a setting given both as an argument and in ``options`` (neither may
+    silently win over the other), or ``None``."""
     if timeout is not UNSET and options.timeout is not None:
         return ConfigError(
             "timeout",
             f"given once: as timeout= or as options.timeout (here {options.timeout!r}), not both",
             timeout,
         )
-    return ConfigError(
-        "name",
-        f"given once: as name= or as options.name (here {options.name!r}), not both",
-        name,
-    )
+    if name is not None and options.name is not None:
+        return ConfigError(
+            "name",
+            f"given once: as name= or as options.name (here {options.name!r}), not both",
+            name,
+        )
+    return None
 
 
 def _new_task_id() -> str:

@@ -56,3 +56,15 @@ class Tracker:
 
     def open(self) -> None:
         self.gate.set()
+
+
+def substitute(value: Any, marker: str, replacement: str) -> Any:
+    """``value`` (JSON-like) with every ``marker`` string replaced by ``replacement``: a
+    generated argument names a real task id only once one exists."""
+    if value == marker:
+        return replacement
+    if isinstance(value, list):
+        return [substitute(v, marker, replacement) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, marker, replacement) for k, v in value.items()}
+    return value

@@ -14,6 +14,7 @@ from subagents import SubagentConfig, SubagentManager
 from subagents._json import dumps
 from subagents.testing import echo_agent
 from subagents.tools import ToolResult, build_tools
+from tests.helpers import substitute
 
 VALID_ID = "@valid-id"
 FIELDS = {
@@ -66,16 +67,6 @@ def arguments(tool: str) -> st.SearchStrategy[Any]:
     )
 
 
-def substitute(value: Any, task_id: str) -> Any:
-    if value == VALID_ID:
-        return task_id
-    if isinstance(value, list):
-        return [substitute(v, task_id) for v in value]
-    if isinstance(value, dict):
-        return {k: substitute(v, task_id) for k, v in value.items()}
-    return value
-
-
 async def run_one(tool: str, args: Any) -> ToolResult:
     config = SubagentConfig(spawn_timeout=0.5, execute_timeout=0.5)
     async with SubagentManager([echo_agent()], config=config) as manager:
@@ -83,7 +74,7 @@ async def run_one(tool: str, args: Any) -> ToolResult:
         done = manager.spawn("echo", "x")
         await done.wait()
         with anyio.fail_after(2):
-            return await tools[tool].execute(substitute(args, done.task_id))
+            return await tools[tool].execute(substitute(args, VALID_ID, done.task_id))
 
 
 def check(tool: str, args: Any, backend: str) -> None:

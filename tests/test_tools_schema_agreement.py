@@ -30,6 +30,7 @@ from subagents import SubagentConfig, SubagentManager
 from subagents._json import dumps, dumps_str, loads
 from subagents.testing import echo_agent
 from subagents.tools import Tool, ToolResult, build_tools
+from tests.helpers import substitute
 from tests.schema_check import details_problems
 
 DONE = "@done"
@@ -161,16 +162,6 @@ def arguments(draw: st.DrawFn, tool: str) -> Any:
     return args
 
 
-def substitute(value: Any, task_id: str) -> Any:
-    if value == DONE:
-        return task_id
-    if isinstance(value, list):
-        return [substitute(v, task_id) for v in value]
-    if isinstance(value, dict):
-        return {k: substitute(v, task_id) for k, v in value.items()}
-    return value
-
-
 def blamed(tool: Tool, instance: object) -> set[str]:
     """The fields the judge finds fault with (empty: the arguments as a whole)."""
     fields: set[str] = set()
@@ -193,7 +184,7 @@ async def call(tool: str, args: Any, as_text: bool) -> tuple[Tool, Any, ToolResu
         tools = build_tools(manager, "root", engine_tool_timeout=1, wait_timeout=0.5)
         done = manager.spawn("echo", "x")
         await done.wait()
-        instance = loads(dumps(substitute(args, done.task_id)))
+        instance = loads(dumps(substitute(args, DONE, done.task_id)))
         # The tools read a str as JSON text: a string instance only travels that way.
         text = as_text or isinstance(instance, str)
         with anyio.fail_after(5):
