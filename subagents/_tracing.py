@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Final, cast
 from opentelemetry import baggage, context, metrics, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
+from ._handle import record_of
 from ._json import dumps_str
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from ._context import RunContext
     from ._envelope import DelegateResult
     from ._handle import SpawnHandle
+    from ._record import ChildRecord
     from ._spec import AgentSpec, Request, Result, SubagentConfig
 
 __all__ = [
@@ -112,7 +114,7 @@ def _is_sdk_meter_provider(provider: object) -> bool:
 
 
 class _TaskTrace:
-    """Per-task tracing state, kept in ``SpawnHandle._trace``."""
+    """Per-task tracing state, kept in ``ChildRecord._trace``."""
 
     __slots__ = (
         "active_count",
@@ -126,7 +128,7 @@ class _TaskTrace:
 
     def __init__(self, span: trace.Span | None, ctx: Context, conversation_id: str) -> None:
         self.span = span
-        # Outlives the span (wait_agent links to it after the child ended); the handle
+        # Outlives the span (wait_agent links to it after the child ended); the record
         # holding it is the manager's, so the bookkeeping is per manager.
         self.span_context = span.get_span_context() if span is not None else None
         self.ctx = ctx
@@ -258,42 +260,42 @@ class Telemetry:
 
     # ----------------------------------------------------------------- manager hooks
 
-    def start(self, handle: SpawnHandle, parent: SpawnHandle | None) -> _TaskTrace | None:
+    def start(self, record: ChildRecord, parent: ChildRecord | None) -> _TaskTrace | None:
         """At spawn time, in the caller's task: capture its context and open the span.
 
         Never raises: if the tracing machinery fails, the task runs untraced.
         """
         try:
-            return self._start(handle, parent)
+            return self._start(record, parent)
         except Exception:
             logger.exception(
-                "tracing the spawn of task %s failed; it runs untraced", handle.task_id
+                "tracing the spawn of task %s failed; it runs untraced", record.task_id
             )
             return None
 
-    def _start(self, handle: SpawnHandle, parent: SpawnHandle | None) -> _TaskTrace:
+    def _start(self, record: ChildRecord, parent: ChildRecord | None) -> _TaskTrace:
         captured = context.get_current()
-        parent_trace = parent._trace if parent is not None else None
+        parent_trace = parent.trace if parent is not None else None
         if isinstance(parent_trace, _TaskTrace):
             conversation_id = parent_trace.conversation_id
         else:
-            conversation_id = _root_session(handle)
+            conversation_id = _root_session(record)
         span: trace.Span | None = None
         ctx = captured
         if self._tracer is not None:
-            spec = handle._spec
-            request = handle._request
+            spec = record.spec
+            request = record.request
             attributes: dict[str, AttributeValue] = {
                 "gen_ai.operation.name": "invoke_agent",
                 "gen_ai.agent.name": spec.name,
-                "gen_ai.agent.id": handle.task_id,
+                "gen_ai.agent.id": record.task_id,
                 "gen_ai.agent.description": spec.description,
                 "gen_ai.conversation.id": conversation_id,
-                "subagents.task_id": handle.task_id,
-                "subagents.agent_path": str(handle.agent_path),
-                "subagents.parent_path": str(handle.parent_path),
-                "subagents.session_id": handle.session_id,
-                "subagents.mode": "execute" if handle.sync else "spawn",
+                "subagents.task_id": record.task_id,
+                "subagents.agent_path": str(record.agent_path),
+                "subagents.parent_path": str(record.parent_path),
+                "subagents.session_id": record.session_id,
+                "subagents.mode": "execute" if record.sync else "spawn",
             }
             attributes["gen_ai.provider.name"] = spec.provider or DEFAULT_PROVIDER
             model = request.model if request.model is not None else spec.model
@@ -309,69 +311,69 @@ class Telemetry:
             )
             ctx = trace.set_span_in_context(span, captured)
         ctx = baggage.set_baggage(BAGGAGE_CONVERSATION_ID, conversation_id, ctx)
-        ctx = baggage.set_baggage(BAGGAGE_AGENT_PATH, str(handle.agent_path), ctx)
-        ctx = baggage.set_baggage(BAGGAGE_TASK_ID, handle.task_id, ctx)
+        ctx = baggage.set_baggage(BAGGAGE_AGENT_PATH, str(record.agent_path), ctx)
+        ctx = baggage.set_baggage(BAGGAGE_TASK_ID, record.task_id, ctx)
         ctx = context.set_value(_TELEMETRY_KEY, self, ctx)
         return _TaskTrace(span, ctx, conversation_id)
 
-    def queued(self, handle: SpawnHandle) -> None:
+    def queued(self, record: ChildRecord) -> None:
         """A spawn entered the queue. Never raises."""
-        state = handle._trace
+        state = record.trace
         if isinstance(state, _TaskTrace) and state.span is not None:
             try:
                 state.span.add_event(
-                    EVENT_QUEUED, {"subagents.queue_position": handle.queue_position}
+                    EVENT_QUEUED, {"subagents.queue_position": record.queue_position}
                 )
             except Exception:
-                logger.exception("tracing the queueing of task %s failed", handle.task_id)
+                logger.exception("tracing the queueing of task %s failed", record.task_id)
 
     async def run(
         self,
         backend: Callable[[AgentSpec, Request, RunContext], Awaitable[Result]],
-        handle: SpawnHandle,
+        record: ChildRecord,
         ctx: RunContext,
     ) -> Result:
-        """Run ``backend`` for ``handle`` with the spawn-time context attached."""
-        state = handle._trace
+        """Run ``backend`` for ``record`` with the spawn-time context attached."""
+        state = record.trace
         assert isinstance(state, _TaskTrace)
         try:
-            self._started(handle, state)
+            self._started(record, state)
         except Exception:
-            logger.exception("tracing the start of task %s failed", handle.task_id)
+            logger.exception("tracing the start of task %s failed", record.task_id)
         token = context.attach(state.ctx)
         try:
-            return await backend(handle._spec, handle._request, ctx)
+            return await backend(record.spec, record.request, ctx)
         finally:
             context.detach(token)
 
-    def _started(self, handle: SpawnHandle, state: _TaskTrace) -> None:
+    def _started(self, record: ChildRecord, state: _TaskTrace) -> None:
         state.running = True
         state.started_at = perf_counter()
-        queue_s = 0.0 if handle._started_at is None else handle._started_at - handle._spawned_at
+        queue_s = 0.0 if record.started_at is None else record.started_at - record.spawned_at
         if state.span is not None:
             state.span.add_event(EVENT_STARTED)
             state.span.set_attribute("subagents.queue_ms", int(queue_s * 1000))
         if self._active_count is not None:
-            agent = {"gen_ai.agent.name": handle._spec.name}
+            agent = {"gen_ai.agent.name": record.spec.name}
             state.active_count = self._active_count
             self._active_count.add(1, agent)
-            if self._queue_wait is not None and not handle.sync:
+            if self._queue_wait is not None and not record.sync:
                 self._queue_wait.record(max(queue_s, 0.0), agent)
 
-    def finish(self, handle: SpawnHandle, envelope: DelegateResult) -> None:
-        """The one envelope of ``handle`` exists: close the span, record the metrics.
+    def finish(self, record: ChildRecord, envelope: DelegateResult) -> None:
+        """The one envelope of ``record`` exists: close the span, record the metrics.
 
         Never raises (it runs on the delivery path of the envelope).
         """
-        state = handle._trace
+        state = record.trace
         if not isinstance(state, _TaskTrace):
             return
         try:
-            self._finish(handle, state, envelope)
+            self._finish(record, state, envelope)
         except Exception:
-            logger.exception("tracing the end of task %s failed", handle.task_id)
+            logger.exception("tracing the end of task %s failed", record.task_id)
 
-    def _finish(self, handle: SpawnHandle, state: _TaskTrace, envelope: DelegateResult) -> None:
+    def _finish(self, record: ChildRecord, state: _TaskTrace, envelope: DelegateResult) -> None:
         status = envelope.status.value
         failed = status != "completed"
         error_type = (envelope.error_type or status) if failed else ""
@@ -400,7 +402,7 @@ class Telemetry:
                 )
             span.set_attributes(attributes)
             if status == "timeout":
-                span.add_event(EVENT_WATCHDOG, {"subagents.timeout_s": handle._timeout or 0.0})
+                span.add_event(EVENT_WATCHDOG, {"subagents.timeout_s": record.timeout or 0.0})
                 span.set_status(StatusCode.ERROR, envelope.error)
             elif status == "error":
                 span.add_event(
@@ -411,7 +413,7 @@ class Telemetry:
             span.end()
             state.span = None  # the manager keeps handles; do not keep ended spans alive
         state.ctx = _EMPTY_CONTEXT
-        agent = {"gen_ai.agent.name": handle._spec.name}
+        agent = {"gen_ai.agent.name": record.spec.name}
         if state.active_count is not None:
             state.active_count.add(-1, agent)
             state.active_count = None
@@ -420,7 +422,7 @@ class Telemetry:
                 elapsed = perf_counter() - state.started_at
             else:
                 elapsed = envelope.duration_ms / 1000
-            attrs = _metric_attributes(handle)
+            attrs = _metric_attributes(record)
             usage = envelope.usage
             if self._tokens is not None and (usage.input_tokens or usage.output_tokens):
                 for token_type, count in (
@@ -436,20 +438,14 @@ class Telemetry:
         state.running = False
 
 
-def _root_session(handle: SpawnHandle) -> str:
-    """The session at the top of ``handle``'s tree (a child's session is its task id)."""
-    tasks = handle._manager._tasks
-    session = handle.session_id
-    owner = tasks.get(session)
-    while owner is not None and owner.session_id != session:
-        session = owner.session_id
-        owner = tasks.get(session)
-    return session
+def _root_session(record: ChildRecord) -> str:
+    """The session at the top of ``record``'s tree (a child's session is its task id)."""
+    return record.root_session
 
 
-def _metric_attributes(handle: SpawnHandle) -> dict[str, AttributeValue]:
-    spec = handle._spec
-    request = handle._request
+def _metric_attributes(record: ChildRecord) -> dict[str, AttributeValue]:
+    spec = record.spec
+    request = record.request
     attrs: dict[str, AttributeValue] = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.provider.name": spec.provider or DEFAULT_PROVIDER,
@@ -531,7 +527,7 @@ class ToolSpan:
         if span is None:
             return
         for handle in handles:
-            state = handle._trace
+            state = record_of(handle).trace
             if isinstance(state, _TaskTrace) and state.span_context is not None:
                 span.add_link(state.span_context, {"subagents.task_id": handle.task_id})
 

@@ -449,7 +449,7 @@ async def test_a_plain_text_result_keeps_what_the_runner_reported() -> None:
 @pytest.mark.anyio
 async def test_an_oversized_plain_text_is_still_bounded() -> None:
     """A plain text past the output bound is cut, with a marker saying how much."""
-    from subagents._child_run import MAX_OUTPUT_CHARS
+    from subagents._progress import MAX_OUTPUT_CHARS
 
     async def huge(request: Request, ctx: RunContext) -> str:
         return "x" * (MAX_OUTPUT_CHARS + 10)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from .._envelope import _cut_middle, bound_text
+from .._errors import SpawnRejected, UnknownTask
 from .._json import JSONValue
 from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
 from .._tracing import ToolSpan
@@ -15,6 +16,7 @@ from ._tool import Tool, ToolLimits, ToolResult, make_tool
 from ._wait import WaitAgent, int_arg, ms, status_of
 
 if TYPE_CHECKING:
+    from .._handle import SpawnHandle
     from .._manager import SubagentManager
 
 __all__ = ["build_session_tools"]
@@ -47,11 +49,19 @@ class SessionTools(WaitAgent):
         self.limits = limits
         # The child owning the session, if any: once its record is forgotten (retention)
         # its id reads as an unused session, so its own handle says whether it has ended.
-        self._owner = manager._tasks.get(session_id)
+        try:
+            self._owner: SpawnHandle | None = manager.handle(session_id)
+        except UnknownTask:
+            self._owner = None
 
     def _check_open(self) -> None:
-        if self._owner is not None:
-            self._owner._check_can_delegate()
+        # While its record is kept the manager checks the owner itself; this catches the
+        # owner whose record was forgotten (it has ended).
+        if self._owner is not None and self._owner.result is not None:
+            raise SpawnRejected(
+                "session_closed",
+                f"session {self.session_id!r} has ended; its agent can no longer delegate",
+            )
 
     # ------------------------------------------------------------------ spawn_agent
 
@@ -174,7 +184,7 @@ class SessionTools(WaitAgent):
                 f"task {handle.task_id} had already ended ({previous}); nothing to cancel."
                 + ("" if handle.collected else " Its result is waiting: call wait_agent.")
             )
-        elif handle._cancel_requested is None:
+        elif not handle.cancel_called:
             # The runner has returned (its outcome is decided) and the child is settling
             # its own children: it is finishing, not being cancelled.
             content = (
