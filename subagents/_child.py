@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from time import perf_counter
 from types import CoroutineType
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 import anyio
 
@@ -111,10 +111,15 @@ class ChildRunner:
         under it, its deadline kept by the watchdog; its cancellation or timeout then
         propagates out of this call, after the envelope, for the worker's ``with`` to absorb.
         """
-        self._started(record)
+        record.state = RUNNING
+        started = record.started_at = perf_counter()
+        if self._events.active:
+            self._publish_started(record, started)
         timeout = record.timeout
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
         ctx = self._make_context(record, None if timeout is None else deadline)
+        result: Result | str | None = None
+        error: BaseException | None = None
         try:
             if worker_scope is None:
                 scope = anyio.CancelScope(deadline=deadline)
@@ -127,96 +132,61 @@ class ChildRunner:
                 record.scope = scope
                 if record.cancel_reason:
                     scope.cancel()
-                result, error = await self._call_runner(record, ctx)
+                try:
+                    pending, check = self._start_runner(record, ctx)
+                    result = check(record.spec.name, await pending)
+                except BaseException as exc:
+                    error = _runner_error(exc)
+                    if error is None:
+                        raise
             # Decided now, before cleanup awaits: a cancel arriving during cleanup is too
             # late to change the outcome. A result after the deadline never counts.
             record.ending = True
-            cancelled = record.cancel_reason is not None
-            timed_out = not cancelled and (scope.cancel_called or anyio.current_time() >= deadline)
+            if record.cancel_reason is not None:
+                status = Status.CANCELLED
+            elif scope.cancel_called or anyio.current_time() >= deadline:
+                status = Status.TIMEOUT
+            else:
+                status = Status.COMPLETED if error is None else Status.ERROR
         except BaseException as exc:
-            record.ending = True
             # Cancelled from outside (manager shutdown, or the caller of execute), or the
             # runner interrupted the program: the envelope is still produced, then the
             # exception goes on.
+            record.ending = True
             fatal = exc if _interrupts(exc) else None
             status = self._interrupted(record, worker_scope, fatal)
-            await self._end(record, worker_scope)
-            self.finalize(record, self._envelope(record, status, ctx.attempt, error=fatal))
+            await self._end(record, worker_scope, ctx.attempt, status, None, fatal)
             raise
-        await self._end(record, worker_scope)
-        if cancelled:
-            envelope = self._envelope(record, Status.CANCELLED, ctx.attempt)
-        elif timed_out:
-            envelope = self._envelope(record, Status.TIMEOUT, ctx.attempt)
-        elif error is not None:
-            envelope = self._envelope(record, Status.ERROR, ctx.attempt, error=error)
-        else:
-            assert result is not None
-            envelope = self._envelope(record, Status.COMPLETED, ctx.attempt, result=result)
-        self.finalize(record, envelope)
+        await self._end(record, worker_scope, ctx.attempt, status, result, error)
 
-    def _started(self, record: ChildRecord) -> None:
-        record.state = RUNNING
-        started = record.started_at = perf_counter()
-        if self._events.active:
-            self._events.publish(
-                STARTED,
-                session_id=record.session_id,
-                task_id=record.task_id,
-                agent_path=record.agent_path,
-                data={"queue_ms": int((started - record.spawned_at) * 1000)},
-            )
+    def _publish_started(self, record: ChildRecord, started: float) -> None:
+        self._events.publish(
+            STARTED,
+            session_id=record.session_id,
+            task_id=record.task_id,
+            agent_path=record.agent_path,
+            data={"queue_ms": int((started - record.spawned_at) * 1000)},
+        )
 
-    async def _call_runner(
+    def _start_runner(
         self, record: ChildRecord, ctx: RunContext
-    ) -> tuple[Result | str | None, BaseException | None]:
-        """The runner's result, or the error it raised; a real cancellation or an
-        interrupt of the program propagates."""
-        try:
-            return await self._backend_result(record, ctx), None
-        except Exception as exc:
-            return None, exc
-        except anyio.get_cancelled_exc_class() as exc:
-            if _being_cancelled():
-                raise  # a real cancellation: the watchdog, a cancel, or from outside
-            # Nothing cancelled us: the runner raised a cancellation of its own (on asyncio:
-            # it awaited a future someone else cancelled). Its error, not ours to propagate
-            # (that would kill this worker and stall the queue).
-            error = RuntimeError(
-                f"the runner raised {type(exc).__qualname__} but nothing cancelled it"
-            )
-            error.__cause__ = exc
-            return None, error
-        except BaseException as exc:
-            # Not an Exception: KeyboardInterrupt, SystemExit, GeneratorExit, or one of the
-            # runner's own. An interrupt goes on up (it stops the program) after the
-            # envelope; a group holding this task's cancellation is never swallowed.
-            if _interrupts(exc) or (
-                isinstance(exc, BaseExceptionGroup)
-                and exc.subgroup(anyio.get_cancelled_exc_class())
-                and _being_cancelled()
-            ):
-                raise
-            return None, exc  # the runner's error, like any other: the worker goes on
-
-    async def _backend_result(self, record: ChildRecord, ctx: RunContext) -> Result | str:
+    ) -> tuple[Awaitable[object], Check]:
+        """What to await for ``record``'s result, and the check its return value gets."""
         spec = record.spec
         backend = self._backend
         if record.trace is None and backend is run_local and spec.retry is None:
-            # The plain runner is awaited in place (run_local's checks, no retry wrapper);
-            # a str stays a str, which the envelope takes as the output.
+            # The plain runner is awaited in place (run_local's checks, no retry wrapper).
             pending = spec.runner(record.request, ctx)
             if type(pending) is not CoroutineType:  # rare: check what it is
                 pending = awaitable(spec.name, pending)
-            raw: object = await pending
-            return raw if type(raw) is str else coerce_result(spec.name, raw)
+            return pending, _plain_or_result
         if record.trace is None:
-            raw = await backend(spec, record.request, ctx)
+            pending = backend(spec, record.request, ctx)
         else:
-            raw = await self._telemetry.run(backend, record, ctx)
+            pending = self._telemetry.run(backend, record, ctx)
         # run_local checked its return; a custom backend may hand back anything, and a
         # bad return must end this child in an error envelope.
-        return raw if backend is run_local else coerce_result(spec.name, raw)
+        return pending, _checked if backend is run_local else coerce_result
 
     def _interrupted(
         self,
@@ -236,28 +206,33 @@ class ChildRunner:
         record.cancel_reason = "the caller was cancelled"
         return Status.CANCELLED
 
-    def _envelope(
+    async def _end(
         self,
         record: ChildRecord,
-        status: Status,
+        worker_scope: anyio.CancelScope | None,
         attempt: int,
-        *,
-        result: Result | str | None = None,
-        error: BaseException | None = None,
-    ) -> DelegateResult:
-        return envelope_for(
-            record, status, attempt, result=result, error=error, keep_traceback=self._events.active
-        )
-
-    async def _end(self, record: ChildRecord, worker_scope: anyio.CancelScope | None) -> None:
-        """The runner is over: off the watchdog; its session released, after its unfinished
-        children (if any) were cancelled and have settled, within ``settle_timeout``."""
+        status: Status,
+        result: Result | str | None,
+        error: BaseException | None,
+    ) -> None:
+        """The runner is over: off the watchdog; its unfinished children (if any) are
+        cancelled and settle within ``settle_timeout``, its session is released; then its
+        envelope."""
         record.scope = None
         if worker_scope is not None and record.timeout is not None:
             self._watchdog.disarm(worker_scope)
-        live = self._sessions.end_session_of(record)
-        if not live:  # most children delegate nothing: no await
-            return
+        if record.owns_session:  # most children have no mailbox, names or children
+            live = self._sessions.end_session_of(record)
+            if live:
+                await self._settle(record, live)
+        envelope = envelope_for(
+            record, status, attempt, result=result, error=error, keep_traceback=self._events.active
+        )
+        self.finalize(record, envelope)
+
+    async def _settle(self, record: ChildRecord, live: dict[ChildRecord, None]) -> None:
+        """Cancel the unfinished children of an ended child, wait (bounded) for them to
+        settle, then release its session."""
         for child in live:
             self.cancel(child, "its parent agent ended")
         # Its slot is not needed to wait, and a cancelled child of a full limit may be
@@ -309,6 +284,46 @@ class ChildRunner:
             self._telemetry.finish(record, envelope)
         record.mark_delivered()
         self._sessions.delivered(record)
+
+
+Check = Callable[[str, object], "Result | str"]
+"""``check(agent, returned)``: what a run returned, as the envelope takes it."""
+
+
+def _plain_or_result(agent: str, returned: object) -> Result | str:
+    """A plain runner's return: a str stays a str (the envelope takes it as the output)."""
+    return returned if type(returned) is str else coerce_result(agent, returned)
+
+
+def _checked(agent: str, returned: object) -> Result | str:
+    """What run_local returned: checked already."""
+    return cast("Result | str", returned)
+
+
+def _runner_error(exc: BaseException) -> BaseException | None:
+    """What the runner's exception ``exc`` makes of the child: its error (the envelope
+    names it), or ``None`` when it must propagate: a real cancellation of this task, or an
+    interrupt of the program (it goes on up after the envelope)."""
+    if isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, anyio.get_cancelled_exc_class()):
+        if _being_cancelled():
+            return None  # a real cancellation: the watchdog, a cancel, or from outside
+        # Nothing cancelled us: the runner raised a cancellation of its own (on asyncio: it
+        # awaited a future someone else cancelled). Its error, not ours to propagate (that
+        # would kill this worker and stall the queue).
+        error = RuntimeError(f"the runner raised {type(exc).__qualname__} but nothing cancelled it")
+        error.__cause__ = exc
+        return error
+    # Not an Exception: KeyboardInterrupt, SystemExit, GeneratorExit, or one of the
+    # runner's own; a group holding this task's cancellation is never swallowed.
+    if _interrupts(exc) or (
+        isinstance(exc, BaseExceptionGroup)
+        and exc.subgroup(anyio.get_cancelled_exc_class())
+        and _being_cancelled()
+    ):
+        return None
+    return exc  # the runner's error, like any other: the worker goes on
 
 
 def _interrupts(exc: BaseException) -> bool:

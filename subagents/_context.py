@@ -39,12 +39,7 @@ class RunContext:
     __slots__ = ("_manager", "_record", "attempt", "deadline", "permissions")
 
     def __init__(
-        self,
-        manager: SubagentManager,
-        record: ChildRecord,
-        *,
-        deadline: float | None,
-        permissions: Ruleset,
+        self, manager: SubagentManager, record: ChildRecord, deadline: float | None
     ) -> None:
         self._manager = manager
         self._record = record
@@ -52,7 +47,7 @@ class RunContext:
         """1 for the first try, 2 and up for retries of transient failures."""
         self.deadline = deadline
         """The watchdog deadline in :func:`anyio.current_time` units, or ``None``."""
-        self.permissions = permissions
+        self.permissions: Ruleset = record.permissions
         """The effective ruleset: this agent's intersected with every ancestor's."""
 
     @property

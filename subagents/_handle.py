@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager, nullcontext
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Final, NoReturn, Protocol, cast
+from typing import TYPE_CHECKING, Final, NoReturn, Protocol, cast
 
 from ._record import ChildRecord, TaskState
 
@@ -37,16 +37,13 @@ class HandleOwner(Protocol):
 
 
 class _NoPublicConstructor(type):
-    """Calling the class raises; the runtime makes instances through ``_create``."""
+    """Calling the class raises; the runtime makes instances with :func:`handle_of`."""
 
     def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
         raise TypeError(
             f"{cls.__module__}.{cls.__qualname__} has no public constructor: "
             "SubagentManager.spawn returns one"
         )
-
-    def _create(cls, *args: Any, **kwargs: Any) -> Any:
-        return super().__call__(*args, **kwargs)
 
 
 class SpawnHandle(metaclass=_NoPublicConstructor):
@@ -58,10 +55,8 @@ class SpawnHandle(metaclass=_NoPublicConstructor):
     """
 
     __slots__ = ("_owner", "_record")
-
-    def __init__(self, record: ChildRecord, owner: HandleOwner) -> None:
-        self._record = record
-        self._owner = owner
+    _record: ChildRecord
+    _owner: HandleOwner
 
     @property
     def task_id(self) -> str:
@@ -178,7 +173,10 @@ def handle_of(record: ChildRecord, owner: HandleOwner) -> SpawnHandle:
     """The one handle of ``record`` (made on first request)."""
     view = record.view
     if view is None:
-        view = record.view = SpawnHandle._create(record, owner)
+        # Not through the class (it has no public constructor): one allocation per spawn.
+        view = record.view = object.__new__(SpawnHandle)
+        view._record = record
+        view._owner = owner
     return cast("SpawnHandle", view)
 
 

@@ -55,12 +55,11 @@ class SpawnLimiter:
 
     Args:
         limit: slots (>= 1); changeable with :meth:`set_limit`.
-        run: runs one admitted child (see :data:`RunChild`).
     """
 
-    def __init__(self, limit: int, run: RunChild) -> None:
+    def __init__(self, limit: int) -> None:
         self._limit = count("max_concurrent_spawns", limit, minimum=1)
-        self._run = run
+        self._run: RunChild | None = None
         self._tg: TaskGroup | None = None
         self._open = False
         self._queue: deque[ChildRecord] = deque()
@@ -88,9 +87,10 @@ class SpawnLimiter:
         """Slots in use beyond the limit now."""
         return len(self._borrowers)
 
-    def start(self, tg: TaskGroup) -> None:
-        """Start admitting: workers run in ``tg``."""
+    def start(self, tg: TaskGroup, run: RunChild) -> None:
+        """Start admitting: workers in ``tg`` run each admitted child with ``run``."""
         self._tg = tg
+        self._run = run
         self._open = True
         self._pump()
 
@@ -176,6 +176,7 @@ class SpawnLimiter:
             # Not reset after the run: an ended child neither holds nor lends a slot, so
             # lend_slot() sees nothing to lend until the next is set.
             _SLOT_OWNER.set(record)
+            assert self._run is not None
             try:
                 await self._run(record, scope)
             finally:

@@ -9,6 +9,7 @@ a spawn's arguments, makes its record and hands it to them.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
@@ -34,7 +35,7 @@ from ._notifier import CompletionNotifier
 from ._paths import AgentPath, child_path
 from ._record import ChildRecord
 from ._sessions import Sessions, default_mailbox_factory
-from ._spawn_args import check_depth, new_task_id, spawn_options, spawn_timeout
+from ._spawn_args import NO_OPTIONS, depth_error, spawn_options, spawn_timeout
 from ._spec import UNSET, AgentSpec, Request, SpawnOptions, SubagentConfig, _Unset
 from ._tracing import Telemetry
 from ._validators import seconds
@@ -118,7 +119,7 @@ class SubagentManager:
         for spec in agents:
             self.register(spec)
         self._watchdog = Watchdog()
-        self._limiter = SpawnLimiter(config.max_concurrent_spawns, self._run_spawned)
+        self._limiter = SpawnLimiter(config.max_concurrent_spawns)
         if mailbox_factory is None:
             mailbox_factory = default_mailbox_factory(config.mailbox_capacity, config.mailbox_ttl)
         self._sessions = Sessions(mailbox_factory, self.lend_slot, config.retain_collected)
@@ -134,7 +135,7 @@ class SubagentManager:
         )
         self._children = ChildRunner(
             backend=backend if backend is not None else run_local,
-            make_context=self._context,
+            make_context=functools.partial(RunContext, self),
             sessions=self._sessions,
             limiter=self._limiter,
             watchdog=self._watchdog,
@@ -148,12 +149,6 @@ class SubagentManager:
         self._tg: TaskGroup | None = None
         self._state: Literal["new", "running", "closing", "closed"] = "new"
 
-    def _context(self, record: ChildRecord, deadline: float | None) -> RunContext:
-        return RunContext(self, record, deadline=deadline, permissions=record.permissions)
-
-    async def _run_spawned(self, record: ChildRecord, scope: anyio.CancelScope) -> None:
-        await self._children.run(record, scope)
-
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> SubagentManager:
@@ -166,7 +161,7 @@ class SubagentManager:
         self._state = "running"
         self._sessions.accepting = True
         self._watchdog.start(tg)
-        self._limiter.start(tg)
+        self._limiter.start(tg, self._children.run)
         return self
 
     async def __aexit__(
@@ -384,7 +379,9 @@ class SubagentManager:
                 "the subagent manager is not running: enter it with `async with` first "
                 "(or it was closed)",
             )
-        spec = self.get_agent(agent)
+        spec = self._specs.get(agent)
+        if spec is None:
+            raise UnknownAgent(agent, self._specs)
         if not isinstance(input, str):
             raise ConfigError("input", "a string", input)
         if not isinstance(session_id, str):
@@ -392,12 +389,13 @@ class SubagentManager:
         sessions = self._sessions
         parent = sessions.check_open(session_id)
         parent_path = _ROOT if parent is None else parent.agent_path
-        check_depth(parent_path, parent is not None, self.config.max_depth)
-        options = spawn_options(options, timeout, name)
+        if (1 if parent is None else parent_path.depth + 1) > self.config.max_depth:
+            raise depth_error(parent_path, self.config.max_depth)
+        options = NO_OPTIONS if options is None else spawn_options(options, timeout, name)
         default = self.config.execute_timeout if sync else self.config.spawn_timeout
         segment = sessions.allocate_name(session_id, name or options.name or spec.name)
         record = ChildRecord(
-            task_id=self._unused_task_id(),
+            task_id=sessions.new_task_id(),
             session_id=session_id,
             root_session=session_id if parent is None else parent.root_session,
             spec=spec,
@@ -424,12 +422,6 @@ class SubagentManager:
         if self._telemetry.active:
             record.trace = self._telemetry.start(record, parent)
         return record
-
-    def _unused_task_id(self) -> str:
-        task_id = new_task_id()
-        while task_id in self._sessions:  # pragma: no cover - 48 random bits
-            task_id = new_task_id()
-        return task_id
 
     def _publish_spawned(self, record: ChildRecord) -> None:
         self.events.publish(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Final
@@ -91,8 +92,12 @@ class Sessions:
     def get(self, task_id: str) -> ChildRecord | None:
         return self._tasks.get(task_id)
 
-    def __contains__(self, task_id: str) -> bool:
-        return task_id in self._tasks
+    def new_task_id(self) -> str:
+        """A task id no record has: 12 random hex digits, 48 bits from the OS."""
+        task_id = os.urandom(6).hex()
+        while task_id in self._tasks:  # pragma: no cover - 48 random bits
+            task_id = os.urandom(6).hex()
+        return task_id
 
     def require(self, task_id: str, session_id: str | None = None) -> ChildRecord:
         """The record of ``task_id``; raises :class:`UnknownTask` naming the ids probably

@@ -3,7 +3,6 @@ depth limit, and task ids."""
 
 from __future__ import annotations
 
-import os
 from typing import Final
 
 from ._errors import ConfigError, SpawnRejected
@@ -11,9 +10,9 @@ from ._paths import AgentPath
 from ._spec import UNSET, AgentSpec, SpawnOptions, _Unset
 from ._validators import seconds
 
-__all__ = ["check_depth", "new_task_id", "spawn_options", "spawn_timeout"]
+__all__ = ["NO_OPTIONS", "depth_error", "spawn_options", "spawn_timeout"]
 
-_NO_OPTIONS: Final = SpawnOptions()
+NO_OPTIONS: Final = SpawnOptions()
 
 
 def spawn_options(
@@ -22,7 +21,7 @@ def spawn_options(
     """``options`` checked: a :class:`SpawnOptions` (or none), and no setting given both
     as an argument and in it (neither may silently win over the other)."""
     if options is None:
-        return _NO_OPTIONS
+        return NO_OPTIONS
     if not isinstance(options, SpawnOptions):
         raise ConfigError("options", "a SpawnOptions or None", options)
     if timeout is not UNSET and options.timeout is not None:
@@ -52,17 +51,11 @@ def spawn_timeout(
     return None if timeout is None else seconds("timeout", timeout, none_ok=False, zero_ok=False)
 
 
-def check_depth(parent_path: AgentPath, is_child: bool, max_depth: int) -> None:
-    """Raise :class:`SpawnRejected` if a child of ``parent_path`` would be too deep."""
-    depth = parent_path.depth + 1 if is_child else 1  # /root is at depth 0
-    if depth > max_depth:
-        raise SpawnRejected(
-            "depth",
-            f"delegation depth limit reached: {parent_path} is at depth "
-            f"{parent_path.depth} and max_depth is {max_depth}, so it cannot have children",
-        )
-
-
-def new_task_id() -> str:
-    """12 random hex digits: 48 bits from the OS."""
-    return os.urandom(6).hex()
+def depth_error(parent_path: AgentPath, max_depth: int) -> SpawnRejected:
+    """The error for a child of ``parent_path`` that would be deeper than ``max_depth``
+    (``/root`` is at depth 0)."""
+    return SpawnRejected(
+        "depth",
+        f"delegation depth limit reached: {parent_path} is at depth "
+        f"{parent_path.depth} and max_depth is {max_depth}, so it cannot have children",
+    )
