@@ -18,6 +18,7 @@ import anyio
 import anyio.lowlevel
 
 from ._envelope import DelegateResult
+from ._handle import NO_LEND
 
 if TYPE_CHECKING:
     from ._handle import SpawnHandle
@@ -25,9 +26,28 @@ if TYPE_CHECKING:
     from ._record import ChildRecord
     from ._sessions import Sessions
 
-__all__ = ["Completions", "WaitMode", "wait_handles"]
+__all__ = ["Completions", "WaitMode", "wait_for_record", "wait_handles"]
 
 WaitMode = Literal["any", "all"]
+
+
+async def wait_for_record(
+    record: ChildRecord, timeout: float | None, lend: AbstractAsyncContextManager[None]
+) -> None:
+    """Block until ``record`` has ended or ``timeout`` seconds pass, inside ``lend`` (the
+    waiting child's slot lent meanwhile). The deadline encloses the lend: taking the slot
+    back never outlasts it."""
+    if lend is NO_LEND and timeout is None:
+        # A root parent's plain wait: neither the no-op context nor a cancel scope, each
+        # of which costs more than the wake-up itself.
+        await record.done.wait()
+    elif timeout is None:
+        async with lend:
+            await record.done.wait()
+    else:
+        with anyio.move_on_after(timeout):
+            async with lend:
+                await record.done.wait()
 
 
 async def wait_handles(

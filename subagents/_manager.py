@@ -10,33 +10,30 @@ a spawn's arguments, makes its record and hands it to them.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
-from time import perf_counter
 from types import TracebackType
 from typing import Final, Literal
 
 import anyio
-import attrs
 from anyio.abc import TaskGroup
 
 from ._backend import Backend, run_local
 from ._child import ChildRunner, CompletionEvents
-from ._completions import Completions
+from ._completions import Completions, wait_for_record
 from ._context import RunContext
 from ._envelope import DelegateResult
 from ._errors import ConfigError, SpawnRejected, UnknownAgent
-from ._events import SPAWNED, EventBus
-from ._handle import NO_LEND, SpawnHandle, handle_of, record_of
+from ._events import EventBus
+from ._handle import SpawnHandle, handle_of, record_of
 from ._limiter import SpawnLimiter
 from ._mailbox import BaseMailbox
 from ._notifier import CompletionNotifier
-from ._paths import AgentPath, child_path
 from ._record import ChildRecord
 from ._sessions import Sessions, default_mailbox_factory
-from ._spawn_args import NO_OPTIONS, depth_error, spawn_options, spawn_timeout
-from ._spec import UNSET, AgentSpec, Request, SpawnOptions, SubagentConfig, _Unset
+from ._spawning import Spawner, publish_spawned
+from ._spec import UNSET, AgentSpec, SpawnOptions, SubagentConfig, _Unset
+from ._statistics import ManagerStatistics
 from ._tracing import Telemetry
 from ._validators import seconds
 from ._watchdog import Watchdog
@@ -44,40 +41,6 @@ from ._watchdog import Watchdog
 __all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
 
 DEFAULT_SESSION: Final = "root"
-logger = logging.getLogger("subagents")
-
-_ROOT: Final = AgentPath.root()
-
-
-@attrs.frozen(kw_only=True)
-class ManagerStatistics:
-    """A snapshot of the manager's admission counters."""
-
-    limit: int
-    """Current concurrency limit for spawned children."""
-    running: int
-    """Spawned children holding a slot now (borrowed slots included)."""
-    queued: int
-    """Spawned children waiting for a slot."""
-    high_water: int
-    """Most slots ever held at once, borrowed ones not counted: never above the limit
-    (unless the limit was lowered while they ran)."""
-    borrowed: int
-    """Slots in use beyond the limit now: children whose wait to take back a lent slot
-    timed out or was cancelled, so they run on without one. ``running - borrowed`` never
-    exceeds the limit; the next slots to free repay these before anyone queued starts."""
-    borrows: int
-    """How many times a child ever ran on a borrowed slot."""
-    mailbox_overflows: int
-    """Results that found their session's mailbox full (``mailbox_capacity`` unread): each
-    went by the ``subagent.completed`` event alone and stays collectable by ``wait_result``
-    and ``wait_agent`` (a ``subagent.mailbox_full`` event marks it)."""
-    spawned: int
-    """Children ever created (spawns and executes)."""
-    settled: int
-    """Children that have ended in an envelope."""
-    workers: int
-    """Worker tasks alive."""
 
 
 class SubagentManager:
@@ -122,17 +85,14 @@ class SubagentManager:
         self._limiter = SpawnLimiter(config.max_concurrent_spawns)
         if mailbox_factory is None:
             mailbox_factory = default_mailbox_factory(config.mailbox_capacity, config.mailbox_ttl)
-        self._sessions = Sessions(mailbox_factory, self.lend_slot, config.retain_collected)
+        self._sessions = Sessions(mailbox_factory, self._limiter.lend_slot, config.retain_collected)
         completion_events = CompletionEvents(self.events, self._sessions, config.mailbox_capacity)
-        self._notifier = (
-            notifier
-            if notifier is not None
-            else CompletionNotifier(
-                self._sessions.delivery_mailbox,
-                completion_events,
-                enabled=config.notify_completion,
+        if notifier is None:
+            deliver_to = self._sessions.delivery_mailbox
+            notifier = CompletionNotifier(
+                deliver_to, completion_events, enabled=config.notify_completion
             )
-        )
+        self._notifier = notifier
         self._children = ChildRunner(
             backend=backend if backend is not None else run_local,
             make_context=functools.partial(RunContext, self),
@@ -145,6 +105,7 @@ class SubagentManager:
             telemetry=self._telemetry,
             settle_timeout=config.settle_timeout,
         )
+        self._spawner = Spawner(self._specs, self._sessions, config)
         self._spawned = 0
         self._tg: TaskGroup | None = None
         self._state: Literal["new", "running", "closing", "closed"] = "new"
@@ -379,63 +340,14 @@ class SubagentManager:
                 "the subagent manager is not running: enter it with `async with` first "
                 "(or it was closed)",
             )
-        spec = self._specs.get(agent)
-        if spec is None:
-            raise UnknownAgent(agent, self._specs)
-        if not isinstance(input, str):
-            raise ConfigError("input", "a string", input)
-        if not isinstance(session_id, str):
-            raise ConfigError("session_id", "a string", session_id)
-        sessions = self._sessions
-        parent = sessions.check_open(session_id)
-        parent_path = _ROOT if parent is None else parent.agent_path
-        if (1 if parent is None else parent_path.depth + 1) > self.config.max_depth:
-            raise depth_error(parent_path, self.config.max_depth)
-        options = NO_OPTIONS if options is None else spawn_options(options, timeout, name)
-        default = self.config.execute_timeout if sync else self.config.spawn_timeout
-        segment = sessions.allocate_name(session_id, name or options.name or spec.name)
-        record = ChildRecord(
-            task_id=sessions.new_task_id(),
-            session_id=session_id,
-            root_session=session_id if parent is None else parent.root_session,
-            spec=spec,
-            request=Request(
-                agent=spec.name,
-                input=input,
-                prompt=options.prompt if options.prompt is not None else spec.prompt,
-                files=options.files,
-                model=options.model if options.model is not None else spec.model,
-            ),
-            agent_path=child_path(parent_path, segment),
-            parent_path=parent_path,
-            timeout=spawn_timeout(timeout, options, spec, default),
-            permissions=spec.permissions.intersect(
-                self.config.permissions if parent is None else parent.permissions
-            ),
-            spawned_at=perf_counter(),
-            sync=sync,
-        )
-        sessions.add(record)
+        new = self._spawner.new_record
+        record, parent = new(agent, input, session_id, name, timeout, options, sync)
         self._spawned += 1
         if self.events.active:
-            self._publish_spawned(record)
+            publish_spawned(self.events, record)
         if self._telemetry.active:
             record.trace = self._telemetry.start(record, parent)
         return record
-
-    def _publish_spawned(self, record: ChildRecord) -> None:
-        self.events.publish(
-            SPAWNED,
-            session_id=record.session_id,
-            task_id=record.task_id,
-            agent_path=record.agent_path,
-            data={
-                "agent": record.spec.name,
-                "parent_path": record.parent_path,
-                "mode": "execute" if record.sync else "spawn",
-                "timeout_s": record.timeout,
-            },
-        )
 
     # ------------------------------------------------------------------ cancellation, sessions
 
@@ -557,19 +469,7 @@ class SubagentManager:
         timeout = seconds("timeout", timeout, none_ok=True, zero_ok=True)
         record = self._sessions.require(task_id, session_id)
         if record.envelope is None and timeout != 0:
-            lend = self.lend_slot()
-            if lend is NO_LEND and timeout is None:
-                # A root parent's plain wait: neither the no-op context nor a cancel scope,
-                # each of which costs more than the wake-up itself.
-                await record.done.wait()
-            elif timeout is None:
-                async with lend:
-                    await record.done.wait()
-            else:
-                # The deadline encloses the lend: taking the slot back never outlasts it.
-                with anyio.move_on_after(timeout):
-                    async with lend:
-                        await record.done.wait()
+            await wait_for_record(record, timeout, self.lend_slot())
         if record.envelope is None:
             return None
         self._sessions.collect(record)
