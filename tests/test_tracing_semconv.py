@@ -33,7 +33,8 @@ from subagents import (
     Usage,
     _tracing,
 )
-from subagents._tracing import TOOL_CONTENT_LIMIT, Telemetry
+from subagents._semconv import INSTRUMENTATION, TOOL_CONTENT_LIMIT
+from subagents._tracing import Telemetry
 from subagents.tools import build_tools
 
 pytestmark = pytest.mark.anyio
@@ -104,7 +105,7 @@ class Otel:
 @pytest.fixture
 def otel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Otel]:
     setup = Otel()
-    tracer = setup.tracer_provider.get_tracer(_tracing.INSTRUMENTATION)
+    tracer = setup.tracer_provider.get_tracer(INSTRUMENTATION)
     monkeypatch.setattr(_tracing, "_global_tracer", lambda: tracer)
     yield setup
     setup.tracer_provider.shutdown()
