@@ -7,7 +7,8 @@ OpenTelemetry GenAI agent spans (``invoke_agent {agent}``, ``execute_tool {tool}
 ``subagents.``, and the deprecated ``gen_ai.system`` is never written. The metric names
 are in :mod:`._metrics`. See ``design/observability.md``.
 
-Names and ids a model sends, and captured tool arguments and results, are bounded here.
+Every text that can grow with what a runner or a model sends (names, ids, prompts,
+outputs, tool arguments and results) is bounded here, so no span grows with it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "EVENT_STARTED",
     "EVENT_WATCHDOG",
     "INSTRUMENTATION",
+    "MESSAGE_CONTENT_LIMIT",
     "NAME_LIMIT",
     "TOOL_CONTENT_LIMIT",
     "Attributes",
@@ -63,6 +65,10 @@ knows for certain is that the subagents runtime invoked the agent."""
 TOOL_CONTENT_LIMIT: Final = 4096
 """Bound (characters) of ``gen_ai.tool.call.arguments`` / ``.result``; a cut value ends in
 an ellipsis (and is no longer valid JSON)."""
+MESSAGE_CONTENT_LIMIT: Final = 4096
+"""Bound (characters) of each captured message attribute (``gen_ai.input.messages``,
+``gen_ai.system_instructions``, ``gen_ai.output.messages``): the text inside is cut, ending
+in an ellipsis, so the attribute stays valid JSON."""
 NAME_LIMIT: Final = 128
 """Bound (characters) of a tool, agent or call id name in a span name or attribute."""
 
@@ -120,7 +126,7 @@ def invoke_agent_attributes(
 
 
 def input_attributes(prompt: str | None, text: str) -> Attributes:
-    """The request as GenAI message JSON (only under ``capture_content``)."""
+    """The request as GenAI message JSON (only under ``capture_content``), bounded."""
     attributes: Attributes = {}
     if prompt:
         attributes["gen_ai.system_instructions"] = _messages(_instructions, prompt)
@@ -169,7 +175,23 @@ def _assistant_message(text: str) -> JSONValue:
 
 
 def _messages(wrap: Callable[[str], JSONValue], text: str) -> str:
-    return dumps_str(wrap(text))
+    """``wrap(text)`` as JSON of at most :data:`MESSAGE_CONTENT_LIMIT` characters: when it
+    is longer, the longest start of ``text`` (ending in an ellipsis) whose JSON fits, so
+    the JSON around it stays whole and valid."""
+    if len(text) <= MESSAGE_CONTENT_LIMIT:
+        encoded = dumps_str(wrap(text))
+        if len(encoded) <= MESSAGE_CONTENT_LIMIT:
+            return encoded
+    # Escapes make the JSON of a character 1 to 6 characters long, so search for the cut:
+    # a longer cut never has shorter JSON, and the ellipsis alone always fits.
+    low, high = 1, min(len(text), MESSAGE_CONTENT_LIMIT)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(dumps_str(wrap(bound_text(text, middle)))) <= MESSAGE_CONTENT_LIMIT:
+            low = middle
+        else:
+            high = middle - 1
+    return dumps_str(wrap(bound_text(text, low)))
 
 
 # ------------------------------------------------------------------ execute_tool
