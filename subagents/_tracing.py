@@ -372,20 +372,16 @@ def _root_session(handle: SpawnHandle) -> str:
 
 # --------------------------------------------------------------------- tool spans
 
-_global_tracer_cache: list[object] = [None, None]  # [provider, tracer]
 
-
-def _global_tracer() -> trace.Tracer | None:
-    """The global provider's tracer (``None`` without an SDK), looked up again only when
-    the global provider changes."""
-    provider = trace.get_tracer_provider()
-    cache = _global_tracer_cache
-    if cache[0] is provider:
-        tracer = cache[1]
-        return tracer if isinstance(tracer, trace.Tracer) else None
-    tracer = _real_tracer(provider)
-    cache[0], cache[1] = provider, tracer
-    return tracer
+def _tool_tracer(telemetry: Telemetry | None, current: Context) -> trace.Tracer | None:
+    """The tracer of a tool call: ``telemetry``'s; without one, that of the manager whose
+    child is running (found in ``current``), else the global provider's."""
+    if telemetry is None:
+        found = context.get_value(_TELEMETRY_KEY, current)
+        if not isinstance(found, Telemetry):
+            return _real_tracer(trace.get_tracer_provider())
+        telemetry = found
+    return telemetry._tracer
 
 
 class ToolSpan:
@@ -447,13 +443,15 @@ def tool_span(
     transfer_target: str | None = None,
     description: str | None = None,
     arguments: str | None = None,
+    telemetry: Telemetry | None = None,
 ) -> Iterator[ToolSpan]:
     """Wrap one tool execution in an ``execute_tool {tool}`` span (kind INTERNAL).
 
-    The span is current inside the block, so a child spawned there is its child. Inside a
-    subagent the tracer is its manager's (honouring ``SubagentConfig.tracing``); elsewhere
-    the global provider's. An exception escaping the block is recorded and sets status
-    ERROR; cancellation is not an error.
+    The span is current inside the block, so a child spawned there is its child. The
+    tracer is that of the manager the tool acts on (``telemetry``, honouring its
+    ``SubagentConfig``: its providers, and no span with ``tracing=False``); without one,
+    inside a subagent its manager's, elsewhere the global provider's. An exception
+    escaping the block is recorded and sets status ERROR; cancellation is not an error.
 
     Args:
         tool: the tool's name.
@@ -462,10 +460,10 @@ def tool_span(
         description: the tool's description (``gen_ai.tool.description``).
         arguments: the call's arguments as JSON text, recorded (bounded) as
             ``gen_ai.tool.call.arguments``; pass them only under ``capture_content``.
+        telemetry: the telemetry of the manager the tool acts on.
     """
     current = context.get_current()
-    telemetry = context.get_value(_TELEMETRY_KEY, current)
-    tracer = telemetry._tracer if isinstance(telemetry, Telemetry) else _global_tracer()
+    tracer = _tool_tracer(telemetry, current)
     if tracer is None:
         yield _NO_TOOL_SPAN
         return

@@ -2,8 +2,8 @@
 ``opentelemetry-semantic-conventions`` package: a name is either one of its constants or in
 the ``subagents.`` namespace; the Required GenAI attributes are always there.
 
-The SDK providers here are private to each test (the manager's telemetry is replaced and
-the tools' global tracer is patched), so nothing depends on the global providers.
+The SDK providers here are private to each test (the manager's telemetry is replaced; the
+tools trace with their manager's), so nothing depends on the global providers.
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ from subagents import (
     SubagentManager,
     Usage,
     _semconv,
-    _tracing,
 )
-from subagents._semconv import INSTRUMENTATION, MESSAGE_CONTENT_LIMIT, TOOL_CONTENT_LIMIT
+from subagents._semconv import MESSAGE_CONTENT_LIMIT, TOOL_CONTENT_LIMIT
 from subagents._tracing import Telemetry
 from subagents.tools import build_tools
 
@@ -105,10 +104,8 @@ class Otel:
 
 
 @pytest.fixture
-def otel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Otel]:
+def otel() -> Iterator[Otel]:
     setup = Otel()
-    tracer = setup.tracer_provider.get_tracer(INSTRUMENTATION)
-    monkeypatch.setattr(_tracing, "_global_tracer", lambda: tracer)
     yield setup
     setup.tracer_provider.shutdown()
     setup.meter_provider.shutdown()

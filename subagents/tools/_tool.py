@@ -27,7 +27,7 @@ from .._errors import (
     UnknownTask,
 )
 from .._json import JSONValue, dumps_str
-from .._tracing import ToolSpan, tool_span
+from .._tracing import Telemetry, ToolSpan, tool_span
 from ._export import to_anthropic, to_mcp, to_openai_chat, to_openai_responses
 from ._schema import ArgumentError, Param, parse_args, schema_for
 
@@ -126,6 +126,9 @@ class Tool:
     _handler: Handler = attrs.field(alias="handler", repr=False, eq=False)
     _transfers: bool = attrs.field(alias="transfers", default=False, repr=False)
     _capture_content: bool = attrs.field(alias="capture_content", default=False, repr=False)
+    _telemetry: Telemetry | None = attrs.field(
+        alias="telemetry", default=None, repr=False, eq=False
+    )
 
     async def execute(self, args: object, *, call_id: str | None = None) -> ToolResult:
         """Validate ``args`` (an object or its JSON text) and run the tool.
@@ -166,6 +169,7 @@ class Tool:
             description=self.description,
             capture=self._capture_content,
             arguments=captured,
+            telemetry=self._telemetry,
         )
 
     def to_openai_chat(self, *, strict: bool = False) -> dict[str, JSONValue]:
@@ -194,10 +198,12 @@ async def traced(
     description: str | None = None,
     capture: bool = False,
     arguments: str | None = None,
+    telemetry: Telemetry | None = None,
 ) -> ToolResult:
-    """``run`` inside the ``execute_tool`` span of ``tool``; a tracer that fails to open or
-    close the span is logged and never breaks the call (``run`` itself must not raise).
-    With ``capture``, a successful call's content is recorded as its result.
+    """``run`` inside the ``execute_tool`` span of ``tool``, traced by ``telemetry`` (the
+    tool's manager's; see :func:`tool_span`); a tracer that fails to open or close the
+    span is logged and never breaks the call (``run`` itself must not raise). With
+    ``capture``, a successful call's content is recorded as its result.
 
     Every call is a checkpoint (it yields once before ``run``, where cancelling it changes
     nothing): a host polling ``wait_agent`` with ``timeout_ms: 0`` in a loop lets the
@@ -214,6 +220,7 @@ async def traced(
                         transfer_target=target,
                         description=description,
                         arguments=arguments,
+                        telemetry=telemetry,
                     )
                 )
             except Exception:
