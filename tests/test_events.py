@@ -177,3 +177,39 @@ def test_raising_subscriber_does_not_stop_others(caplog: pytest.LogCaptureFixtur
     publish(bus, 1)
     assert stream.receive_nowait().seq == 1
     assert "subscriber" in caplog.text
+
+
+TRACEBACK_CHARS = 20_000
+"""The bound proposed for a completed event's traceback (see the xfail reason)."""
+
+
+@pytest.mark.anyio
+@pytest.mark.xfail(
+    reason="the traceback is formatted unbounded in _child_run.py (under the engine "
+    "redesign); bound it there, keeping its start and its end, then drop this mark",
+    strict=True,
+)
+async def test_a_completed_event_carries_a_bounded_traceback() -> None:
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        raise ValueError("disk on fire " + "x" * 1_000_000)
+
+    async def failing(request: Request, ctx: RunContext) -> str:
+        try:
+            deep(200)
+        except ValueError as exc:
+            raise RuntimeError("the runner gave up") from exc
+        return ""
+
+    spec = AgentSpec(name="failing", description="Fails loudly.", runner=failing)
+    completed: list[Event] = []
+    async with SubagentManager([spec]) as manager:
+        manager.events.subscribe(lambda e: completed.append(e) if e.type == COMPLETED else None)
+        await manager.spawn("failing").wait()
+    (event,) = completed
+    traceback = event.data["traceback"]
+    assert isinstance(traceback, str)
+    assert traceback.startswith("Traceback")
+    assert traceback.rstrip().endswith("RuntimeError: the runner gave up")  # the end is kept
+    assert len(traceback) <= TRACEBACK_CHARS
