@@ -112,6 +112,7 @@ class Toolset:
                 + ", ".join(self._tools),
                 details={"error": "unknown_tool", "tools": list(self._tools)},
                 is_error=True,
+                content_limit=self.limits.truncate_chars,
             )
 
             async def answer(span: ToolSpan) -> ToolResult:

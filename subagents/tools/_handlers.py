@@ -197,7 +197,7 @@ class SessionTools(WaitAgent):
 
     async def list_agents(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
         manager = self.manager
-        limit = 2 * self.limits.truncate_chars
+        limit = list_limit(self.limits)
         agents = manager.agents
         lines = ["agent types (use with spawn_agent / delegate_to_agent):"]
         agent_details: list[JSONValue] = []
@@ -253,6 +253,11 @@ _TIMEOUT_SPAWN = Param(
 )
 
 
+def list_limit(limits: ToolLimits) -> int:
+    """The bound of ``list_agents``' text: twice the others', as it lists every agent type."""
+    return 2 * limits.truncate_chars
+
+
 def _hints(
     *, read_only: bool, destructive: bool, idempotent: bool, open_world: bool
 ) -> dict[str, bool]:
@@ -306,6 +311,7 @@ def build_session_tools(
                 read_only=False, destructive=False, idempotent=False, open_world=True
             ),
             engine_timeout=engine["spawn_agent"],
+            content_limit=limits.truncate_chars,
             transfers=True,
         ),
         make_tool(
@@ -354,6 +360,7 @@ def build_session_tools(
                 read_only=False, destructive=False, idempotent=False, open_world=False
             ),
             engine_timeout=engine["wait_agent"],
+            content_limit=limits.truncate_chars,
         ),
         make_tool(
             name="delegate_to_agent",
@@ -373,6 +380,7 @@ def build_session_tools(
                 read_only=False, destructive=False, idempotent=False, open_world=True
             ),
             engine_timeout=engine["delegate_to_agent"],
+            content_limit=limits.truncate_chars,
             transfers=True,
         ),
         make_tool(
@@ -400,6 +408,7 @@ def build_session_tools(
                 read_only=False, destructive=True, idempotent=True, open_world=False
             ),
             engine_timeout=engine["cancel_agent"],
+            content_limit=limits.truncate_chars,
         ),
         make_tool(
             name="list_agents",
@@ -416,5 +425,6 @@ def build_session_tools(
                 read_only=True, destructive=False, idempotent=True, open_world=False
             ),
             engine_timeout=engine["list_agents"],
+            content_limit=list_limit(limits),
         ),
     ]
