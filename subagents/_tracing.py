@@ -1,20 +1,11 @@
 """OpenTelemetry spans, baggage and metrics: the only module that imports opentelemetry.
 
 Only ``opentelemetry-api`` is used; the SDK and exporters belong to the application. This
-module is what talks to it: it resolves the providers, opens and ends each child's
-``invoke_agent`` span and each tool call's ``execute_tool`` span, carries the context and
-baggage, and feeds the metric instruments. What it writes is decided by pure modules:
-names and span attributes by :mod:`._semconv`, instruments and points by :mod:`._metrics`.
-
-Cost: a :class:`Telemetry` decides once, when the manager is entered, whether its tracer
-and meter record anything (the providers given in ``SubagentConfig``, else the global
-ones, judged by public checks only). When neither does, or ``SubagentConfig.tracing`` is
-off, :meth:`Telemetry.start` is never called and a spawn pays one attribute check.
-
-Context: the caller's context is captured when ``spawn`` is called and attached around
-the child's runner, so the child's span is a child of the span current at spawn time,
-although the child runs in the manager's worker task group. See
-``design/observability.md``.
+module resolves the providers, opens and ends each child's ``invoke_agent`` span and each
+tool call's ``execute_tool`` span, carries the context and baggage, and feeds the metric
+instruments; what it writes is decided by the pure :mod:`._semconv` (names, attributes)
+and :mod:`._metrics` (instruments, points). A manager whose providers record nothing pays
+one attribute check per spawn. See ``design/observability.md``.
 """
 
 from __future__ import annotations
@@ -30,17 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from . import _metrics, _semconv
 from ._envelope import Status
-from ._semconv import (
-    BAGGAGE_AGENT_PATH,
-    BAGGAGE_CONVERSATION_ID,
-    BAGGAGE_TASK_ID,
-    EVENT_EXCEPTION,
-    EVENT_QUEUED,
-    EVENT_STARTED,
-    EVENT_WATCHDOG,
-    INSTRUMENTATION,
-    Attributes,
-)
+from ._semconv import INSTRUMENTATION, Attributes
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -247,9 +228,9 @@ class Telemetry:
                 attributes=self._start_attributes(handle, conversation_id),
             )
             ctx = trace.set_span_in_context(span, captured)
-        ctx = baggage.set_baggage(BAGGAGE_CONVERSATION_ID, conversation_id, ctx)
-        ctx = baggage.set_baggage(BAGGAGE_AGENT_PATH, str(handle.agent_path), ctx)
-        ctx = baggage.set_baggage(BAGGAGE_TASK_ID, handle.task_id, ctx)
+        ctx = baggage.set_baggage(_semconv.BAGGAGE_CONVERSATION_ID, conversation_id, ctx)
+        ctx = baggage.set_baggage(_semconv.BAGGAGE_AGENT_PATH, str(handle.agent_path), ctx)
+        ctx = baggage.set_baggage(_semconv.BAGGAGE_TASK_ID, handle.task_id, ctx)
         ctx = context.set_value(_TELEMETRY_KEY, self, ctx)
         return _TaskTrace(span, ctx, conversation_id)
 
@@ -278,7 +259,7 @@ class Telemetry:
         if isinstance(state, _TaskTrace) and state.span is not None:
             try:
                 state.span.add_event(
-                    EVENT_QUEUED, {"subagents.queue_position": handle.queue_position}
+                    _semconv.EVENT_QUEUED, {"subagents.queue_position": handle.queue_position}
                 )
             except Exception:
                 logger.exception("tracing the queueing of task %s failed", handle.task_id)
@@ -307,7 +288,7 @@ class Telemetry:
         state.started_at = perf_counter()
         queue_s = 0.0 if handle._started_at is None else handle._started_at - handle._spawned_at
         if state.span is not None:
-            state.span.add_event(EVENT_STARTED)
+            state.span.add_event(_semconv.EVENT_STARTED)
             state.span.set_attribute("subagents.queue_ms", int(queue_s * 1000))
         if self._records is not None:
             state.counted = True
@@ -351,10 +332,10 @@ class Telemetry:
     def _end_span(self, span: trace.Span, handle: SpawnHandle, envelope: DelegateResult) -> None:
         span.set_attributes(_semconv.end_attributes(envelope, capture_content=self.capture_content))
         if envelope.status is Status.TIMEOUT:
-            span.add_event(EVENT_WATCHDOG, {"subagents.timeout_s": handle._timeout or 0.0})
+            span.add_event(_semconv.EVENT_WATCHDOG, {"subagents.timeout_s": handle._timeout or 0.0})
             span.set_status(StatusCode.ERROR, envelope.error)
         elif envelope.status is Status.ERROR:
-            span.add_event(EVENT_EXCEPTION, _semconv.exception_attributes(envelope))
+            span.add_event(_semconv.EVENT_EXCEPTION, _semconv.exception_attributes(envelope))
             span.set_status(StatusCode.ERROR, envelope.error)
         span.end()
 
@@ -468,7 +449,7 @@ def tool_span(
         yield _NO_TOOL_SPAN
         return
     tool = _semconv.bounded_name(tool)  # it may come from a model: an unknown tool
-    conversation_id = baggage.get_baggage(BAGGAGE_CONVERSATION_ID, current)
+    conversation_id = baggage.get_baggage(_semconv.BAGGAGE_CONVERSATION_ID, current)
     attributes = _semconv.tool_attributes(
         tool,
         call_id=call_id,
