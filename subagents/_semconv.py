@@ -32,7 +32,10 @@ __all__ = [
     "MESSAGE_CONTENT_LIMIT",
     "NAME_LIMIT",
     "TOOL_CONTENT_LIMIT",
+    "AttributeValue",
     "Attributes",
+    "bounded_content",
+    "bounded_name",
     "end_attributes",
     "error_type",
     "exception_attributes",
@@ -72,6 +75,8 @@ in an ellipsis, so the attribute stays valid JSON."""
 NAME_LIMIT: Final = 128
 """Bound (characters) of a tool, agent or call id name in a span name or attribute."""
 
+# The events of an invoke_agent span: a spawn was queued, its runner started, its
+# watchdog fired, it ended in an exception.
 EVENT_QUEUED: Final = "queued"
 EVENT_STARTED: Final = "started"
 EVENT_WATCHDOG: Final = "watchdog.fired"
