@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final, TypeAlias
 
-from ._envelope import DelegateResult, Status, bound_text
+from ._envelope import DelegateResult, Status, bound_text, clean_text
 from ._json import JSONValue, dumps_str
 
 __all__ = [
@@ -182,14 +182,15 @@ def _assistant_message(text: str) -> JSONValue:
 def _messages(wrap: Callable[[str], JSONValue], text: str) -> str:
     """``wrap(text)`` as JSON of at most :data:`MESSAGE_CONTENT_LIMIT` characters: when it
     is longer, the longest start of ``text`` (ending in an ellipsis) whose JSON fits, so
-    the JSON around it stays whole and valid."""
-    if len(text) <= MESSAGE_CONTENT_LIMIT:
-        encoded = dumps_str(wrap(text))
-        if len(encoded) <= MESSAGE_CONTENT_LIMIT:
-            return encoded
+    the JSON around it stays whole and valid. A lone surrogate (a request's text is not
+    checked) is replaced, as JSON cannot carry it."""
+    text = clean_text(bound_text(text, MESSAGE_CONTENT_LIMIT))  # more never fits
+    encoded = dumps_str(wrap(text))
+    if len(encoded) <= MESSAGE_CONTENT_LIMIT:
+        return encoded
     # Escapes make the JSON of a character 1 to 6 characters long, so search for the cut:
     # a longer cut never has shorter JSON, and the ellipsis alone always fits.
-    low, high = 1, min(len(text), MESSAGE_CONTENT_LIMIT)
+    low, high = 1, len(text)
     while low < high:
         middle = (low + high + 1) // 2
         if len(dumps_str(wrap(bound_text(text, middle)))) <= MESSAGE_CONTENT_LIMIT:

@@ -351,3 +351,17 @@ def test_a_message_attribute_keeps_as_much_text_as_fits(text: str) -> None:
         longer = text[: len(kept)] + "…"
         attribute = _semconv.input_attributes(None, longer)["gen_ai.input.messages"]
         assert _content("gen_ai.input.messages", attribute) != longer
+
+
+async def test_a_prompt_that_is_not_valid_unicode_is_still_traced(otel: Otel) -> None:
+    async def quiet(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    config = SubagentConfig(capture_content=True)
+    spec = AgentSpec(name="quiet", description="Quiet.", runner=quiet, prompt="p \udc80")
+    async with otel.install(SubagentManager([spec], config=config)) as manager:
+        await manager.spawn("quiet", "a lone surrogate: \udc80").wait()
+    (span,) = otel.finished()
+    attrs = dict(span.attributes or {})
+    assert _content("gen_ai.input.messages", attrs["gen_ai.input.messages"]).startswith("a lone")
+    assert _content("gen_ai.system_instructions", attrs["gen_ai.system_instructions"])
