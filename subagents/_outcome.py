@@ -14,6 +14,7 @@ from ._envelope import (
     Usage,
     bound_text,
     clean_text,
+    cut_middle,
     describe_exception,
     now_ms,
     trusted_envelope,
@@ -22,10 +23,11 @@ from ._progress import cap_files, cap_output
 from ._record import ChildRecord
 from ._spec import Result
 
-__all__ = ["MAX_PATH_CHARS", "envelope_for"]
+__all__ = ["MAX_PATH_CHARS", "TRACEBACK_CHARS", "envelope_for"]
 
 MAX_PATH_CHARS: Final = 4096  # characters kept of one path (PATH_MAX on Linux)
 ERROR_CHARS: Final = 500  # an envelope's error text, as describe_exception bounds it
+TRACEBACK_CHARS: Final = 20_000  # a completed event's traceback: its start and its end
 logger = logging.getLogger("subagents")
 
 
@@ -88,7 +90,11 @@ def _problem(
         if not isinstance(error, Exception):  # KeyboardInterrupt and the like
             message = bound_text(f"the runner raised {message}", ERROR_CHARS)
         if keep_traceback:
-            record.traceback = clean_text("".join(traceback.format_exception(error)))
+            text = clean_text("".join(traceback.format_exception(error)))
+            # The end names the error, the start where it began: the middle goes.
+            if len(text) > TRACEBACK_CHARS:
+                text = cut_middle(text, TRACEBACK_CHARS)
+            record.traceback = text
         return message, error_type
     if status is Status.TIMEOUT:
         return f"watchdog: no result within {record.timeout:g} s", "timeout"

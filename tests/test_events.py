@@ -18,6 +18,7 @@ from subagents import (
     Usage,
 )
 from subagents._events import COMPLETED, MISSED, PROGRESS, SPAWNED, STARTED
+from subagents._outcome import TRACEBACK_CHARS
 
 LONG = "x" * 5000
 
@@ -177,3 +178,30 @@ def test_raising_subscriber_does_not_stop_others(caplog: pytest.LogCaptureFixtur
     publish(bus, 1)
     assert stream.receive_nowait().seq == 1
     assert "subscriber" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_a_completed_event_carries_a_bounded_traceback() -> None:
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        raise ValueError("disk on fire " + "x" * 1_000_000)
+
+    async def failing(request: Request, ctx: RunContext) -> str:
+        try:
+            deep(200)
+        except ValueError as exc:
+            raise RuntimeError("the runner gave up") from exc
+        return ""
+
+    spec = AgentSpec(name="failing", description="Fails loudly.", runner=failing)
+    completed: list[Event] = []
+    async with SubagentManager([spec]) as manager:
+        manager.events.subscribe(lambda e: completed.append(e) if e.type == COMPLETED else None)
+        await manager.spawn("failing").wait()
+    (event,) = completed
+    traceback = event.data["traceback"]
+    assert isinstance(traceback, str)
+    assert traceback.startswith("Traceback")
+    assert traceback.rstrip().endswith("RuntimeError: the runner gave up")  # the end is kept
+    assert len(traceback) <= TRACEBACK_CHARS  # from subagents._outcome

@@ -682,8 +682,8 @@ async def test_a_given_tracer_provider_receives_the_spans(
 async def test_managers_with_their_own_providers_keep_their_spans_and_links_apart(
     exporter: InMemorySpanExporter,
 ) -> None:
-    """Each manager's tool span links only to its own children's spans, which went to its
-    own provider."""
+    """The host's tool calls go to the provider of the manager the tools act on, with the
+    children they spawn; each tool span links only to its own manager's children."""
     provider_a, own_a = _own_provider()
     provider_b, own_b = _own_provider()
     manager_a = SubagentManager([spec("a")], config=SubagentConfig(tracer_provider=provider_a))
@@ -696,12 +696,31 @@ async def test_managers_with_their_own_providers_keep_their_spans_and_links_apar
         task_a, task_b = spawned_a.details["task_id"], spawned_b.details["task_id"]
         await tools_a.call("wait_agent", {"task_ids": [task_a], "timeout_ms": 5000})
         await tools_b.call("wait_agent", {"task_ids": [task_b], "timeout_ms": 5000})
-    (span_a,) = own_a.get_finished_spans()
-    (span_b,) = own_b.get_finished_spans()
-    assert (span_a.name, span_b.name) == ("invoke_agent a", "invoke_agent b")
-    waits = spans_named(exporter, "execute_tool wait_agent")
-    linked = [[link.context.span_id for link in w.links] for w in waits]
-    assert linked == [[span_id(span_a)], [span_id(span_b)]]
+    for own, agent in ((own_a, "a"), (own_b, "b")):
+        by_name = {s.name: s for s in own.get_finished_spans()}
+        assert sorted(by_name) == [
+            "execute_tool spawn_agent",
+            "execute_tool wait_agent",
+            f"invoke_agent {agent}",
+        ]
+        child = by_name[f"invoke_agent {agent}"]
+        assert parent_id(child) == span_id(by_name["execute_tool spawn_agent"])
+        linked = [link.context.span_id for link in by_name["execute_tool wait_agent"].links]
+        assert linked == [span_id(child)]
+    assert not [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
+
+
+@pytest.mark.anyio
+async def test_the_host_tool_calls_of_an_untraced_manager_make_no_spans(
+    exporter: InMemorySpanExporter,
+) -> None:
+    config = SubagentConfig(tracing=False)
+    async with SubagentManager([spec("general")], config=config) as manager:
+        tools = build_tools(manager, "root")
+        spawned = await tools.call("spawn_agent", {"agent": "general", "input": "x"})
+        await tools.call("wait_agent", {"task_ids": [spawned.details["task_id"]]})
+        await tools.call("no_such_tool", {})
+    assert exporter.get_finished_spans() == ()
 
 
 @pytest.mark.anyio

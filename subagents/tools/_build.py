@@ -16,7 +16,7 @@ import attrs
 from .._envelope import bound_text
 from .._errors import ConfigError
 from .._json import JSONValue
-from .._tracing import ToolSpan
+from .._tracing import Telemetry, ToolSpan
 from .._validators import seconds
 from ._handlers import build_session_tools
 from ._tool import Tool, ToolLimits, ToolResult, arguments_text, traced
@@ -55,8 +55,10 @@ class Toolset:
         manager: SubagentManager,
         session_id: str,
         limits: ToolLimits,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._tools = {tool.name: tool for tool in tools}
+        self._telemetry = telemetry
         self.manager = manager
         """The manager the tools act on."""
         self.session_id = session_id
@@ -110,6 +112,7 @@ class Toolset:
                 + ", ".join(self._tools),
                 details={"error": "unknown_tool", "tools": list(self._tools)},
                 is_error=True,
+                content_limit=self.limits.truncate_chars,
             )
 
             async def answer(span: ToolSpan) -> ToolResult:
@@ -123,6 +126,7 @@ class Toolset:
                 answer,
                 capture=capture,
                 arguments=arguments_text(args, None) if capture else None,
+                telemetry=self._telemetry,
             )
         return await tool.execute(args, call_id=call_id)
 
@@ -248,7 +252,15 @@ def build_tools(
         truncate_chars=chars,
         return_mode="string" if return_mode == "string" else "envelope",
     )
-    tools = build_session_tools(manager, session_id, limits)
-    if manager.config.capture_content:
-        tools = [attrs.evolve(tool, capture_content=True) for tool in tools]
-    return Toolset(tools, manager=manager, session_id=session_id, limits=limits)
+    # The calls are traced as the manager's children are: its config's providers and
+    # tracing switch, resolved once for this toolset.
+    telemetry = Telemetry.from_config(manager.config)
+    telemetry.resolve()
+    capture = manager.config.capture_content
+    tools = [
+        attrs.evolve(tool, capture_content=capture, telemetry=telemetry)
+        for tool in build_session_tools(manager, session_id, limits)
+    ]
+    return Toolset(
+        tools, manager=manager, session_id=session_id, limits=limits, telemetry=telemetry
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from .._envelope import _cut_middle, bound_text
+from .._envelope import bound_text, cut_middle
 from .._errors import SpawnRejected, UnknownTask
 from .._json import JSONValue
 from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
@@ -142,7 +142,7 @@ class SessionTools(WaitAgent):
             if envelope.ok:
                 text = envelope.output
                 if len(text) > limit:
-                    text = _cut_middle(text, limit)
+                    text = cut_middle(text, limit)
                 return ToolResult(content=text, details=details)
             details["error"] = "agent_failed"
             details["error_type"] = envelope.error_type or envelope.status.value
@@ -207,7 +207,7 @@ class SessionTools(WaitAgent):
 
     async def list_agents(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
         manager = self.manager
-        limit = 2 * self.limits.truncate_chars
+        limit = list_limit(self.limits)
         agents = manager.agents
         lines = ["agent types (use with spawn_agent / delegate_to_agent):"]
         agent_details: list[JSONValue] = []
@@ -263,6 +263,11 @@ _TIMEOUT_SPAWN = Param(
 )
 
 
+def list_limit(limits: ToolLimits) -> int:
+    """The bound of ``list_agents``' text: twice the others', as it lists every agent type."""
+    return 2 * limits.truncate_chars
+
+
 def _hints(
     *, read_only: bool, destructive: bool, idempotent: bool, open_world: bool
 ) -> dict[str, bool]:
@@ -316,6 +321,7 @@ def build_session_tools(
                 read_only=False, destructive=False, idempotent=False, open_world=True
             ),
             engine_timeout=engine["spawn_agent"],
+            content_limit=limits.truncate_chars,
             transfers=True,
         ),
         make_tool(
@@ -364,6 +370,7 @@ def build_session_tools(
                 read_only=False, destructive=False, idempotent=False, open_world=False
             ),
             engine_timeout=engine["wait_agent"],
+            content_limit=limits.truncate_chars,
         ),
         make_tool(
             name="delegate_to_agent",
@@ -383,6 +390,7 @@ def build_session_tools(
                 read_only=False, destructive=False, idempotent=False, open_world=True
             ),
             engine_timeout=engine["delegate_to_agent"],
+            content_limit=limits.truncate_chars,
             transfers=True,
         ),
         make_tool(
@@ -410,6 +418,7 @@ def build_session_tools(
                 read_only=False, destructive=True, idempotent=True, open_world=False
             ),
             engine_timeout=engine["cancel_agent"],
+            content_limit=limits.truncate_chars,
         ),
         make_tool(
             name="list_agents",
@@ -426,5 +435,6 @@ def build_session_tools(
                 read_only=True, destructive=False, idempotent=True, open_world=False
             ),
             engine_timeout=engine["list_agents"],
+            content_limit=list_limit(limits),
         ),
     ]

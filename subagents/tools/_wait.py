@@ -13,6 +13,7 @@ from .._handle import SpawnHandle
 from .._json import JSONValue
 from .._record import QUEUED
 from .._tracing import ToolSpan
+from ._structured import water_fill
 from ._tool import ToolLimits, ToolResult, error_result
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ class WaitAgent:
             tail = [*notes, f"{len(pending)} still pending; keep working and wait again later."]
             tail_text = "\n".join(tail)
             exact = limit - len(head_text) - len(tail_text) - 2
-        shares = _water_fill([len(t) + 2 for t in texts_full[:count]], max(exact, count * 3))
+        shares = water_fill([len(t) + 2 for t in texts_full[:count]], max(exact, count * 3))
         blocks: list[str] = []
         results: list[JSONValue] = []
         for handle, share in zip(delivered, shares, strict=True):
@@ -253,15 +254,3 @@ def _envelope(handle: SpawnHandle) -> DelegateResult:
     envelope = handle.result
     assert envelope is not None
     return envelope
-
-
-def _water_fill(needs: list[int], budget: int) -> list[int]:
-    """Share ``budget`` among items needing ``needs``: short ones get all they need, the
-    rest split what is left evenly."""
-    shares = [0] * len(needs)
-    left = budget
-    for rank, i in enumerate(sorted(range(len(needs)), key=lambda j: needs[j])):
-        share = left // (len(needs) - rank)
-        shares[i] = min(needs[i], share)
-        left -= shares[i]
-    return shares
