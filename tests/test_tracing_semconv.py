@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -35,7 +36,6 @@ from subagents import (
     _semconv,
 )
 from subagents._semconv import MESSAGE_CONTENT_LIMIT, TOOL_CONTENT_LIMIT
-from subagents._tracing import Telemetry
 from subagents.tools import build_tools
 
 pytestmark = pytest.mark.anyio
@@ -81,12 +81,11 @@ class Otel:
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
 
     def install(self, manager: SubagentManager) -> SubagentManager:
-        manager._telemetry = Telemetry(
-            capture_content=manager.config.capture_content,
-            tracer_provider=self.tracer_provider,
-            meter_provider=self.meter_provider,
+        """The same manager (agents and config), given these providers."""
+        config = attrs.evolve(
+            manager.config, tracer_provider=self.tracer_provider, meter_provider=self.meter_provider
         )
-        return manager
+        return SubagentManager(manager.agents.values(), config=config)
 
     def finished(self) -> list[ReadableSpan]:
         return list(self.spans.get_finished_spans())

@@ -44,9 +44,9 @@ async def test_a_disarmed_scope_is_never_cancelled() -> None:
     watchdog = Watchdog()
     async with anyio.create_task_group() as tg:
         watchdog.start(tg)
-        with anyio.CancelScope() as scope:
-            watchdog.arm(scope, anyio.current_time() + 1)
-            watchdog.disarm(scope)
+        scope = anyio.CancelScope()
+        watchdog.arm(scope, anyio.current_time() + 1)
+        watchdog.disarm(scope)
         await anyio.sleep(5)  # well past the deadline, in virtual time
         assert not scope.cancel_called
         assert len(watchdog) == 0
