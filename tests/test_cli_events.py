@@ -194,7 +194,7 @@ def test_summary_into_a_closed_pipe_exits_quietly(
             raise BrokenPipeError(32, "Broken pipe")
 
     silenced: list[bool] = []
-    monkeypatch.setattr(cli_events, "_silence_stdout", lambda: silenced.append(True))
+    monkeypatch.setattr(cli_events, "silence_stdout", lambda: silenced.append(True))
     monkeypatch.setattr("sys.stdout", ClosedPipe())
     assert main(["events", "summary", str(log)]) == 0
     assert silenced == [True]
