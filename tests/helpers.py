@@ -6,6 +6,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import pytest
+from trio.testing import MockClock
 
 from subagents import AgentSpec, Request, RunContext, SubagentConfig, SubagentManager
 
@@ -56,6 +58,25 @@ class Tracker:
 
     def open(self) -> None:
         self.gate.set()
+
+
+def clock_backends() -> list[Any]:
+    """``anyio_backend`` params for a test that lets a watchdog, TTL or backoff run out.
+
+    Trio runs on ``MockClock(autojump_threshold=0)``: whenever every task is blocked its
+    clock jumps to the next deadline, so the test takes no wall time and may assert how
+    long something took in that clock. asyncio has no such clock: there the same test runs
+    in real time and must assert nothing about durations (see :func:`on_mock_clock`).
+    """
+    return [
+        pytest.param("asyncio", id="asyncio"),
+        pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock"),
+    ]
+
+
+def on_mock_clock(anyio_backend: object) -> bool:
+    """Whether the test runs on trio's mock clock (see :func:`clock_backends`)."""
+    return isinstance(anyio_backend, tuple)
 
 
 def substitute(value: Any, marker: str, replacement: str) -> Any:
