@@ -9,7 +9,15 @@ import anyio
 import pytest
 from trio.testing import MockClock
 
-from subagents import AgentSpec, Request, RunContext, SubagentConfig, SubagentManager
+from subagents import (
+    AgentSpec,
+    Request,
+    RunContext,
+    SpawnHandle,
+    SubagentConfig,
+    SubagentManager,
+    UnknownTask,
+)
 
 RunnerFn = Callable[[Request, RunContext], Awaitable[Any]]
 
@@ -89,3 +97,27 @@ def substitute(value: Any, marker: str, replacement: str) -> Any:
     if isinstance(value, dict):
         return {k: substitute(v, marker, replacement) for k, v in value.items()}
     return value
+
+
+def has_record(manager: SubagentManager, handle: SpawnHandle) -> bool:
+    """Whether ``manager`` still keeps the record of ``handle`` (not forgotten)."""
+    try:
+        return manager.handle(handle.task_id) is handle
+    except UnknownTask:
+        return False
+
+
+def session_state(manager: SubagentManager, session_id: str) -> list[str]:
+    """Which of the manager's per-session stores still hold ``session_id``: a session whose
+    agent has ended must leave nothing behind (its mailbox, child names, live children)."""
+    # private: no public view of the per-session stores. mailbox() makes one on first use,
+    # tasks() and session_closed() answer for records, not for state still held.
+    stores = {"mailbox": manager._mailboxes, "names": manager._names, "live": manager._live}
+    return [name for name, store in stores.items() if session_id in store]
+
+
+def has_listing(manager: SubagentManager, session_id: str) -> bool:
+    """Whether the manager still keeps a (possibly empty) listing of ``session_id``'s
+    children: one left behind for every session ever used would grow without bound."""
+    # private: no public view; tasks(session_id) reads [] whether or not a listing is kept.
+    return session_id in manager._by_session

@@ -19,7 +19,7 @@ from subagents import (
     UnknownAgent,
     Usage,
 )
-from tests.helpers import Tracker, echo, manager_with, spec
+from tests.helpers import Tracker, echo, manager_with, session_state, spec
 
 # ---------------------------------------------------------------- nested delegation
 
@@ -488,9 +488,38 @@ async def test_a_child_session_is_released_when_it_ends() -> None:
         for agent in ("opens", "delegates", "plain"):
             handle = manager.spawn(agent)
             await handle.done.wait()
-            session = handle.task_id
-            assert session not in manager._mailboxes
-            assert session not in manager._names
-            assert session not in manager._live
+            assert session_state(manager, handle.task_id) == []
         assert len(mailboxes) == 2
         assert all(mailbox.closed for mailbox in mailboxes)  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_a_child_cancelled_in_the_queue_releases_the_mailbox_of_its_session() -> None:
+    """A queued child's session mailbox (a host watching it) is released when the child is
+    cancelled before it ran, as for a child that ran: its waiters wake, and no mailbox stays
+    behind for the manager's lifetime."""
+    gate = anyio.Event()
+
+    async def gated(request: Request, ctx: RunContext) -> str:
+        await gate.wait()
+        return request.input
+
+    async with manager_with(spec("gated", gated), max_concurrent_spawns=1) as manager:
+        with anyio.fail_after(5):
+            running = manager.spawn("gated")
+            queued = manager.spawn("gated")
+            mailbox = manager.mailbox(queued.task_id)
+            got: list[object] = []
+
+            async def reader() -> None:
+                got.append(await mailbox.wait("nothing-will-land"))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reader)
+                await anyio.wait_all_tasks_blocked()
+                assert manager.cancel(queued.task_id)
+            assert got == [None]  # woken by the drop, not left waiting until aclose
+            assert mailbox.closed
+            assert session_state(manager, queued.task_id) == []
+            gate.set()
+            await running.wait()

@@ -27,8 +27,8 @@ from subagents import (
     UnknownTask,
 )
 from subagents._handle import SpawnHandle
-from subagents.tools import build_tools
-from tests.helpers import echo, manager_with, spec
+from subagents.tools import Toolset, build_tools
+from tests.helpers import echo, has_listing, has_record, manager_with, session_state, spec
 
 pytestmark = pytest.mark.anyio
 
@@ -411,6 +411,30 @@ async def test_a_leaked_context_of_a_forgotten_child_cannot_delegate() -> None:
         assert handle.task_id not in manager._mailboxes
         assert manager.tasks(handle.task_id) == []
         assert [h.task_id for h in manager.tasks()] == []
+
+
+async def test_the_tools_of_a_forgotten_child_cannot_delegate() -> None:
+    """A child's tools (``build_tools(manager, ctx.session_id)``) used after the child has
+    ended refuse to spawn or delegate, also once retention forgot its record: its id must
+    not read as a fresh root session (a child at ``/root`` with the root's permissions)."""
+    kept: list[Toolset] = []
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        kept.append(build_tools(ctx.manager, ctx.session_id))
+        return "done"
+
+    async with manager_with(spec("p", parent), spec("e", echo), retain_collected=0) as manager:
+        with anyio.fail_after(5):
+            child = manager.spawn("p")
+            await manager.wait_result(child.task_id)
+            assert not has_record(manager, child)  # forgotten
+            (tools,) = kept
+            for tool in ("spawn_agent", "delegate_to_agent"):
+                answer = await tools.call(tool, {"agent": "e", "input": "hi"})
+                assert answer.is_error, answer
+                assert answer.details["reason"] == "session_closed"
+            assert manager.tasks(child.task_id) == []
+            assert manager.statistics().spawned == 1
 
 
 async def test_a_forgotten_parent_takes_its_ended_uncollected_children_with_it() -> None:
@@ -814,3 +838,46 @@ async def test_collecting_a_handle_forgotten_with_its_parent_keeps_the_retained_
         assert m.tasks() == [kept]
         assert (await orphan.wait()).output == "orphan"  # its handle still reads it
         assert m.result(kept.task_id) is not None  # and it took no retained place
+
+
+async def test_forget_during_a_parents_settle_and_the_chain_after_it() -> None:
+    """While a parent settles a stubborn child, neither can be forgotten (both unfinished);
+    the child's envelope lands in the parent's mailbox, which is released as the parent
+    ends, so under ``retain_collected=0`` collecting the parent forgets the ended child with
+    it, and the parent's session with them."""
+    release = anyio.Event()
+    parent_returned = anyio.Event()
+
+    async def stubborn(request: Request, ctx: RunContext) -> str:
+        with anyio.CancelScope(shield=True):
+            await release.wait()
+        return "late"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        ctx.spawn("stubborn")
+        await anyio.wait_all_tasks_blocked()
+        parent_returned.set()
+        return "parent"
+
+    async with manager_with(
+        spec("parent", parent), spec("stubborn", stubborn), retain_collected=0
+    ) as manager:
+        with anyio.fail_after(5):
+            p = manager.spawn("parent")
+            await parent_returned.wait()
+            await anyio.wait_all_tasks_blocked()
+            (g,) = manager.tasks(p.task_id)
+            assert p.result is None  # settling its child
+            assert manager.forget(p.task_id) is None
+            assert manager.forget(g.task_id) is None
+            release.set()
+            await manager.wait_result(p.task_id)
+            assert not has_record(manager, p)
+            assert g.result is not None
+            assert not g.collected
+            # The parent's record took its ended child along: nobody can collect it now.
+            assert not has_record(manager, g)
+            assert manager.tasks(p.task_id) == []
+            assert not manager.session_closed(p.task_id)  # unknown now, like an unused name
+            assert session_state(manager, p.task_id) == []
+            assert not has_listing(manager, p.task_id)

@@ -20,6 +20,7 @@ from subagents import (
     SubagentConfig,
     SubagentManager,
 )
+from tests.helpers import clock_backends
 
 pytestmark = pytest.mark.anyio
 
@@ -318,6 +319,23 @@ async def test_watchdog_rearms_after_the_child_it_waited_for_finished() -> None:
             envelope = await b.wait()
             assert envelope.status is Status.TIMEOUT
             assert envelope.error_type == "timeout"
+
+
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_a_deadline_after_the_watchdog_went_idle_still_fires() -> None:
+    """Once every watched deadline has passed the watchdog idles with no deadline but keeps
+    running; a child started then must wake it with its own deadline, not only store it."""
+    manager, _ = _manager(limit=1)
+    async with manager:
+        with anyio.fail_after(5):
+            first = manager.spawn("forever", timeout=0.02)
+            assert (await first.wait()).status is Status.TIMEOUT
+            await anyio.wait_all_tasks_blocked()
+            # private: no public view of the watchdog; this checks the test reached the
+            # state it is about (the watchdog idle, not gone).
+            assert manager._watch_wake is not None
+            second = manager.spawn("forever", timeout=0.02)
+            assert (await second.wait()).status is Status.TIMEOUT
 
 
 @pytest.mark.parametrize(
