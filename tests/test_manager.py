@@ -25,7 +25,7 @@ from subagents import (
     UnknownTask,
     Usage,
 )
-from tests.helpers import Tracker, echo, manager_with, spec
+from tests.helpers import Tracker, clock_backends, echo, manager_with, spec
 
 
 async def forever(request: Request, ctx: RunContext) -> str:
@@ -59,6 +59,27 @@ async def test_spawn_returns_at_once_with_10000_queued() -> None:
     assert all(h.done.is_set() for h in handles)
     assert tracker.started == ["0", "1", "2", "3"]
     assert {h.result.status for h in handles[4:]} == {Status.CANCELLED}  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_spawn_returns_a_pending_handle_whose_wait_gives_the_envelope() -> None:
+    tracker = Tracker()
+    async with manager_with(spec("slow", tracker.runner)) as m:
+        handle = m.spawn("slow", "x")
+        assert isinstance(handle, SpawnHandle)
+        assert isinstance(handle.task_id, str)
+        assert handle.task_id
+        assert handle.agent_path == "/root/slow"
+        assert isinstance(handle.done, anyio.Event)
+        assert not handle.done.is_set()
+        assert handle.result is None
+        tracker.open()
+        env = await handle.wait()
+        assert handle.done.is_set()
+        assert env.status == Status.COMPLETED
+        assert env.output == "done x"
+        assert handle.result == env
+        assert m.result(handle.task_id) == env
 
 
 @pytest.mark.anyio
@@ -201,9 +222,12 @@ def test_defaults() -> None:
     config = SubagentConfig()
     assert config.max_concurrent_spawns == 4
     assert config.spawn_timeout == 180.0
+    assert config.execute_timeout == 180.0
     assert config.mailbox_capacity == 64
+    assert config.mailbox_ttl is None
     assert config.truncate_chars == 2000
     assert config.max_depth == 3
+    assert config.settle_timeout == 5
 
 
 # ---------------------------------------------------------------- watchdog
@@ -413,6 +437,17 @@ async def test_aclose_cancels_everything_and_leaves_nothing_running() -> None:
 
 
 @pytest.mark.anyio
+async def test_aclose_without_async_with_cancels_a_running_child() -> None:
+    m = manager_with(spec("f", forever))
+    await m.__aenter__()
+    handle = m.spawn("f", "x")
+    await anyio.wait_all_tasks_blocked()
+    await m.aclose()
+    assert handle.result is not None
+    assert handle.result.status == Status.CANCELLED
+
+
+@pytest.mark.anyio
 async def test_aclose_cancels_an_in_flight_execute() -> None:
     tracker = Tracker()
     got: list[DelegateResult] = []
@@ -527,7 +562,10 @@ async def test_done_is_set_only_after_delivery() -> None:
         handle = manager.spawn("w", "x")
         done = handle.done  # created before delivery
         box = manager.mailbox()
-        box.subscribe_once(handle.task_id, lambda: seen.append(("put", done.is_set(), True)))
+        box.subscribe_once(
+            handle.task_id,
+            lambda: seen.append(("put", done.is_set(), handle.result is not None)),
+        )
         manager.events.subscribe(
             lambda e: (
                 seen.append(("event", done.is_set(), handle.result is not None))
@@ -563,6 +601,33 @@ async def test_full_mailbox_loses_nothing() -> None:
         assert manager.mailbox().peek(late.task_id) is None  # it degraded to the event...
         assert await manager.wait_result(late.task_id, timeout=0) == late.result  # ...not lost
     assert sorted(events) == sorted(h.task_id for h in handles)
+
+
+@pytest.mark.anyio
+async def test_an_expired_mailbox_entry_is_still_in_the_record() -> None:
+    now = [0.0]
+
+    def factory(session_id: str) -> Mailbox:
+        return Mailbox(ttl=0.01, clock=lambda: now[0])
+
+    async with SubagentManager([spec("echo", echo)], mailbox_factory=factory) as m:
+        h = m.spawn("echo", "x")
+        await h.done.wait()
+        now[0] += 0.03
+        assert m.mailbox("root").peek(h.task_id) is None  # expired
+        env = await m.wait_result(h.task_id, timeout=0)
+        assert env is not None
+        assert env.output == "x"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_wait_result_of_an_unfinished_child_times_out_with_none() -> None:
+    async with manager_with(spec("f", forever)) as m:
+        h = m.spawn("f", "x")
+        assert await m.wait_result(h.task_id, timeout=0.02) is None
+        assert h.result is None
+        h.cancel()
 
 
 # ---------------------------------------------------------------- misbehaving runners

@@ -13,6 +13,7 @@ from subagents import (
     Result,
     RunContext,
     SpawnHandle,
+    SpawnOptions,
     SpawnRejected,
     Status,
     SubagentManager,
@@ -39,6 +40,7 @@ async def test_nested_spawn_and_execute_paths_and_sessions() -> None:
         executed = await ctx.execute("leaf", "executed")
         got = await ctx.wait(spawned.task_id, timeout=5)
         assert got is not None
+        assert ctx.mailbox.peek(spawned.task_id) is None  # ctx.wait consumed it
         info["middle"] = ctx.task_id
         return f"{got.output} + {executed.output} ({got.agent_path}, {executed.agent_path})"
 
@@ -151,6 +153,41 @@ async def test_max_depth_one_lets_only_the_root_delegate() -> None:
     async with manager_with(spec("c", child), max_depth=1) as manager:
         assert (await manager.spawn("c").wait()).output == "ok"
     assert len(errors) == 1
+
+
+@pytest.mark.anyio
+async def test_max_depth_zero_rejects_top_level_spawn() -> None:
+    async with manager_with(spec("echo", echo), max_depth=0) as m:
+        with pytest.raises(SpawnRejected, match="max_depth is 0") as raised:
+            m.spawn("echo", "x")
+        assert raised.value.reason == "depth"
+
+
+@pytest.mark.anyio
+async def test_close_session_cancels_the_whole_subtree() -> None:
+    grandchildren: list[SpawnHandle] = []
+
+    async def mid(request: Request, ctx: RunContext) -> str:
+        grandchildren.append(ctx.spawn("f", "a"))
+        await anyio.sleep_forever()
+        return ""
+
+    async def forever(request: Request, ctx: RunContext) -> str:
+        await anyio.sleep_forever()
+        return ""
+
+    async with manager_with(spec("mid", mid), spec("f", forever)) as m:
+        parent = m.spawn("mid", "x", session_id="s")
+        await anyio.wait_all_tasks_blocked()
+        with anyio.fail_after(5):
+            await m.close_session("s")
+        assert parent.result is not None
+        assert parent.result.status == Status.CANCELLED
+        (g,) = grandchildren
+        assert g.done.is_set()
+        assert g.result is not None
+        assert g.result.status == Status.CANCELLED
+        assert m.statistics().running == 0
 
 
 @pytest.mark.anyio
@@ -303,6 +340,22 @@ async def test_str_is_wrapped_and_result_is_kept() -> None:
 
 
 @pytest.mark.anyio
+async def test_request_carries_the_effective_prompt_and_model() -> None:
+    """One generic runner serves several agent types: it reads both from the request."""
+
+    async def probe(request: Request, ctx: RunContext) -> str:
+        return f"{request.prompt}|{request.model}|{','.join(request.files)}"
+
+    async with SubagentManager(
+        [spec("p", probe, prompt="spec prompt", model="spec-model"), spec("bare", probe)]
+    ) as m:
+        assert (await m.spawn("p", "x").wait()).output == "spec prompt|spec-model|"
+        options = SpawnOptions(prompt="P", model="M", files=["a.py"])
+        assert (await m.spawn("p", "x", options=options).wait()).output == "P|M|a.py"
+        assert (await m.execute("bare", "x")).output == "None|None|"
+
+
+@pytest.mark.anyio
 async def test_run_context_exposes_identity_and_deadline() -> None:
     seen: dict[str, object] = {}
 
@@ -319,6 +372,7 @@ async def test_run_context_exposes_identity_and_deadline() -> None:
             remaining=ctx.remaining(),
             now=anyio.current_time(),
             input=request.input,
+            request_agent=request.agent,
         )
         return ""
 
@@ -333,6 +387,7 @@ async def test_run_context_exposes_identity_and_deadline() -> None:
         assert seen["parent_path"] == "/root"
         assert seen["attempt"] == 1
         assert seen["input"] == "in"
+        assert seen["request_agent"] == "w"
         deadline = seen["deadline"]
         assert isinstance(deadline, float)
         assert 29 < deadline - seen["now"] <= 30  # type: ignore[operator]

@@ -142,6 +142,7 @@ def test_every_library_error_is_under_subagents_error() -> None:
         "ConfigError", "InvalidName", "MailboxFull", "RunnerReturnError", "SpawnRejected",
         "SubagentsError", "TransientError", "UnknownAgent", "UnknownTask",
     }  # fmt: skip
+    assert issubclass(subagents.SubagentsError, Exception)
     for error in errors:
         # TransientError is raised by runners, never by the library (see _errors).
         assert issubclass(error, subagents.SubagentsError) != (error is subagents.TransientError)

@@ -151,6 +151,19 @@ async def test_by_default_every_record_is_kept() -> None:
         assert all(manager.result(i) is not None for i in ids)
 
 
+async def test_wait_result_consumes_and_a_second_call_returns_it_again() -> None:
+    async with manager_with(spec("echo", echo)) as m:
+        h = m.spawn("echo", "x")
+        env = await m.wait_result(h.task_id, timeout=5)
+        assert env is not None
+        assert env.output == "x"
+        assert m.mailbox("root").peek(h.task_id) is None
+        assert h.collected
+        again = await m.wait_result(h.task_id, timeout=5)
+        assert again == env
+        assert m.result(h.task_id) == env
+
+
 # ---------------------------------------------------------------- retain 0: gone once collected
 
 
