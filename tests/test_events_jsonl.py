@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -56,6 +57,35 @@ async def test_sink_round_trips_manager_events(tmp_path: Path) -> None:
     assert raw.endswith(b"\n")
     assert raw.count(b"\n") == 6
     assert list(read_events(path)) == seen
+
+
+@pytest.mark.anyio
+async def test_sink_writes_each_event_at_once_and_nothing_after_close(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    async with SubagentManager([AgentSpec(name="ok", description="d", runner=ok)]) as m:
+        with JsonlSink(path) as sink:
+            sink.attach(m.events)
+            env = await m.spawn("ok", "x").wait()
+            size = path.stat().st_size
+            assert size > 0  # written at once, no buffering
+        await m.spawn("ok", "after close").wait()
+    lines = path.read_bytes().splitlines()  # bytes: U+2028 in the output is not a line end
+    assert all(json.loads(line) for line in lines)
+    events = list(read_events(path))
+    assert [e.to_dict() for e in events] == [json.loads(line) for line in lines]
+    assert events[-1].type == "subagent.completed"
+    assert events[-1].data == env.to_dict()
+    assert path.stat().st_size == size  # nothing written after the sink closed
+
+
+@pytest.mark.anyio
+async def test_sink_works_as_a_plain_subscriber(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    async with SubagentManager([AgentSpec(name="ok", description="d", runner=ok)]) as m:
+        with JsonlSink(str(path)) as sink:
+            m.events.subscribe(sink)
+            await m.spawn("ok", "x").wait()
+    assert len(list(read_events(path))) >= 3
 
 
 def test_sink_appends_and_stops_after_close(tmp_path: Path) -> None:
