@@ -20,13 +20,13 @@ from subagents import (
     Mailbox,
     Request,
     RunContext,
+    SpawnHandle,
     SpawnRejected,
     Status,
     SubagentConfig,
     SubagentManager,
     UnknownTask,
 )
-from subagents._handle import SpawnHandle
 from subagents.tools import Toolset, build_tools
 from tests.helpers import echo, has_listing, has_record, manager_with, session_state, spec
 
@@ -217,7 +217,7 @@ async def test_retain_zero_forgets_exactly_after_collection(how: str) -> None:
             manager.result(task_id)
         assert "retain_collected=0" in str(info.value)
         assert handle.result is not None  # the caller's handle still reads it
-        assert task_id not in manager._tasks
+        assert not has_record(manager, handle)
 
 
 async def test_retain_zero_forgets_an_execute_once_it_returns() -> None:
@@ -421,7 +421,7 @@ async def test_a_leaked_context_of_a_forgotten_child_cannot_delegate() -> None:
             await ctx.execute("echo")
         assert info.value.reason == "session_closed"
         assert ctx.mailbox.closed
-        assert handle.task_id not in manager._mailboxes
+        assert session_state(manager, handle.task_id) == []
         assert manager.tasks(handle.task_id) == []
         assert [h.task_id for h in manager.tasks()] == []
 
@@ -469,18 +469,18 @@ async def test_a_forgotten_parent_takes_its_ended_uncollected_children_with_it()
             manager.handle(top.task_id)
         # Its ended child went with it, though nobody collected it: its session is over.
         assert manager.tasks(top.task_id) == []
-        assert top.task_id not in manager._by_session  # no public view of the listings
-        assert top.task_id not in manager._closed_sessions
-        assert len(manager._tasks) == 0
+        assert not has_listing(manager, top.task_id)
+        assert not manager.session_closed(top.task_id)  # nothing of it is remembered
+        assert manager.tasks() == []
 
 
 async def test_a_closed_root_session_drops_its_listing_once_empty() -> None:
     async with manager_with(spec("echo", echo), retain_collected=0) as manager:
         (task_id,) = await spawn_ended(manager, 1, session_id="s")
         await manager.close_session("s")
-        assert "s" in manager._by_session  # its child is not collected yet
+        assert has_listing(manager, "s")  # its child is not collected yet
         assert manager.forget(task_id) is not None
-        assert "s" not in manager._by_session
+        assert not has_listing(manager, "s")
         assert manager.session_closed("s")  # remembered among the recently closed
         assert manager.tasks("s") == []
 
@@ -493,21 +493,21 @@ async def test_retain_zero_holds_no_handle_after_many_drained_children() -> None
         spec("echo", echo), retain_collected=0, max_concurrent_spawns=64, mailbox_capacity=4096
     ) as manager:
         box = manager.mailbox()
+        spawned: set[str] = set()
         for _ in range(4):
             handles = [manager.spawn("echo", "x") for _ in range(500)]
+            spawned.update(h.task_id for h in handles)
             await handles[-1].done.wait()
             for handle in handles:
                 await handle.done.wait()
             del handle, handles
             box.drain_all()
         await anyio.wait_all_tasks_blocked()  # workers gone (one lives on a context copy)
-        assert manager._tasks == {}
         assert manager.tasks() == []
-        assert len(manager._retained) == 0
         assert manager.statistics().settled == 2000
         gc.collect()
-        left = [o for o in gc.get_objects() if isinstance(o, SpawnHandle) and o._manager is manager]
-        assert left == []  # (handles of other tests' managers may still be around)
+        left = [o for o in gc.get_objects() if isinstance(o, SpawnHandle) and o.task_id in spawned]
+        assert left == []  # no record, retained one or cache still holds a handle
 
 
 async def test_a_worker_started_inside_a_child_does_not_pin_that_child() -> None:
@@ -533,7 +533,8 @@ async def test_a_worker_started_inside_a_child_does_not_pin_that_child() -> None
         task_id = manager.spawn("starter").task_id
         assert (await manager.wait_result(task_id)) is not None
         await anyio.wait_all_tasks_blocked()  # the starter's own worker has left
-        assert task_id not in manager._tasks  # forgotten
+        with pytest.raises(UnknownTask):  # forgotten
+            manager.handle(task_id)
         gc.collect()
         alive = [o for o in gc.get_objects() if isinstance(o, SpawnHandle) and o.task_id == task_id]
         release.set()
@@ -675,7 +676,7 @@ async def _run_model(retain: int | None, ops: list[tuple[str, int]]) -> None:
                     forgotten.add(target.task_id)
             expected = [h for h in handles if kept(h)]
             assert manager.tasks() == expected
-            assert set(manager._tasks.values()) == set(expected)
+            assert [h for h in handles if has_record(manager, h)] == expected
             for h in handles:
                 if kept(h):
                     assert manager.result(h.task_id) is h.result

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -33,7 +34,7 @@ from subagents import (
     Usage,
     _tracing,
 )
-from subagents._tracing import TOOL_CONTENT_LIMIT, Telemetry
+from subagents._tracing import TOOL_CONTENT_LIMIT
 from subagents.tools import build_tools
 
 pytestmark = pytest.mark.anyio
@@ -79,12 +80,11 @@ class Otel:
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
 
     def install(self, manager: SubagentManager) -> SubagentManager:
-        manager._telemetry = Telemetry(
-            capture_content=manager.config.capture_content,
-            tracer_provider=self.tracer_provider,
-            meter_provider=self.meter_provider,
+        """``manager`` built again with these providers in its config."""
+        config = attrs.evolve(
+            manager.config, tracer_provider=self.tracer_provider, meter_provider=self.meter_provider
         )
-        return manager
+        return SubagentManager(list(manager.agents.values()), config=config)
 
     def finished(self) -> list[ReadableSpan]:
         return list(self.spans.get_finished_spans())
@@ -105,6 +105,8 @@ class Otel:
 def otel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Otel]:
     setup = Otel()
     tracer = setup.tracer_provider.get_tracer(_tracing.INSTRUMENTATION)
+    # private: a tool span outside any child uses the global tracer provider, which can be
+    # set only once per process; no public way to point it at this test's provider.
     monkeypatch.setattr(_tracing, "_global_tracer", lambda: tracer)
     yield setup
     setup.tracer_provider.shutdown()
