@@ -103,8 +103,10 @@ def test_sink_appends_and_stops_after_close(tmp_path: Path) -> None:
 
 def test_failed_write_stops_the_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sink = JsonlSink(tmp_path / "events.jsonl")
+    # private: no public way to make a sink's next write fail (a full disk, a revoked
+    # file); closing its descriptor under it makes the next write fail with EBADF.
     assert sink._fd is not None
-    os.close(sink._fd)  # the next write fails with EBADF
+    os.close(sink._fd)
     sink.write_line(line(1))
     assert sink.closed
     assert isinstance(sink.error, OSError)
@@ -123,6 +125,7 @@ def test_failed_write_goes_to_on_error_instead_of_the_log(
     errors: list[OSError] = []
     sink = JsonlSink(tmp_path / "events.jsonl", on_error=errors.append)
     sink.write_line(line(1))
+    # private: no public way to make the next write fail (see above).
     assert sink._fd is not None
     os.close(sink._fd)
     sink.write_line(line(2))

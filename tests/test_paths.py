@@ -157,4 +157,5 @@ def test_allocator_memory_grows_with_distinct_names_not_children() -> None:
     for _ in range(10_000):
         allocator.allocate("quick")
     assert allocator.allocate("quick") == "quick-10001"
-    assert len(allocator._taken) == 1  # no public view of its state; the point is its size
+    # private: no public view of the allocator's state, and the point is its size.
+    assert len(allocator._taken) == 1

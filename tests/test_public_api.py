@@ -108,7 +108,8 @@ def test_a_name_made_private_warns_with_its_replacement_and_still_works(name: st
     advice = rf"subagents\.{name} is private now; read .* build_tools\(\.\.\.\)\.limits"
     with pytest.deprecated_call(match=advice):
         obj = getattr(subagents, name)
-    # The private module is the one place these names live now: no public way to read them.
+    # private: the private module is the one place these names live now, no public way to
+    # read them.
     assert obj is getattr(subagents.tools._build, name)
     # The warning, unlike an AttributeError, survives the from-import form.
     with pytest.deprecated_call(match=advice):
