@@ -156,6 +156,7 @@ def test_demo_on_a_backend_that_is_not_installed_is_a_one_line_error(
 ) -> None:
     import subagents._demo as demo
 
+    # private: no public way to hide an installed trio from the demo's lookup of it.
     monkeypatch.setattr(demo, "find_spec", lambda name: None if name == "trio" else object())
     assert main(["demo", "--backend", "trio"]) == 1
     captured = capsys.readouterr()

@@ -495,6 +495,8 @@ async def test_every_call_runs_in_a_tool_span(monkeypatch: pytest.MonkeyPatch) -
         calls.append((tool, call_id, transfer_target))
         yield Span()
 
+    # private: no public hook to observe each call's span arguments without an SDK
+    # provider, and the global one can be set once per process (test_tracing sets it).
     monkeypatch.setattr(_tool, "tool_span", recording_span)
     async with toolset() as tools:
         spawned = await tools.call("spawn_agent", {"agent": "echo", "input": "x"}, call_id="c1")
@@ -538,6 +540,7 @@ async def test_an_internal_failure_is_an_error_result(monkeypatch: pytest.Monkey
         raise KeyError("boom")
 
     async with toolset() as tools:
+        # private: no public way to make a tool fail inside (a bug in the library).
         monkeypatch.setattr(_handlers.SessionTools, "_wait_ms", lambda self, r: broken(self))
         spawned = await tools.call("spawn_agent", {"agent": "echo", "input": "x"})
         result = check(await tools.call("wait_agent", {"task_ids": spawned.details["task_id"]}))
@@ -563,6 +566,7 @@ async def test_a_broken_tracer_never_breaks_a_call(
         yield ToolSpan()
         raise RuntimeError("exporter died")
 
+    # private: no public way to make the tracing itself raise around a call.
     monkeypatch.setattr(_tool, "tool_span", broken_span)
     async with toolset() as tools:
         result = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))
