@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import pytest
+import trio
 from trio.testing import MockClock
 
 from subagents import (
@@ -85,6 +87,20 @@ def clock_backends() -> list[Any]:
 def on_mock_clock(anyio_backend: object) -> bool:
     """Whether the test runs on trio's mock clock (see :func:`clock_backends`)."""
     return isinstance(anyio_backend, tuple)
+
+
+def pass_time_without_a_checkpoint(seconds: float) -> None:
+    """Let ``seconds`` go by while no other task can run, so a deadline passes "at the same
+    instant" as whatever the caller does next: on trio's mock clock by jumping it, anywhere
+    else by blocking the thread (real time, like a runner busy on the CPU)."""
+    try:
+        clock = trio.lowlevel.current_clock()
+    except RuntimeError:  # not inside trio
+        clock = None
+    if isinstance(clock, MockClock):
+        clock.jump(seconds)
+    else:
+        time.sleep(seconds)
 
 
 def substitute(value: Any, marker: str, replacement: str) -> Any:

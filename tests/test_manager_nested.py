@@ -20,7 +20,7 @@ from subagents import (
     UnknownAgent,
     Usage,
 )
-from tests.helpers import Tracker, echo, manager_with, session_state, spec
+from tests.helpers import Tracker, clock_backends, echo, manager_with, session_state, spec
 
 # ---------------------------------------------------------------- nested delegation
 
@@ -241,6 +241,7 @@ async def test_execute_returns_envelope_without_taking_a_slot() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_execute_timeout_and_errors_are_in_the_envelope() -> None:
     async def boom(request: Request, ctx: RunContext) -> str:
         raise KeyError("k")
@@ -267,8 +268,10 @@ async def test_cancelled_execute_caller_still_records_an_envelope() -> None:
         manager.events.subscribe(
             lambda e: completed.append(e.data["status"]) if e.type == "subagent.completed" else None  # type: ignore[arg-type]
         )
-        with anyio.move_on_after(0.05):
-            await manager.execute("w")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(manager.execute, "w")
+            await tracker.entered.wait()
+            tg.cancel_scope.cancel()  # the caller of execute is cancelled
         (handle,) = manager.tasks()
         assert handle.result is not None
         assert handle.result.status is Status.CANCELLED
@@ -415,6 +418,7 @@ async def test_result_status_given_as_text_is_accepted_or_an_error() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_undecodable_text_never_breaks_the_envelope_json() -> None:
     async def raises(request: Request, ctx: RunContext) -> str:
         raise ValueError("bad byte \udcff")
@@ -447,6 +451,7 @@ async def test_cancel_after_the_runner_returned_keeps_its_result() -> None:
     """While a finished child waits for its own children to settle, a late cancel must not
     throw its result away."""
     settling = anyio.Event()
+    cancelled_meanwhile = anyio.Event()
 
     async def slow_to_settle(request: Request, ctx: RunContext) -> str:
         try:
@@ -454,7 +459,7 @@ async def test_cancel_after_the_runner_returned_keeps_its_result() -> None:
         finally:
             settling.set()
             with anyio.CancelScope(shield=True):
-                await anyio.sleep(0.05)
+                await cancelled_meanwhile.wait()  # still settling when the cancel comes
         return ""
 
     async def parent(request: Request, ctx: RunContext) -> str:
@@ -466,6 +471,7 @@ async def test_cancel_after_the_runner_returned_keeps_its_result() -> None:
         handle = manager.spawn("p")
         await settling.wait()  # the parent's runner has returned; its child is settling
         handle.cancel()
+        cancelled_meanwhile.set()
         env = await handle.wait()
     assert env.status is Status.COMPLETED
     assert env.output == "the parent's result"

@@ -106,6 +106,7 @@ async def test_spawn_returns_at_once_with_queue_facts() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_spawn_name_and_timeout() -> None:
     spec, _ = gated()
     async with toolset(spec) as tools:
@@ -319,6 +320,7 @@ async def test_delegate_invalid_mode_falls_back_to_envelope() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_delegate_is_stopped_before_its_host_timeout() -> None:
     spec, _ = gated()
     async with toolset(
