@@ -23,7 +23,7 @@ from subagents import (
     SubagentManager,
     Usage,
 )
-from tests.helpers import echo, manager_with, spec
+from tests.helpers import clock_backends, echo, manager_with, spec
 
 pytestmark = pytest.mark.anyio
 
@@ -222,6 +222,7 @@ REPORTS: dict[str, tuple[dict[str, Any], Callable[[DelegateResult], bool]]] = {
 }
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 @pytest.mark.parametrize("case", list(REPORTS))
 async def test_a_hostile_progress_report_is_kept_as_plain_values(case: str) -> None:
     """The report lands in the envelope of a runner that then times out (the partial
@@ -345,6 +346,7 @@ class _HostileFloat(float):
         raise RuntimeError("add")
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 @pytest.mark.parametrize("where", ["options", "spec", "config"])
 async def test_a_hostile_timeout_number_is_kept_as_a_plain_float(where: str) -> None:
     async def stuck(request: Request, ctx: RunContext) -> str:

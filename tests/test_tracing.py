@@ -36,6 +36,7 @@ from subagents import (
 )
 from subagents._tracing import tool_span
 from subagents.tools import build_tools
+from tests.helpers import clock_backends
 
 
 class _Gate(SpanProcessor):
@@ -358,6 +359,7 @@ async def test_tracing_disabled_by_config(exporter: InMemorySpanExporter) -> Non
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_timeout_span(exporter: InMemorySpanExporter) -> None:
     async def stuck(request: Request, ctx: RunContext) -> str:
         await anyio.sleep_forever()
@@ -653,6 +655,7 @@ async def test_tool_successes_leave_their_span_unset(exporter: InMemorySpanExpor
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_metrics(exporter: InMemorySpanExporter) -> None:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
