@@ -16,6 +16,7 @@ from subagents.testing import (
     run_tool_loop,
 )
 from subagents.tools import build_tools
+from tests.helpers import clock_backends
 
 
 @pytest.mark.anyio
@@ -109,6 +110,7 @@ async def test_loop_without_wake_returns_at_end_of_turn() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_host_timeout_result() -> None:
     async with SubagentManager([echo_agent(delay=5)]) as manager:
         tools = build_tools(manager, "root", engine_tool_timeout=None)

@@ -13,6 +13,7 @@ from subagents import AgentSpec, ConfigError, Request, RunContext, SubagentConfi
 from subagents._json import dumps
 from subagents.testing import echo_agent
 from subagents.tools import Tool, ToolResult, Toolset, build_tools
+from tests.helpers import clock_backends
 
 
 def gated(name: str = "gated") -> tuple[AgentSpec, Callable[[str], None]]:
@@ -98,12 +99,14 @@ async def test_spawn_returns_at_once_with_queue_facts() -> None:
         assert second.details["queue_position"] == 1
         assert second.details["agent_path"] == "/root/gated-2"
         assert "queued" in second.content
+        assert "limit 1" in second.content
         assert str(second.details["task_id"]) in second.content
         release("a")
         release("b")
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_spawn_name_and_timeout() -> None:
     spec, _ = gated()
     async with toolset(spec) as tools:
@@ -132,6 +135,10 @@ async def test_spawn_unknown_agent_lists_registered() -> None:
             "agent": "gamma",
             "known": ["alpha", "beta"],
         }
+        delegated = check(await tools.call("delegate_to_agent", {"agent": "gamma", "input": "x"}))
+        assert delegated.is_error
+        assert delegated.details["error"] == "unknown_agent"
+        assert "alpha" in delegated.content
 
 
 @pytest.mark.anyio
@@ -210,6 +217,38 @@ async def test_validation_messages(tool: str, args: object, expected: str) -> No
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        (0, True),
+        (1000.0, True),
+        (-5, False),
+        (1.5, False),
+        ("100", False),
+        (math.nan, False),
+        (math.inf, False),
+        (True, False),
+        (None, True),
+    ],
+)
+async def test_wait_timeout_ms_accepts_whole_numbers_and_null_only(value: object, ok: bool) -> None:
+    async with toolset(engine_tool_timeout=2.0, wait_timeout=0.05) as tools:
+        spawned = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))
+        task_id = spawned.details["task_id"]
+        with anyio.fail_after(3):
+            result = check(
+                await tools.call("wait_agent", {"task_ids": [task_id], "timeout_ms": value})
+            )
+        if ok:
+            assert not result.is_error, result.content
+            assert result.details["completed"] is True or result.details["timed_out"] is True
+        else:
+            assert result.is_error
+            assert "timeout_ms" in result.content
+            assert "integer" in result.content
+
+
+@pytest.mark.anyio
 async def test_arguments_as_json_text_and_nulls() -> None:
     async with toolset() as tools:
         listed = check(await tools.call("list_agents", ""))
@@ -281,6 +320,7 @@ async def test_delegate_invalid_mode_falls_back_to_envelope() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_delegate_is_stopped_before_its_host_timeout() -> None:
     spec, _ = gated()
     async with toolset(
@@ -297,6 +337,26 @@ async def test_delegate_is_stopped_before_its_host_timeout() -> None:
         assert result.details["status"] == "timeout"
         assert result.details["clamped"] is True
         assert "lowered" in result.content
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_delegate_timeout_ms_is_the_childs_watchdog() -> None:
+    async def halfway(request: Request, ctx: RunContext) -> str:
+        ctx.report(output="halfway")
+        await anyio.sleep_forever()
+        return ""
+
+    spec = AgentSpec(name="forever", description="Never finishes.", runner=halfway)
+    async with toolset(spec) as tools:
+        with anyio.fail_after(3):
+            result = check(
+                await tools.call(
+                    "delegate_to_agent", {"agent": "forever", "input": "x", "timeout_ms": 30}
+                )
+            )
+        assert "timeout" in result.content
+        assert "halfway" in result.content
 
 
 # ---------------------------------------------------------------- cancel_agent
@@ -359,6 +419,7 @@ async def test_list_agents() -> None:
         assert tasks[live.details["task_id"]]["status"] == "running"
         assert tasks[live.details["task_id"]]["agent_path"] == "/root/gated"
         assert "result waiting" in result.content
+        assert not check(await tools.call("list_agents")).is_error  # no arguments at all
         release("a")
 
 
@@ -369,6 +430,10 @@ async def test_list_agents() -> None:
 async def test_layering_rule_is_enforced() -> None:
     async with SubagentManager([echo_agent()]) as manager:
         assert build_tools(manager, "root").limits.wait_ceiling == pytest.approx(54.0)
+        # The margin is 10 % of the host's timeout and never less than 20 ms.
+        tight = build_tools(manager, "root", engine_tool_timeout=0.1, wait_timeout=0.05)
+        assert tight.limits.wait_ceiling == pytest.approx(0.08)
+        build_tools(manager, "root", engine_tool_timeout=60.0, wait_timeout=54.0)  # the ceiling
         with pytest.raises(ConfigError, match="wait_timeout"):
             build_tools(manager, "root", engine_tool_timeout=60, wait_timeout=60)
         with pytest.raises(ConfigError, match="safety margin"):
@@ -432,6 +497,8 @@ async def test_every_call_runs_in_a_tool_span(monkeypatch: pytest.MonkeyPatch) -
         calls.append((tool, call_id, transfer_target))
         yield Span()
 
+    # private: no public hook to observe each call's span arguments without an SDK
+    # provider, and the global one can be set once per process (test_tracing sets it).
     monkeypatch.setattr(_tool, "tool_span", recording_span)
     async with toolset() as tools:
         spawned = await tools.call("spawn_agent", {"agent": "echo", "input": "x"}, call_id="c1")
@@ -475,6 +542,7 @@ async def test_an_internal_failure_is_an_error_result(monkeypatch: pytest.Monkey
         raise KeyError("boom")
 
     async with toolset() as tools:
+        # private: no public way to make a tool fail inside (a bug in the library).
         monkeypatch.setattr(_handlers.SessionTools, "_wait_ms", lambda self, r: broken(self))
         spawned = await tools.call("spawn_agent", {"agent": "echo", "input": "x"})
         result = check(await tools.call("wait_agent", {"task_ids": spawned.details["task_id"]}))
@@ -500,6 +568,7 @@ async def test_a_broken_tracer_never_breaks_a_call(
         yield ToolSpan()
         raise RuntimeError("exporter died")
 
+    # private: no public way to make the tracing itself raise around a call.
     monkeypatch.setattr(_tool, "tool_span", broken_span)
     async with toolset() as tools:
         result = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))

@@ -37,6 +37,7 @@ from subagents import (
 )
 from subagents._semconv import MESSAGE_CONTENT_LIMIT, TOOL_CONTENT_LIMIT
 from subagents.tools import build_tools
+from tests.helpers import clock_backends
 
 pytestmark = pytest.mark.anyio
 
@@ -184,6 +185,7 @@ def _emitted(otel: Otel) -> tuple[set[str], set[str], set[str]]:
     return attributes, set(metrics), metric_attributes
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_every_emitted_name_is_semconv_or_ours(otel: Otel) -> None:
     config = SubagentConfig(capture_content=True)
     async with otel.install(SubagentManager(SPECS, config=config)) as manager:
@@ -217,6 +219,7 @@ async def test_every_emitted_name_is_semconv_or_ours(otel: Otel) -> None:
     assert gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE in metric_names
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_required_genai_attributes_are_always_set(otel: Otel) -> None:
     async with otel.install(SubagentManager(SPECS)) as manager:
         await _exercise(manager)

@@ -507,6 +507,8 @@ class Chaos:
             handle = plan.handle
             # A child whose runner already returned keeps the outcome it had (it is only
             # waiting for its own children to settle): the close comes too late for it.
+            # private: no public way to tell a child that is settling its children from
+            # one whose runner runs (both are "running"; the runner may be retried).
             if handle is not None and handle.result is None and not handle._ending:
                 plan.must_cancel = True
                 plan.cancel_reasons.add(SESSION_CLOSED)
