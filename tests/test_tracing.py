@@ -722,6 +722,8 @@ def test_no_sdk_installed_nothing_breaks() -> None:
 
         async def main():
             async with SubagentManager([AgentSpec(name="a", description="d", runner=runner)]) as m:
+                # private: no public view of the manager's telemetry or a child's tracing
+                # state; with no SDK provider installed neither is made.
                 assert not m._telemetry.active
                 h = m.spawn("a", "outer")
                 assert h._trace is None
