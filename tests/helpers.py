@@ -1,4 +1,6 @@
-"""Shared helpers for the core runtime tests: agent specs, a manager factory, a tracker."""
+"""Shared helpers for the tests: agent specs, a manager factory, a tracker, the backends
+that run timeouts on trio's mock clock, and the few reads of private state that no public
+API covers yet (each says why)."""
 
 from __future__ import annotations
 

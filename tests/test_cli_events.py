@@ -77,7 +77,7 @@ def test_percentile_nearest_rank() -> None:
     assert percentile(list(range(1, 101)), 95) == 95
 
 
-def test_summary_numbers() -> None:
+def test_summary_counts_statuses_latencies_tokens_and_failures() -> None:
     summary = summarize_events(sample(), slowest=3)
     assert summary.completed == 11
     assert summary.unfinished == ["lost"]

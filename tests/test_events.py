@@ -37,7 +37,7 @@ def publish(bus: EventBus, n: int, task: str = "t") -> None:
         bus.publish(PROGRESS, session_id="root", task_id=task, agent_path="/root/a")
 
 
-def test_event_round_trip() -> None:
+def test_an_event_round_trips_and_a_malformed_one_is_refused() -> None:
     event = Event(
         type=COMPLETED,
         seq=3,

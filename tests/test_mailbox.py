@@ -92,13 +92,13 @@ def test_default_capacity_is_64() -> None:
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
-def test_bad_capacity(bad: object) -> None:
+def test_a_bad_capacity_is_a_config_error(bad: object) -> None:
     with pytest.raises(ConfigError):
         Mailbox(capacity=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "1"])
-def test_bad_ttl(bad: object) -> None:
+def test_a_bad_ttl_is_a_config_error(bad: object) -> None:
     with pytest.raises(ConfigError):
         Mailbox(ttl=bad)  # type: ignore[arg-type]
 

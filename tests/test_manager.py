@@ -218,7 +218,7 @@ def test_max_concurrent_spawns_below_one_is_a_config_error(bad: object) -> None:
     assert manager.max_concurrent_spawns == 4
 
 
-def test_defaults() -> None:
+def test_config_defaults_are_the_documented_ones() -> None:
     config = SubagentConfig()
     assert config.max_concurrent_spawns == 4
     assert config.spawn_timeout == 180.0
@@ -509,7 +509,7 @@ EXPECTED = {
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", clock_backends())
 @pytest.mark.parametrize("case", CASES)
-async def test_exactly_one_envelope(case: str) -> None:
+async def test_every_ending_delivers_exactly_one_envelope(case: str) -> None:
     tracker = Tracker()
 
     async def runner(request: Request, ctx: RunContext) -> object:

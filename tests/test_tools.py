@@ -48,7 +48,7 @@ def check(result: ToolResult) -> ToolResult:
 
 
 @pytest.mark.anyio
-async def test_toolset_shape() -> None:
+async def test_the_toolset_holds_five_tools_with_closed_object_schemas() -> None:
     async with toolset() as tools:
         names = [tool.name for tool in tools]
         assert names == [
@@ -208,7 +208,9 @@ VALIDATION_CASES = [
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(("tool", "args", "expected"), VALIDATION_CASES)
-async def test_validation_messages(tool: str, args: object, expected: str) -> None:
+async def test_invalid_arguments_get_a_message_naming_the_field(
+    tool: str, args: object, expected: str
+) -> None:
     async with toolset() as tools:
         result = check(await tools.call(tool, args))
         assert result.is_error, result
@@ -403,7 +405,7 @@ async def test_cancel_unknown_id_suggests() -> None:
 
 
 @pytest.mark.anyio
-async def test_list_agents() -> None:
+async def test_list_agents_names_the_agents_and_the_sessions_tasks() -> None:
     spec, release = gated()
     async with toolset(spec, echo_agent()) as tools:
         done = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))
@@ -458,7 +460,7 @@ async def test_layering_rule_is_enforced() -> None:
 # ---------------------------------------------------------------- public names, tracing, nesting
 
 
-def test_public_names() -> None:
+def test_the_tool_names_are_exported() -> None:
     import subagents
     import subagents.tools
 

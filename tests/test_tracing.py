@@ -316,7 +316,7 @@ async def test_nested_spawn_three_levels(exporter: InMemorySpanExporter) -> None
 
 
 @pytest.mark.anyio
-async def test_execute_span(exporter: InMemorySpanExporter) -> None:
+async def test_an_execute_span_hangs_under_the_callers_span(exporter: InMemorySpanExporter) -> None:
     async with SubagentManager([spec("general")]) as manager:
         with tracer().start_as_current_span("turn"):
             envelope = await manager.execute("general", "hi", options=SpawnOptions(model="m-2"))
@@ -334,7 +334,9 @@ async def test_execute_span(exporter: InMemorySpanExporter) -> None:
 
 
 @pytest.mark.anyio
-async def test_capture_content_flag(exporter: InMemorySpanExporter) -> None:
+async def test_capture_content_records_input_output_and_instructions(
+    exporter: InMemorySpanExporter,
+) -> None:
     config = SubagentConfig(capture_content=True)
     async with SubagentManager([spec("general", prompt="be brief")], config=config) as manager:
         await manager.execute("general", "secret prompt")
@@ -360,7 +362,9 @@ async def test_tracing_disabled_by_config(exporter: InMemorySpanExporter) -> Non
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", clock_backends())
-async def test_timeout_span(exporter: InMemorySpanExporter) -> None:
+async def test_a_timeout_span_is_marked_error_with_the_watchdog_event(
+    exporter: InMemorySpanExporter,
+) -> None:
     async def stuck(request: Request, ctx: RunContext) -> str:
         await anyio.sleep_forever()
         raise AssertionError
@@ -377,7 +381,9 @@ async def test_timeout_span(exporter: InMemorySpanExporter) -> None:
 
 
 @pytest.mark.anyio
-async def test_error_span(exporter: InMemorySpanExporter) -> None:
+async def test_an_error_span_names_the_exception_and_is_marked_error(
+    exporter: InMemorySpanExporter,
+) -> None:
     async def broken(request: Request, ctx: RunContext) -> str:
         raise ValueError("bad input")
 
@@ -656,7 +662,9 @@ async def test_tool_successes_leave_their_span_unset(exporter: InMemorySpanExpor
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", clock_backends())
-async def test_metrics(exporter: InMemorySpanExporter) -> None:
+async def test_metrics_count_durations_queue_waits_and_watchdog_fires(
+    exporter: InMemorySpanExporter,
+) -> None:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
 
@@ -714,6 +722,8 @@ def test_no_sdk_installed_nothing_breaks() -> None:
 
         async def main():
             async with SubagentManager([AgentSpec(name="a", description="d", runner=runner)]) as m:
+                # private: no public view of the manager's telemetry or a child's tracing
+                # state; with no SDK provider installed neither is made.
                 assert not m._telemetry.active
                 h = m.spawn("a", "outer")
                 assert h._trace is None
