@@ -83,6 +83,11 @@ class SpawnLimiter:
         return self._limit
 
     @property
+    def resuming(self) -> int:
+        """Children waiting to take back a slot they lent."""
+        return len(self._resumers)
+
+    @property
     def borrowed(self) -> int:
         """Slots in use beyond the limit now."""
         return len(self._borrowers)

@@ -243,6 +243,7 @@ class SubagentManager:
             high_water=limiter.high_water,
             borrowed=limiter.borrowed,
             borrows=limiter.borrows,
+            resuming=limiter.resuming,
             # A notifier subclass that skipped CompletionNotifier.__init__ counts nothing.
             mailbox_overflows=getattr(self._notifier, "overflows", 0),
             spawned=self._spawned,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from contextlib import AbstractAsyncContextManager
 from typing import Final
 
@@ -212,6 +212,25 @@ class Sessions:
         if mailbox is not None:
             release(mailbox)
         self._names.pop(session_id, None)
+
+    def held(self, session_id: str) -> list[str]:
+        """Which per-session stores still hold ``session_id`` (``mailbox``, ``names``,
+        ``live``): what a session whose agent has ended must not leave behind."""
+        stores: dict[str, Container[str]] = {
+            "mailbox": self._mailboxes,
+            "names": self._names,
+            "live": self._live,
+        }
+        return [name for name, store in stores.items() if session_id in store]
+
+    def has_listing(self, session_id: str) -> bool:
+        """Whether a (possibly empty) listing of ``session_id``'s children is kept."""
+        return session_id in self._by_session
+
+    @property
+    def watching(self) -> int:
+        """Sessions with close watchers registered."""
+        return len(self._watchers)
 
     def release_all(self) -> None:
         for mailbox in self._mailboxes.values():

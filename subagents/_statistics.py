@@ -26,6 +26,9 @@ class ManagerStatistics:
     exceeds the limit; the next slots to free repay these before anyone queued starts."""
     borrows: int
     """How many times a child ever ran on a borrowed slot."""
+    resuming: int
+    """Children waiting to take back the slot they lent (their wait is over; the next slots
+    to free go to them before anyone queued)."""
     mailbox_overflows: int
     """Results that found their session's mailbox full (``mailbox_capacity`` unread): each
     went by the ``subagent.completed`` event alone and stays collectable by ``wait_result``

@@ -128,14 +128,13 @@ def has_record(manager: SubagentManager, handle: SpawnHandle) -> bool:
 def session_state(manager: SubagentManager, session_id: str) -> list[str]:
     """Which of the manager's per-session stores still hold ``session_id``: a session whose
     agent has ended must leave nothing behind (its mailbox, child names, live children)."""
-    # private: no public view of the per-session stores. mailbox() makes one on first use,
-    # tasks() and session_closed() answer for records, not for state still held.
-    stores = {"mailbox": manager._mailboxes, "names": manager._names, "live": manager._live}
-    return [name for name, store in stores.items() if session_id in store]
+    # private: the sessions part; no public view of the per-session stores. mailbox() makes
+    # one on first use, tasks() and session_closed() answer for records, not for state held.
+    return manager._sessions.held(session_id)
 
 
 def has_listing(manager: SubagentManager, session_id: str) -> bool:
     """Whether the manager still keeps a (possibly empty) listing of ``session_id``'s
     children: one left behind for every session ever used would grow without bound."""
-    # private: no public view; tasks(session_id) reads [] whether or not a listing is kept.
-    return session_id in manager._by_session
+    # private: the sessions part; tasks(session_id) reads [] whether or not a listing is kept.
+    return manager._sessions.has_listing(session_id)

@@ -14,10 +14,11 @@ from subagents import (
     SpawnHandle,
     SubagentConfig,
     SubagentManager,
+    _completions,
 )
 from subagents._json import dumps
 from subagents.testing import call_with_host_timeout, echo_agent
-from subagents.tools import ToolResult, Toolset, _wait, build_tools
+from subagents.tools import ToolResult, Toolset, build_tools
 from tests.helpers import clock_backends, on_mock_clock
 
 
@@ -172,7 +173,7 @@ async def test_result_landing_at_the_deadline_counts(monkeypatch: pytest.MonkeyP
     async with toolset(spec) as tools:
         a = await spawn(tools, "gated", "a")
         # private: no public way to lose a wake-up in the deadline's instant.
-        monkeypatch.setattr(_wait, "wait_handles", wake_lost)
+        monkeypatch.setattr(_completions, "wait_handles", wake_lost)
         result = await tools.call("wait_agent", {"task_ids": a, "timeout_ms": 50})
         assert result.details["completed"] is True
         assert result.details["timed_out"] is False

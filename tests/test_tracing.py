@@ -34,6 +34,7 @@ from subagents import (
     SubagentManager,
     Usage,
 )
+from subagents._handle import record_of
 from subagents._tracing import tool_span
 from subagents.tools import build_tools
 from tests.helpers import clock_backends
@@ -353,7 +354,7 @@ async def test_tracing_disabled_by_config(exporter: InMemorySpanExporter) -> Non
         handle = manager.spawn("general")
         await handle.wait()
         # private: no public view of a child's tracing state; none is made when off.
-        assert handle._trace is None
+        assert record_of(handle).trace is None
     assert spans_named(exporter, "invoke_agent general") == []
 
 
@@ -707,6 +708,7 @@ def test_no_sdk_installed_nothing_breaks() -> None:
         """
         import anyio
         from subagents import AgentSpec, SubagentManager, Result, Usage
+        from subagents._handle import record_of
         from subagents._tracing import tool_span
 
         async def runner(request, ctx):
@@ -726,7 +728,7 @@ def test_no_sdk_installed_nothing_breaks() -> None:
                 # state; with no SDK provider installed neither is made.
                 assert not m._telemetry.active
                 h = m.spawn("a", "outer")
-                assert h._trace is None
+                assert record_of(h).trace is None
                 assert (await h.wait()).status == "completed"
                 assert (await m.execute("a", "outer")).status == "completed"
             with tool_span("wait_agent") as span:
@@ -972,7 +974,7 @@ async def test_a_broken_provider_leaves_the_manager_untraced(
         handle = manager.spawn("general")
         assert (await handle.wait()).status == "completed"
         # private: no public view of a child's tracing state; untraced, none was made.
-        assert handle._trace is None
+        assert record_of(handle).trace is None
     assert "provider bug" in caplog.text
 
 

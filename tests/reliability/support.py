@@ -16,6 +16,7 @@ from subagents import (
     SubagentConfig,
     SubagentManager,
 )
+from subagents._handle import record_of
 
 RunnerFn = Callable[[Request, RunContext], Awaitable[Result | str]]
 
@@ -60,11 +61,11 @@ def records(manager: SubagentManager, session_id: str = DEFAULT_SESSION) -> list
 
 def holds_no_slot(handle: SpawnHandle) -> bool:
     """Whether an ended child's slot bookkeeping is back to rest (no lend, no slot held)."""
-    # private: no public view of one child's slot bookkeeping; statistics() has the totals.
-    return handle._lends == 0 and not handle._holds_slot
+    # private: the child's record; statistics() has only the totals.
+    record = record_of(handle)
+    return record.lends == 0 and not record.holds_slot
 
 
 def waiting_to_resume(manager: SubagentManager) -> int:
     """How many children wait to take a slot back after a wait (the resumer queue)."""
-    # private: no public count of them; statistics() counts slots held and borrowed only.
-    return len(manager._resumers)
+    return manager.statistics().resuming
