@@ -1,0 +1,418 @@
+"""The durable mailbox: a session's envelopes as delivery rows in the store.
+
+A put is queued for the writer thread (group commit) and kept here, in ``_pending``, until
+its batch commits, so this process reads its own puts at once, as the interface promises.
+Other processes see a put once it commits. Three rules keep every envelope taken once:
+
+- A pending put the writer has not taken yet is consumed here alone (``claimed``): its row
+  is then written as ``read`` in the first place, and no other process ever sees it unread.
+- Anything else is taken in the database, by one ``UPDATE … RETURNING`` inside
+  ``BEGIN IMMEDIATE`` (:func:`._deliveries.claim`), after waiting, through the writer's
+  gate, for the writer's transaction in flight: a put the writer has taken is committed
+  by the time the take looks for it.
+- Whether the writer has taken a put is decided under the writer's lock, on both sides.
+
+Blocking: ``put``, ``peek``, ``__len__`` and the subscriptions run a few indexed SQLite
+reads on the event loop (microseconds each); ``drain`` and ``drain_all`` of an entry
+already committed take the write lock for one short transaction (its commit fsyncs with
+``synchronous="FULL"``), waiting first for a write transaction in flight, this process's
+or another's, for up to the store's ``busy_timeout``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sqlite3
+from collections.abc import Awaitable, Callable
+
+from .._envelope import DelegateResult, now_ms
+from .._errors import MailboxFull
+from .._json import loads
+from .._mailbox import BaseMailbox, MailboxStatistics, Signal
+from . import _deliveries as rows
+from ._errors import StoreError
+from ._sqlite import Connection
+from ._subscriptions import Subscriptions, fire
+from ._writer import Write, Writer
+
+__all__ = ["SqliteMailbox"]
+
+logger = logging.getLogger("subagents.mailbox")
+_instances = itertools.count(1)
+
+
+class _Put(Write):
+    """One put on its way to the database. ``picked``, ``claimed`` and ``superseded``
+    change only under the writer's lock."""
+
+    __slots__ = (
+        "body",
+        "box",
+        "claimed",
+        "envelope",
+        "expires_at",
+        "now",
+        "picked",
+        "superseded",
+        "task_id",
+    )
+
+    def __init__(
+        self,
+        box: SqliteMailbox,
+        task_id: str,
+        envelope: DelegateResult,
+        expires_at: float | None,
+        now: float,
+    ) -> None:
+        super().__init__()
+        self.box = box
+        self.task_id = task_id
+        self.envelope = envelope
+        self.body = envelope.to_json()
+        self.expires_at = expires_at
+        self.now = now
+        self.picked = False
+        """The writer has taken it: it is in a transaction in flight, or committed."""
+        self.claimed = False
+        """Consumed in this process before the writer took it: written as ``read``."""
+        self.superseded = False
+        """Overwritten by a later put before the writer took it: never written."""
+
+    def live(self, now: float) -> bool:
+        return self.expires_at is None or self.expires_at > now
+
+    def take(self) -> bool:
+        if self.superseded:
+            return False
+        self.picked = True
+        return True
+
+    def release(self) -> None:
+        self.picked = False
+
+    def apply(self, conn: sqlite3.Connection) -> None:
+        box = self.box
+        rows.insert(
+            conn,
+            session=box.session,
+            recipient=box.recipient,
+            task_id=self.task_id,
+            body=self.body,
+            expires_at=self.expires_at,
+            origin=box.origin,
+            read=self.claimed,
+            now=self.now,
+            ms=now_ms(),
+        )
+
+    def done(self) -> None:
+        self.box._written(self)
+
+
+class SqliteMailbox(BaseMailbox):
+    """A session's mailbox kept in a :class:`~subagents.store.SqliteStore`.
+
+    Made by :meth:`SqliteStore.mailbox`; it implements :class:`~subagents.BaseMailbox`
+    (and passes ``check_mailbox``), shared by every process that opens the same store and
+    session: a put in one is readable, waitable and consumable in all, and each envelope is
+    consumed by exactly one of them. Use it from the event loop that opened the store.
+
+    Across processes, ``capacity`` counts committed entries and this process's pending
+    ones: processes putting new ids at the same moment may together exceed it by what the
+    others have not committed yet. Expiry reads ``clock`` (default: unix time), so every
+    process sharing a session with a TTL must use the same clock.
+    """
+
+    def __init__(
+        self,
+        session: str,
+        *,
+        conn: Connection,
+        writer: Writer,
+        origin: str,
+        watch: Callable[[SqliteMailbox, bool], object],
+        wait_committed: Callable[[int], Awaitable[None]],
+        capacity: int,
+        ttl: float | None,
+        clock: Callable[[], float],
+        recipient: str = "",
+    ) -> None:
+        self.session = session
+        """The session id: the mailbox's key in the store."""
+        self.recipient = recipient
+        self.origin = f"{origin}.{next(_instances)}"
+        """Who this mailbox is in the ``origin`` and ``consumer`` columns."""
+        self._conn = conn
+        self._writer = writer
+        self._wait_committed = wait_committed
+        self._capacity = capacity
+        self._ttl = ttl
+        self._clock = clock
+        self._pending: dict[str, _Put] = {}  # task id -> the put not yet committed, in order
+        self._subs = Subscriptions(lambda active: watch(self, active))
+        self._closed = False
+        self._last_seq = 0
+        self._seen = 0  # the newest delivery id looked at for other processes' puts
+
+    @property
+    def capacity(self) -> int:
+        """Maximum distinct unread task ids."""
+        return self._capacity
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------ reading
+
+    def _decode(self, body: bytes) -> DelegateResult:
+        try:
+            data = loads(body)
+            if not isinstance(data, dict):
+                raise ValueError(f"an envelope is a JSON object, not {type(data).__name__}")
+            return DelegateResult.from_dict(data)
+        except ValueError as exc:
+            raise StoreError(self._conn.path, "corrupt", f"an unreadable envelope: {exc}") from exc
+
+    def _live_pending(self, now: float) -> int:
+        """Pending puts still live; the expired ones (the oldest first) are let go."""
+        pending = self._pending
+        if self._ttl is not None:
+            while pending:
+                first = next(iter(pending.values()))
+                if first.live(now):
+                    break
+                del pending[first.task_id]
+        return len(pending)
+
+    def _count(self, now: float, limit: int = -1) -> int:
+        """Live entries (at most ``limit``): committed ones not pending, plus pending."""
+        pending = self._live_pending(now)
+        excluding = list(self._pending) if pending else None
+        session, recipient = self.session, self.recipient
+        return pending + self._conn.read(
+            lambda raw: rows.count_live(
+                raw, session, recipient, now, limit=limit, excluding=excluding
+            )
+        )
+
+    def _find(self, task_id: str, now: float) -> bytes | None:
+        session, recipient = self.session, self.recipient
+        return self._conn.read(lambda raw: rows.find(raw, session, recipient, task_id, now))
+
+    def peek(self, task_id: str) -> DelegateResult | None:
+        if self._closed:
+            return None
+        now = self._clock()
+        put = self._pending.get(task_id)
+        if put is not None:
+            return put.envelope if put.live(now) else None
+        body = self._find(task_id, now)
+        return None if body is None else self._decode(body)
+
+    def __len__(self) -> int:
+        return 0 if self._closed else self._count(self._clock())
+
+    def statistics(self) -> MailboxStatistics:
+        return MailboxStatistics(
+            entries=len(self),
+            capacity=self._capacity,
+            task_subscribers=self._subs.task_count,
+            all_subscribers=self._subs.all_count,
+            closed=self._closed,
+        )
+
+    # ------------------------------------------------------------ putting
+
+    def put(self, task_id: str, envelope: DelegateResult) -> bool:
+        """Store ``envelope`` under ``task_id``: readable here at once, committed by the
+        writer thread soon after (:meth:`wait_committed`), then readable everywhere.
+
+        Raises:
+            MailboxFull: see :meth:`BaseMailbox.put`.
+            StoreError: the store failed earlier and takes no more writes.
+        """
+        if self._closed:
+            return False
+        now = self._clock()
+        capacity = self._capacity
+        if self._count(now, limit=capacity) >= capacity:
+            present = self._pending.get(task_id)
+            if present is None and self._find(task_id, now) is None:
+                raise MailboxFull(capacity, task_id)
+        expires_at = None if self._ttl is None else now + self._ttl
+        put = _Put(self, task_id, envelope, expires_at, now)
+        writer = self._writer
+        self._last_seq = writer.submit(put)
+        old = self._pending.pop(task_id, None)
+        if old is not None:
+            with writer.lock:
+                if not old.picked:
+                    old.superseded = True  # not yet taken: the newer put replaces it
+        self._pending[task_id] = put  # last: an overwrite is the newest arrival
+        self._subs.fire_tasks((task_id,))
+        self._subs.fire_all()
+        return True
+
+    def _written(self, put: _Put) -> None:
+        """The writer committed ``put``: from now on the database has it."""
+        if self._pending.get(put.task_id) is put:
+            del self._pending[put.task_id]
+
+    async def wait_committed(self) -> None:
+        """Block until every put this mailbox accepted so far is committed (durable as
+        the store's ``synchronous`` setting makes commits).
+
+        Cancellation stops the wait, not the writes. Returns at once if nothing is pending.
+
+        Raises:
+            StoreError: the store failed before committing them.
+        """
+        await self._wait_committed(self._last_seq)
+
+    # ------------------------------------------------------------ consuming
+
+    def _consumed(self, envelopes: list[DelegateResult]) -> list[DelegateResult]:
+        hook = self.consumed
+        if hook is not None:
+            for envelope in envelopes:
+                try:
+                    hook(envelope)
+                except Exception:
+                    logger.exception("mailbox consumed hook %r raised; ignored", hook)
+        return envelopes
+
+    def _claim_here(self, put: _Put) -> bool:
+        """Consume ``put`` in this process if the writer has not taken it yet."""
+        with self._writer.lock:
+            if put.picked:
+                return False
+            put.claimed = True
+        if self._pending.get(put.task_id) is put:
+            del self._pending[put.task_id]
+        return True
+
+    def drain(self, task_id: str) -> DelegateResult | None:
+        if self._closed:
+            return None
+        now = self._clock()
+        put = self._pending.get(task_id)
+        if put is not None:
+            if not put.live(now):
+                del self._pending[task_id]
+                return None
+            if self._claim_here(put):
+                return self._consumed([put.envelope])[0]
+        session, recipient, consumer = self.session, self.recipient, self.origin
+
+        def exists(raw: sqlite3.Connection) -> bool:
+            return rows.find(raw, session, recipient, task_id, now) is not None
+
+        body = self._conn.write(
+            lambda raw: rows.claim(
+                raw, session, recipient, task_id, consumer=consumer, now=now, ms=now_ms()
+            ),
+            # A put the writer has taken is waited for (through the gate), not looked up.
+            precheck=exists if put is None else None,
+        )
+        if put is not None and self._pending.get(task_id) is put:
+            if body is None and self._claim_here(put):  # handed back by a failed store
+                return self._consumed([put.envelope])[0]
+            del self._pending[task_id]
+        return None if body is None else self._consumed([self._decode(body)])[0]
+
+    def drain_all(self) -> list[DelegateResult]:
+        if self._closed:
+            return []
+        now = self._clock()
+        self._live_pending(now)
+        session, recipient, consumer = self.session, self.recipient, self.origin
+        writer = self._writer
+        here: list[_Put] = []
+
+        def body(raw: sqlite3.Connection) -> list[tuple[str, bytes]]:
+            # The gate is held, so the writer takes no put meanwhile: the ones it took are
+            # committed (and taken below, unless another process took them), the rest are
+            # consumed here, and their task ids' older rows are left for them to replace.
+            with writer.lock:
+                for put in self._pending.values():
+                    if not put.picked:
+                        put.claimed = True
+                        here.append(put)
+            newer = [put.task_id for put in here]
+            return rows.claim_all(
+                raw, session, recipient, consumer=consumer, now=now, ms=now_ms(), excluding=newer
+            )
+
+        def undo() -> None:  # the transaction rolled back; the gate is still held
+            with writer.lock:
+                for put in here:
+                    put.claimed = False
+            here.clear()
+
+        def anything(raw: sqlite3.Connection) -> bool:
+            return rows.count_live(raw, session, recipient, now, limit=1) > 0
+
+        # With puts pending, always through the gate: one may be in the writer's hands.
+        taken = self._conn.write(body, precheck=None if self._pending else anything, undo=undo)
+        self._pending.clear()
+        envelopes = [self._decode(data) for _, data in taken or ()]
+        envelopes.extend(put.envelope for put in here)
+        return self._consumed(envelopes)
+
+    # ------------------------------------------------------------ subscriptions and drop
+
+    def subscribe_once(self, task_id: str, callback: Signal) -> str | None:
+        if self._closed or self.peek(task_id) is not None:
+            fire((callback,))
+            return None
+        return self._subs.add_once(task_id, callback)
+
+    def subscribe_all(self, callback: Signal) -> str:
+        if self._closed:
+            fire((callback,))  # the drop signal, as subscribe_once gives it
+            return self._subs.new_id()
+        if not self._subs.all_count:  # signal other processes' puts from now on
+            session, recipient = self.session, self.recipient
+            self._seen = self._conn.read(lambda raw: rows.last_id(raw, session, recipient))
+        return self._subs.add_all(callback)
+
+    def unsubscribe(self, subscription_id: str | None) -> None:
+        self._subs.remove(subscription_id)
+
+    def _look_again(self) -> None:
+        """The database changed (another connection committed): fire the subscriptions
+        whose entries arrived, and the all-puts ones if another mailbox put."""
+        if self._closed:
+            return
+        session, recipient, origin = self.session, self.recipient, self.origin
+        task_ids = self._subs.task_ids()
+        if task_ids:
+            now = self._clock()
+            arrived = self._conn.read(
+                lambda raw: rows.live_among(raw, session, recipient, task_ids, now)
+            )
+            self._subs.fire_tasks(arrived)
+        if self._subs.all_count:
+            after = self._seen
+            self._seen, foreign = self._conn.read(
+                lambda raw: rows.puts_since(raw, session, recipient, after, origin)
+            )
+            if foreign:
+                self._subs.fire_all()
+
+    def drop(self) -> None:
+        """Release this mailbox object: later calls see it closed and its waiters wake with
+        ``None``. The rows stay: other processes may share the session, and puts already
+        accepted still commit."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending.clear()
+        self._subs.fire_drop()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._pending)} pending/{self._capacity}"
+        return f"<SqliteMailbox {self.session!r} {state}>"
