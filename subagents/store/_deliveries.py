@@ -8,6 +8,9 @@ anything else): ``read`` (taken by a consumer), ``expired`` (its TTL passed unre
 unique index). Rows are marked ``expired`` lazily, by the writes that meet them; reads
 filter on ``expires_at`` themselves.
 
+The planner, without statistics, would count and take through the arrival index (every
+row the session ever had); ``INDEXED BY`` keeps those on the live rows' own index.
+
 ``now`` is the mailbox clock (float seconds, that of ``expires_at``); ``ms`` is unix
 milliseconds, for the ``*_ms`` columns.
 """
@@ -15,11 +18,13 @@ milliseconds, for the ``*_ms`` columns.
 from __future__ import annotations
 
 import sqlite3
-from typing import Final
+from collections.abc import Sequence
+from typing import Final, Protocol
 
 from .._json import dumps_str
 
 __all__ = [
+    "Entry",
     "claim",
     "claim_all",
     "count_live",
@@ -34,50 +39,58 @@ _LIVE: Final = "state = 'stored' AND (expires_at IS NULL OR expires_at > :now)"
 _KEY: Final = "session = :session AND recipient = :recipient"
 _EXPIRED_OR: Final = "CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN 'expired' ELSE"
 
-_REPLACE: Final = (
-    f"UPDATE deliveries SET state = {_EXPIRED_OR} 'replaced' END, changed_ms = :ms "
-    f"WHERE {_KEY} AND task_id = :task_id AND state = 'stored'"
-)
 _INSERT_ENVELOPE: Final = (
-    "INSERT INTO envelopes (session, task_id, body, created_ms) "
-    "VALUES (:session, :task_id, :body, :ms)"
+    "INSERT INTO envelopes (id, session, task_id, body, created_ms) VALUES (?, ?, ?, ?, ?)"
 )
 _INSERT_DELIVERY: Final = (
-    "INSERT INTO deliveries (envelope_id, session, recipient, task_id, state, expires_at, "
-    "origin, consumer, changed_ms) VALUES (:envelope_id, :session, :recipient, :task_id, "
-    ":state, :expires_at, :origin, :consumer, :ms)"
+    "INSERT INTO deliveries (envelope_id, session, recipient, task_id, state, stored_at, "
+    "expires_at, origin, consumer, changed_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
-def insert(
-    conn: sqlite3.Connection,
-    *,
-    session: str,
-    recipient: str,
-    task_id: str,
-    body: bytes,
-    expires_at: float | None,
-    origin: str,
-    read: bool,
-    now: float,
-    ms: int,
-) -> None:
-    """Put an envelope: the live row of ``task_id`` (if any) becomes ``replaced`` (or
-    ``expired``), then a new row arrives, ``stored`` or, for a put consumed in this process
-    before it was written, already ``read`` by ``origin``."""
-    params = {"session": session, "recipient": recipient, "task_id": task_id, "now": now, "ms": ms}
-    conn.execute(_REPLACE, params)
-    envelope_id = conn.execute(_INSERT_ENVELOPE, {**params, "body": body}).lastrowid
-    conn.execute(
+class Entry(Protocol):
+    """One put, as :func:`insert` writes it."""
+
+    session: str
+    recipient: str
+    task_id: str
+    body: bytes
+    stored_at: float
+    """The mailbox clock when it was put."""
+    expires_at: float | None
+    origin: str
+    claimed: bool
+    """Consumed (by ``origin``) before it was written: it arrives ``read``."""
+
+
+def insert(conn: sqlite3.Connection, entries: Sequence[Entry], ms: int) -> None:
+    """Put envelopes, in order: each arrives ``stored`` (or already ``read``), and the
+    schema's ``deliveries_overwrite`` trigger retires the unread row of the same key. Two
+    statements for the whole list (``executemany``); call inside ``BEGIN IMMEDIATE``,
+    which makes the envelope ids taken here (after the largest) free to use."""
+    ((largest,),) = conn.execute("SELECT coalesce(max(id), 0) FROM envelopes").fetchall()
+    ids = range(int(largest) + 1, int(largest) + 1 + len(entries))
+    conn.executemany(
+        _INSERT_ENVELOPE,
+        [(i, e.session, e.task_id, e.body, ms) for i, e in zip(ids, entries, strict=True)],
+    )
+    conn.executemany(
         _INSERT_DELIVERY,
-        {
-            **params,
-            "envelope_id": envelope_id,
-            "state": "read" if read else "stored",
-            "expires_at": expires_at,
-            "origin": origin,
-            "consumer": origin if read else None,
-        },
+        [
+            (
+                i,
+                e.session,
+                e.recipient,
+                e.task_id,
+                "read" if e.claimed else "stored",
+                e.stored_at,
+                e.expires_at,
+                e.origin,
+                e.origin if e.claimed else None,
+                ms,
+            )
+            for i, e in zip(ids, entries, strict=True)
+        ],
     )
 
 
@@ -107,7 +120,8 @@ def count_live(
     in ``excluding``."""
     extra = " AND task_id NOT IN (SELECT value FROM json_each(:excluding))" if excluding else ""
     rows = conn.execute(
-        f"SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE {_KEY} AND {_LIVE}{extra} "
+        "SELECT count(*) FROM (SELECT 1 FROM deliveries INDEXED BY deliveries_live "
+        f"WHERE {_KEY} AND {_LIVE}{extra} "
         "LIMIT :limit)",
         {
             "session": session,
@@ -210,13 +224,14 @@ def claim_all(
         "excluding": dumps_str(excluding or []),
     }
     conn.execute(
-        f"UPDATE deliveries SET state = 'expired', changed_ms = :ms WHERE {_KEY} "
+        "UPDATE deliveries INDEXED BY deliveries_live SET state = 'expired', changed_ms = :ms "
+        f"WHERE {_KEY} "
         "AND state = 'stored' AND expires_at IS NOT NULL AND expires_at <= :now",
         {**params, "ms": ms},
     )
     taken = conn.execute(
-        f"UPDATE deliveries SET state = 'read', consumer = :consumer, changed_ms = :ms "
-        f"WHERE {_KEY} AND state = 'stored' "
+        "UPDATE deliveries INDEXED BY deliveries_live SET state = 'read', consumer = :consumer, "
+        f"changed_ms = :ms WHERE {_KEY} AND state = 'stored' "
         "AND task_id NOT IN (SELECT value FROM json_each(:excluding)) "
         "RETURNING id, task_id, envelope_id",
         {**params, "ms": ms},

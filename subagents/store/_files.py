@@ -89,12 +89,20 @@ def read_header(path: Path) -> Header | None:
     return header
 
 
+def _has_wal(path: Path) -> bool:
+    try:
+        return (path.parent / f"{path.name}-wal").stat().st_size > 0
+    except OSError:
+        return False
+
+
 def check_before_open(path: Path, schema_version: int) -> bool:
     """Refuse, without writing anything, a path the store must not open.
 
     Returns ``True`` when the store is new (no file, or an empty one) and ``False`` for an
-    existing store whose header looks right (the schema table, read inside a transaction
-    once open, is the final word: a WAL file may hold a newer header than the main file).
+    existing store whose header looks right, or may: beside a non-empty ``-wal`` file the
+    header on disk may be older than the one in the WAL, and the checks are left to the
+    migration's transaction (which reads through the WAL).
 
     Raises:
         StoreError: the path is a directory or special file, its directory is missing or
@@ -124,6 +132,11 @@ def check_before_open(path: Path, schema_version: int) -> bool:
     header = read_header(path)
     if header is None:
         return True
+    if header.wal and _has_wal(path):
+        # The newest header may be in the WAL (a store just created or migrated by a
+        # process that has not checkpointed yet): SQLite reads it once the file is open,
+        # and the migration's transaction checks it (``_schema.current_version``).
+        return False
     if header.application_id != APPLICATION_ID:
         raise StoreError(
             where,

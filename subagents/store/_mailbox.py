@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from .._envelope import DelegateResult, now_ms
 from .._errors import MailboxFull
@@ -52,8 +52,11 @@ class _Put(Write):
         "claimed",
         "envelope",
         "expires_at",
-        "now",
+        "origin",
         "picked",
+        "recipient",
+        "session",
+        "stored_at",
         "superseded",
         "task_id",
     )
@@ -68,11 +71,14 @@ class _Put(Write):
     ) -> None:
         super().__init__()
         self.box = box
+        self.session = box.session
+        self.recipient = box.recipient
+        self.origin = box.origin
         self.task_id = task_id
         self.envelope = envelope
         self.body = envelope.to_json()
+        self.stored_at = now
         self.expires_at = expires_at
-        self.now = now
         self.picked = False
         """The writer has taken it: it is in a transaction in flight, or committed."""
         self.claimed = False
@@ -92,20 +98,9 @@ class _Put(Write):
     def release(self) -> None:
         self.picked = False
 
-    def apply(self, conn: sqlite3.Connection) -> None:
-        box = self.box
-        rows.insert(
-            conn,
-            session=box.session,
-            recipient=box.recipient,
-            task_id=self.task_id,
-            body=self.body,
-            expires_at=self.expires_at,
-            origin=box.origin,
-            read=self.claimed,
-            now=self.now,
-            ms=now_ms(),
-        )
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[_Put]) -> None:
+        rows.insert(conn, writes, now_ms())
 
     def done(self) -> None:
         self.box._written(self)
@@ -198,6 +193,21 @@ class SqliteMailbox(BaseMailbox):
             )
         )
 
+    def _full(self, now: float) -> bool:
+        """At least ``capacity`` live entries? One bounded count, mostly: a pending put
+        may also be committed already, so the sum of both counts only says "not full"."""
+        capacity = self._capacity
+        pending = self._live_pending(now)
+        if pending >= capacity:
+            return True
+        session, recipient = self.session, self.recipient
+        committed = self._conn.read(
+            lambda raw: rows.count_live(raw, session, recipient, now, limit=capacity)
+        )
+        if committed + pending < capacity:
+            return False
+        return not pending or self._count(now, limit=capacity) >= capacity
+
     def _find(self, task_id: str, now: float) -> bytes | None:
         session, recipient = self.session, self.recipient
         return self._conn.read(lambda raw: rows.find(raw, session, recipient, task_id, now))
@@ -237,11 +247,8 @@ class SqliteMailbox(BaseMailbox):
         if self._closed:
             return False
         now = self._clock()
-        capacity = self._capacity
-        if self._count(now, limit=capacity) >= capacity:
-            present = self._pending.get(task_id)
-            if present is None and self._find(task_id, now) is None:
-                raise MailboxFull(capacity, task_id)
+        if self._full(now) and task_id not in self._pending and self._find(task_id, now) is None:
+            raise MailboxFull(self._capacity, task_id)
         expires_at = None if self._ttl is None else now + self._ttl
         put = _Put(self, task_id, envelope, expires_at, now)
         writer = self._writer

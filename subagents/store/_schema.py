@@ -85,6 +85,7 @@ _V1: Final = (
         task_id     TEXT NOT NULL,
         state       TEXT NOT NULL DEFAULT 'stored'
                     CHECK (state IN ('stored', 'read', 'expired', 'replaced')),
+        stored_at   REAL NOT NULL,
         expires_at  REAL,
         origin      TEXT NOT NULL,
         consumer    TEXT,
@@ -92,8 +93,20 @@ _V1: Final = (
     )""",
     """CREATE UNIQUE INDEX deliveries_unread ON deliveries (session, recipient, task_id)
         WHERE state = 'stored'""",
+    # Counting live entries (a put's capacity check) reads this index alone.
+    """CREATE INDEX deliveries_live ON deliveries (session, recipient, expires_at)
+        WHERE state = 'stored'""",
     "CREATE INDEX deliveries_arrival ON deliveries (session, recipient, id)",
     "CREATE INDEX deliveries_envelope ON deliveries (envelope_id)",
+    # A put overwrites: the unread row of the same key becomes 'replaced' ('expired' if
+    # its TTL had passed when the new one was put), whoever inserts.
+    """CREATE TRIGGER deliveries_overwrite BEFORE INSERT ON deliveries
+        BEGIN UPDATE deliveries
+            SET state = CASE WHEN expires_at IS NOT NULL AND expires_at <= NEW.stored_at
+                        THEN 'expired' ELSE 'replaced' END,
+                changed_ms = NEW.changed_ms
+            WHERE session = NEW.session AND recipient = NEW.recipient
+            AND task_id = NEW.task_id AND state = 'stored'; END""",
     """CREATE TRIGGER deliveries_forward_only BEFORE UPDATE OF state ON deliveries
         WHEN OLD.state <> 'stored'
         BEGIN SELECT RAISE(ABORT, 'a delivery state only moves forward'); END""",
@@ -113,12 +126,20 @@ def current_version(conn: sqlite3.Connection, path: str) -> int:
     """The schema version recorded in the store, 0 for an empty database.
 
     Raises:
-        StoreError: ``not_a_store`` for a database with tables but no version table (or an
-            empty one), ``newer_schema`` past :data:`SCHEMA_VERSION`.
+        StoreError: ``not_a_store`` for a database with tables but another application id
+            or no version, ``newer_schema`` past :data:`SCHEMA_VERSION`.
     """
     tables = _tables(conn)
     if not tables:
         return 0
+    ((application_id,),) = conn.execute("PRAGMA application_id").fetchall()
+    if application_id != APPLICATION_ID:
+        raise StoreError(
+            path,
+            "not_a_store",
+            f"not a subagents store: its application_id is {application_id:#x}, "
+            f"a store's is {APPLICATION_ID:#x} (another program's database?)",
+        )
     if "schema_version" not in tables:
         raise StoreError(path, "not_a_store", "not a subagents store: it has no schema_version")
     (version,) = conn.execute("SELECT max(version) FROM schema_version").fetchall()[0]

@@ -203,7 +203,11 @@ class SqliteStore:
                 if str(mode).lower() != "wal":
                     raise StoreError(path, "failed", f"SQLite refused WAL mode (got {mode!r})")
                 with immediate(writer):
-                    migrate(writer, path)
+                    found = migrate(writer, path)
+                if found < SCHEMA_VERSION:
+                    # Copy the new header into the main file at once, so the next process's
+                    # header check (made before SQLite opens the file) reads it there.
+                    writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
             retrying(set_up, path=path, busy_timeout=self._busy_timeout)
             return writer, connection(), connection()

@@ -18,12 +18,13 @@ and every later :meth:`Writer.submit` raises :class:`StoreError`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, Self
 
 import anyio.from_thread
 from anyio.lowlevel import EventLoopToken
@@ -42,7 +43,8 @@ class Write:
     """One write for the writer thread. ``seq`` is set by :meth:`Writer.submit`.
 
     :meth:`take` and :meth:`release` run in the writer thread under :attr:`Writer.lock`,
-    :meth:`apply` inside the batch's transaction, :meth:`done` on the event loop once the
+    :meth:`apply` (once for each run of consecutive writes of one class) inside the
+    batch's transaction, :meth:`done` on the event loop once the
     batch is committed.
     """
 
@@ -58,12 +60,18 @@ class Write:
     def release(self) -> None:
         """The store failed before this write was committed; it never will be."""
 
-    def apply(self, conn: sqlite3.Connection) -> None:
-        """Execute the write's statements (inside the batch's transaction)."""
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
+        """Execute the statements of ``writes``, consecutive writes of this class in
+        submission order, inside the batch's transaction (``executemany`` where it can)."""
         raise NotImplementedError
 
     def done(self) -> None:
         """On the event loop, after the commit."""
+
+
+def _kind(write: Write) -> type[Write]:
+    return type(write)
 
 
 OnBatch = Callable[[list[Write], int, "StoreError | None"], object]
@@ -199,8 +207,8 @@ class Writer:
             with immediate(raw):
                 if not watermark:  # taken once the lock is held; a retry keeps the batch
                     watermark = self._take(batch)
-                for write in batch:
-                    write.apply(raw)
+                for kind, writes in itertools.groupby(batch, _kind):
+                    kind.apply(raw, list(writes))
 
         with self.gate:
             while True:

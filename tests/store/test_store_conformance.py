@@ -52,5 +52,8 @@ async def test_the_whole_suite_in_one_call_with_normal_sync(tmp_path: Path) -> N
         await check_mailbox(sessions_of(store))  # type: ignore[arg-type]
         assert not store.statistics().closed
     stats = store.statistics()
-    assert stats.batches > 0 and stats.writes >= stats.batches
-    assert stats.closed and stats.queued == 0 and stats.synchronous == "NORMAL"
+    assert stats.batches > 0
+    assert stats.writes >= stats.batches
+    assert stats.closed
+    assert stats.queued == 0
+    assert stats.synchronous == "NORMAL"
