@@ -19,7 +19,7 @@ from .._envelope import now_ms
 from ._errors import StoreError
 from ._files import APPLICATION_ID
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "current_version", "migrate"]
 
 
 @attrs.frozen(kw_only=True)

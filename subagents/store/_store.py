@@ -34,7 +34,7 @@ from .._validators import count, seconds, text
 from ._errors import StoreError
 from ._files import check_before_open
 from ._mailbox import SqliteMailbox
-from ._schema import SCHEMA_VERSION, migrate
+from ._schema import SCHEMA_VERSION, current_version, migrate
 from ._sqlite import Connection, Synchronous, connect, immediate, retrying, translate
 from ._watch import Watcher
 from ._writer import Write, Writer
@@ -187,7 +187,7 @@ class SqliteStore:
     def _open_files(self) -> tuple[sqlite3.Connection, sqlite3.Connection, sqlite3.Connection]:
         """In a worker thread: check, create or migrate, and connect three times."""
         path = self._path
-        check_before_open(Path(path), SCHEMA_VERSION)
+        new = check_before_open(Path(path), SCHEMA_VERSION)
         opened: list[sqlite3.Connection] = []
         try:
 
@@ -199,6 +199,8 @@ class SqliteStore:
             writer = retrying(connection, path=path, busy_timeout=self._busy_timeout)
 
             def set_up() -> None:
+                if not new:  # reads only: refuse before WAL mode converts anything
+                    current_version(writer, path)
                 ((mode,),) = writer.execute("PRAGMA journal_mode = WAL").fetchall()
                 if str(mode).lower() != "wal":
                     raise StoreError(path, "failed", f"SQLite refused WAL mode (got {mode!r})")
