@@ -29,6 +29,7 @@ __all__ = [
     "claim_all",
     "count_live",
     "find",
+    "has_stored",
     "insert",
     "last_id",
     "live_among",
@@ -132,6 +133,16 @@ def count_live(
         },
     ).fetchall()
     return int(rows[0][0])
+
+
+def has_stored(conn: sqlite3.Connection, session: str, recipient: str) -> bool:
+    """Whether any row is ``stored`` (live, or past its TTL and not yet marked)."""
+    rows = conn.execute(
+        "SELECT 1 FROM deliveries INDEXED BY deliveries_live "
+        f"WHERE {_KEY} AND state = 'stored' LIMIT 1",
+        {"session": session, "recipient": recipient},
+    ).fetchall()
+    return bool(rows)
 
 
 def live_among(

@@ -359,8 +359,8 @@ class SqliteMailbox(BaseMailbox):
                     put.claimed = False
             here.clear()
 
-        def anything(raw: sqlite3.Connection) -> bool:
-            return rows.count_live(raw, session, recipient, now, limit=1) > 0
+        def anything(raw: sqlite3.Connection) -> bool:  # to take, or to mark expired
+            return rows.has_stored(raw, session, recipient)
 
         # With puts pending, always through the gate: one may be in the writer's hands.
         taken = self._conn.write(body, precheck=None if self._pending else anything, undo=undo)

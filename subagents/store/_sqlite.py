@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import contextmanager, suppress
 from typing import Final, Literal, TypeVar
 
 from .._retry import call_with_retries
@@ -94,16 +94,16 @@ def immediate(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
-def retrying(attempt: Callable[[], T], *, path: str, busy_timeout: float) -> T:
+def retrying(attempt: Callable[[], T], *, path: str, timeout: float) -> T:
     """Run ``attempt()``, retrying it whole while SQLite answers busy, for up to
-    ``busy_timeout`` seconds after the first busy answer (each try also waits up to
-    ``busy_timeout`` inside SQLite). Blocks the calling thread.
+    ``timeout`` seconds after the first busy answer (each try may also wait up to the
+    connection's busy timeout inside SQLite). Blocks the calling thread.
 
     Raises:
         StoreError: a ``sqlite3`` error, translated (``locked`` when still busy).
     """
     try:
-        return call_with_retries(attempt, retry_if=is_busy, timeout=busy_timeout)
+        return call_with_retries(attempt, retry_if=is_busy, timeout=timeout)
     except sqlite3.Error as exc:
         raise translate(exc, path) from exc
 
@@ -114,7 +114,11 @@ class Connection:
     ``gate`` is the lock the store's writer thread holds around each of its transactions:
     a write here first waits for the writer's transaction in flight to end (a thread lock,
     exact, instead of SQLite's busy handler, which sleeps in steps of 1 to 100 ms), and
-    while it holds the gate the writer takes no new work.
+    while it holds the gate the writer takes no new work. Neither waits for the gate longer
+    than ``busy_timeout``: past it the write fails as ``locked``, as SQLite's own wait does.
+
+    ``retry_timeout`` bounds the retries after SQLite answered busy (some busy answers
+    come back at once, without waiting); the event loop's connection keeps it short.
     """
 
     def __init__(
@@ -123,17 +127,19 @@ class Connection:
         *,
         path: str,
         busy_timeout: float,
+        retry_timeout: float,
         gate: threading.Lock | None = None,
     ) -> None:
         self.raw = raw
         self.path = path
         self.busy_timeout = busy_timeout
-        self._gate: AbstractContextManager[object] = gate if gate is not None else nullcontext()
+        self.retry_timeout = retry_timeout
+        self._gate = gate
 
     def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
         """``query(raw)`` in autocommit mode, retried while busy. Blocks the calling thread
         for the query's time (microseconds for the store's indexed reads)."""
-        return retrying(lambda: query(self.raw), path=self.path, busy_timeout=self.busy_timeout)
+        return retrying(lambda: query(self.raw), path=self.path, timeout=self.retry_timeout)
 
     def write(
         self,
@@ -145,22 +151,36 @@ class Connection:
         """``body(raw)`` inside the gate and ``BEGIN IMMEDIATE``, committed; ``None``
         without a transaction when ``precheck(raw)`` (a read, in the same retry loop) says
         there is nothing to write. ``undo()`` runs, the gate still held, after a try whose
-        transaction rolled back. Blocks the calling thread until committed."""
+        transaction rolled back. Blocks the calling thread until committed.
+
+        Raises:
+            StoreError: ``locked`` when the gate or SQLite's lock stayed taken.
+        """
         raw = self.raw
+        gate = self._gate
 
         def attempt() -> T | None:
             if precheck is not None and not precheck(raw):
                 return None
-            with self._gate:
-                try:
-                    with immediate(raw):
-                        return body(raw)
-                except BaseException:
-                    if undo is not None:
-                        undo()
-                    raise
+            if gate is not None and not gate.acquire(timeout=self.busy_timeout):
+                raise StoreError(
+                    self.path,
+                    "locked",
+                    f"this process's writer thread held the database for over "
+                    f"{self.busy_timeout:g} s (busy_timeout)",
+                )
+            try:
+                with immediate(raw):
+                    return body(raw)
+            except BaseException:
+                if undo is not None:
+                    undo()
+                raise
+            finally:
+                if gate is not None:
+                    gate.release()
 
-        return retrying(attempt, path=self.path, busy_timeout=self.busy_timeout)
+        return retrying(attempt, path=self.path, timeout=self.retry_timeout)
 
     def close(self) -> None:
         self.raw.close()

@@ -45,6 +45,9 @@ logger = logging.getLogger("subagents.store")
 
 DEFAULT_BUSY_TIMEOUT: Final = 10.0
 DEFAULT_POLL_INTERVAL: Final = 0.005
+_LOOP_RETRIES: Final = 0.1
+"""Seconds the event loop's connection retries busy answers: SQLite's own wait (up to
+``busy_timeout``) comes first, and a loop must not block much longer."""
 _CLOSE_MARGIN: Final = 5.0
 """Seconds ``aclose`` waits for the writer beyond ``busy_timeout`` before leaving it."""
 
@@ -174,7 +177,11 @@ class SqliteStore:
             on_stopped=self._stopped.set,
         )
         self._conn = Connection(
-            loop_raw, path=self._path, busy_timeout=self._busy_timeout, gate=self._writer.gate
+            loop_raw,
+            path=self._path,
+            busy_timeout=self._busy_timeout,
+            retry_timeout=min(self._busy_timeout, _LOOP_RETRIES),
+            gate=self._writer.gate,
         )
         self._watcher = Watcher(
             watch_raw, token=token, interval=self._poll_interval, on_change=self._on_change
@@ -196,7 +203,7 @@ class SqliteStore:
                 opened.append(raw)
                 return raw
 
-            writer = retrying(connection, path=path, busy_timeout=self._busy_timeout)
+            writer = retrying(connection, path=path, timeout=self._busy_timeout)
 
             def set_up() -> None:
                 if not new:  # reads only: refuse before WAL mode converts anything
@@ -211,7 +218,7 @@ class SqliteStore:
                     # header check (made before SQLite opens the file) reads it there.
                     writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
-            retrying(set_up, path=path, busy_timeout=self._busy_timeout)
+            retrying(set_up, path=path, timeout=self._busy_timeout)
             return writer, connection(), connection()
         except sqlite3.Error as exc:
             self._close_all(opened)

@@ -176,7 +176,8 @@ class Writer:
                     break
         except BaseException:  # a bug: say so, never die silently with writes queued
             logger.exception("the store's writer thread crashed")
-            self._fail(StoreError(self._path, "failed", "the writer thread crashed"), [])
+            failure = StoreError(self._path, "failed", "the writer thread crashed")
+            self._to_loop(self._on_batch, self._fail(failure, []), self._seq, failure)
         finally:
             try:
                 self._raw.close()
@@ -197,7 +198,8 @@ class Writer:
         return watermark
 
     def _commit_batch(self) -> bool:
-        """One transaction; False when the store failed."""
+        """One transaction, then the batch's call into the event loop; False when the
+        store failed."""
         raw = self._raw
         batch: list[Write] = []
         watermark = 0
@@ -210,24 +212,45 @@ class Writer:
                 for kind, writes in itertools.groupby(batch, _kind):
                     kind.apply(raw, list(writes))
 
-        with self.gate:
+        failure: StoreError | None = None
+        lost: list[Write] = []
+        held = False
+        try:
             while True:
+                if not held:
+                    held = self.gate.acquire(timeout=self._busy_timeout)  # a take has it
+                    if not held:
+                        continue
                 try:
-                    retrying(attempt, path=self._path, busy_timeout=self._busy_timeout)
+                    retrying(attempt, path=self._path, timeout=self._busy_timeout)
                     break
                 except StoreError as exc:
-                    if exc.reason == "locked":
-                        logger.warning("%s; still retrying %d writes", exc, len(batch))
-                        continue
-                    self._fail(exc, batch)
-                    return False
+                    if exc.reason != "locked":
+                        failure = exc
+                        break
+                    logger.warning("%s; still retrying %d writes", exc, self.queued + len(batch))
+                if not batch:
+                    # Nothing taken yet: free the gate between tries, so that a take on the
+                    # event loop may try too (a taker must never see a taken write that is
+                    # not committed, so with writes taken the gate stays held).
+                    self.gate.release()
+                    held = False
+            if failure is not None:
+                lost = self._fail(failure, batch)
+        finally:
+            if held:
+                self.gate.release()
+        if failure is not None:
+            self._to_loop(self._on_batch, lost, self._seq, failure)
+            return False
         self.batches += 1
         self.writes += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
         self._to_loop(self._on_batch, batch, watermark, None)
         return True
 
-    def _fail(self, failure: StoreError, batch: list[Write]) -> None:
+    def _fail(self, failure: StoreError, batch: list[Write]) -> list[Write]:
+        """Refuse all further writes and hand back the batch and the queue."""
         logger.error("%s; the store accepts no more writes", failure)
         with self.lock:
             self.failure = failure
@@ -235,8 +258,7 @@ class Writer:
             self._queue.clear()
             for write in lost:
                 write.release()
-            watermark = self._seq
-        self._to_loop(self._on_batch, lost, watermark, failure)
+        return lost
 
     def _to_loop(self, fn: Callable[..., object], *args: object) -> None:
         """Call ``fn(*args)`` on the event loop and wait for it; once the loop has ended

@@ -91,7 +91,7 @@ async def wait(path: str, session: str, task_id: str) -> None:
 def count(path: str, increments: int) -> None:
     """Increment a counter, each time reading it and writing it back in one transaction."""
     raw = connect(path, synchronous="NORMAL", busy_timeout=0.05)  # short: retries do the rest
-    conn = Connection(raw, path=path, busy_timeout=30.0)
+    conn = Connection(raw, path=path, busy_timeout=30.0, retry_timeout=30.0)
     raw.execute("PRAGMA journal_mode = WAL")
     for _ in range(increments):
 
