@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Final, Literal
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import attrs
 from anyio.lowlevel import current_token
@@ -161,9 +162,14 @@ class SqliteStore:
             raise RuntimeError(f"a SqliteStore opens once; this one is {self._state}")
         self._state = "opening"
         token = current_token()
+        raws: tuple[sqlite3.Connection, ...] = ()
         try:
+            # A cancellation arriving while the thread works waits for it (the thread is
+            # not abandoned), so its connections are in hand to be closed here.
             raws = await anyio.to_thread.run_sync(self._open_files)
+            await anyio.lowlevel.checkpoint_if_cancelled()
         except BaseException:
+            self._close_all(list(raws))
             self._state = "closed"
             self._closed.set()
             raise

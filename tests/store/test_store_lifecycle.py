@@ -5,10 +5,11 @@ manager using the durable mailbox through its factory seam."""
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import anyio
@@ -292,3 +293,43 @@ async def test_the_manager_collects_through_the_durable_mailbox(tmp_path: Path) 
     ids = {h.task_id for h in handles}
     assert {e.task_id for e in left} <= ids
     assert {t for t, _, _ in states(path)} == ids
+
+
+def open_files(path: Path) -> int:
+    """How many of this process's file descriptors point at ``path`` (Linux)."""
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        with suppress(OSError):  # closed meanwhile
+            count += os.readlink(fd) == str(path)
+    return count
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+async def test_an_open_cancelled_midway_leaves_nothing_open(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    store = SqliteStore(path)
+    started, proceed = threading.Event(), threading.Event()
+    open_files_of_store = store._open_files
+
+    def held() -> tuple[sqlite3.Connection, sqlite3.Connection, sqlite3.Connection]:
+        started.set()
+        proceed.wait()
+        return open_files_of_store()
+
+    store._open_files = held  # type: ignore[method-assign]
+
+    async def opener() -> None:
+        async with store:
+            raise AssertionError("opened although cancelled")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(opener)
+        await anyio.to_thread.run_sync(started.wait)
+        tg.cancel_scope.cancel()  # while the worker thread is opening the file
+        proceed.set()
+    assert store.closed
+    assert open_files(path) == 0
+    async with SqliteStore(path) as again:
+        assert open_files(path) == 3  # the writer's, the event loop's, the watcher's
+        again.mailbox("s").put("a", env("a"))
+    assert open_files(path) == 0
