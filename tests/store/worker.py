@@ -4,6 +4,7 @@
     python tests/store/worker.py drain PATH SESSION N SEED      # "ready", then "go" on stdin
     python tests/store/worker.py wait PATH SESSION TASK_ID      # "waiting", then the output
     python tests/store/worker.py count PATH INCREMENTS          # read-then-write in BEGIN IMMEDIATE
+    python tests/store/worker.py ack PATH SESSION SEED          # put forever, print the durable
 
 Every command takes ``--backend asyncio|trio``; lines on stdout are the protocol, anything
 unexpected goes to stderr and a non-zero exit.
@@ -88,6 +89,23 @@ async def wait(path: str, session: str, task_id: str) -> None:
         say("none" if got[0] is None else got[0].output)
 
 
+async def ack(path: str, session: str, seed: int) -> None:
+    """Put envelopes in batches of 1 to 32, forever; after each commit print the ids it
+    made durable, one line each (the line is the acknowledgement)."""
+    rng = random.Random(seed)
+    async with SqliteStore(path) as store:
+        box = store.mailbox(session, capacity=1_000_000)
+        n = 0
+        while True:
+            batch = [f"{seed}-{n + i}" for i in range(rng.randint(1, 32))]
+            n += len(batch)
+            for task_id in batch:
+                box.put(task_id, envelope(task_id, "x" * rng.randint(0, 2000)))
+            await box.wait_committed()
+            sys.stdout.write("".join(f"{task_id}\n" for task_id in batch))
+            sys.stdout.flush()
+
+
 def count(path: str, increments: int) -> None:
     """Increment a counter, each time reading it and writing it back in one transaction."""
     raw = connect(path, synchronous="NORMAL", busy_timeout=0.05)  # short: retries do the rest
@@ -117,6 +135,8 @@ def main() -> None:
         anyio.run(drain, args[0], args[1], int(args[2]), int(args[3]), backend=ns.backend)
     elif ns.command == "wait":
         anyio.run(wait, args[0], args[1], args[2], backend=ns.backend)
+    elif ns.command == "ack":
+        anyio.run(ack, args[0], args[1], int(args[2]), backend=ns.backend)
     elif ns.command == "count":
         count(args[0], int(args[1]))
     else:
