@@ -157,22 +157,20 @@ def live_among(
     return [str(task_id) for (task_id,) in rows]
 
 
-def last_id(conn: sqlite3.Connection, session: str, recipient: str) -> int:
-    """The newest delivery id of the mailbox, 0 if none."""
-    rows = conn.execute(
-        f"SELECT max(id) FROM deliveries WHERE {_KEY}",
-        {"session": session, "recipient": recipient},
-    ).fetchall()
-    return int(rows[0][0] or 0)
+def last_id(conn: sqlite3.Connection) -> int:
+    """The newest delivery id of the whole store (ids are never reused), 0 if none."""
+    rows = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'deliveries'").fetchall()
+    return int(rows[0][0]) if rows else 0
 
 
 def puts_since(
     conn: sqlite3.Connection, session: str, recipient: str, after: int, origin: str
 ) -> tuple[int, int]:
-    """``(newest id, puts by others)`` among the rows after id ``after``."""
+    """``(newest id, puts by others)`` among the mailbox's rows after id ``after`` (a range
+    of the primary key: only the rows added since)."""
     rows = conn.execute(
-        f"SELECT max(id), count(*) FILTER (WHERE origin <> :origin) FROM deliveries "
-        f"WHERE {_KEY} AND id > :after",
+        "SELECT max(id), count(*) FILTER (WHERE origin <> :origin) FROM deliveries "
+        f"WHERE id > :after AND {_KEY}",
         {"session": session, "recipient": recipient, "after": after, "origin": origin},
     ).fetchall()
     newest, foreign = rows[0]

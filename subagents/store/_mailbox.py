@@ -13,10 +13,10 @@ Other processes see a put once it commits. Three rules keep every envelope taken
 - Whether the writer has taken a put is decided under the writer's lock, on both sides.
 
 Blocking: ``put``, ``peek``, ``__len__`` and the subscriptions run a few indexed SQLite
-reads on the event loop (microseconds each); ``drain`` and ``drain_all`` of an entry
-already committed take the write lock for one short transaction (its commit fsyncs with
-``synchronous="FULL"``), waiting first for a write transaction in flight, this process's
-or another's, for up to the store's ``busy_timeout``.
+reads on the event loop (tens of microseconds each); ``drain`` and ``drain_all`` of an
+entry already committed take the write lock for one short transaction (committed without
+an fsync of its own: see "Durability" in ``design/store.md``), waiting first for a write
+transaction in flight, this process's or another's, for up to the store's ``busy_timeout``.
 """
 
 from __future__ import annotations
@@ -114,11 +114,20 @@ class SqliteMailbox(BaseMailbox):
     session: a put in one is readable, waitable and consumable in all, and each envelope is
     consumed by exactly one of them. Use it from the event loop that opened the store.
 
+    ``committed``, like ``consumed`` a hook attribute, is called on the event loop with each
+    envelope this mailbox put once the transaction holding it has committed (so a caller can
+    hand an envelope on only once it is durable, with no task waiting per envelope). A put
+    overwritten before the writer took it is never written, and not reported; one consumed
+    here before it was written is written as ``read``, and reported. A hook that raises is
+    logged and ignored.
+
     Across processes, ``capacity`` counts committed entries and this process's pending
     ones: processes putting new ids at the same moment may together exceed it by what the
     others have not committed yet. Expiry reads ``clock`` (default: unix time), so every
     process sharing a session with a TTL must use the same clock.
     """
+
+    committed: Callable[[DelegateResult], object] | None = None
 
     def __init__(
         self,
@@ -267,6 +276,12 @@ class SqliteMailbox(BaseMailbox):
         """The writer committed ``put``: from now on the database has it."""
         if self._pending.get(put.task_id) is put:
             del self._pending[put.task_id]
+        hook = self.committed
+        if hook is not None:
+            try:
+                hook(put.envelope)
+            except Exception:
+                logger.exception("mailbox committed hook %r raised; ignored", hook)
 
     async def wait_committed(self) -> None:
         """Block until every put this mailbox accepted so far is committed (durable as
@@ -382,8 +397,7 @@ class SqliteMailbox(BaseMailbox):
             fire((callback,))  # the drop signal, as subscribe_once gives it
             return self._subs.new_id()
         if not self._subs.all_count:  # signal other processes' puts from now on
-            session, recipient = self.session, self.recipient
-            self._seen = self._conn.read(lambda raw: rows.last_id(raw, session, recipient))
+            self._seen = self._conn.read(rows.last_id)
         return self._subs.add_all(callback)
 
     def unsubscribe(self, subscription_id: str | None) -> None:

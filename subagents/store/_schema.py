@@ -96,7 +96,6 @@ _V1: Final = (
     # Counting live entries (a put's capacity check) reads this index alone.
     """CREATE INDEX deliveries_live ON deliveries (session, recipient, expires_at)
         WHERE state = 'stored'""",
-    "CREATE INDEX deliveries_arrival ON deliveries (session, recipient, id)",
     "CREATE INDEX deliveries_envelope ON deliveries (envelope_id)",
     # A put overwrites: the unread row of the same key becomes 'replaced' ('expired' if
     # its TTL had passed when the new one was put), whoever inserts.

@@ -91,9 +91,12 @@ class SqliteStore:
         path: the database file. Its directory must exist and be writable (WAL mode keeps
             ``-wal`` and ``-shm`` files beside it); a local file system (WAL does not work
             over NFS).
-        synchronous: ``"FULL"`` (default): every commit is fsynced and survives a power
-            loss. ``"NORMAL"``: commits survive a crash of the process but the last ones
-            may be lost in a power loss or OS crash (the database stays consistent).
+        synchronous: how the writer thread commits puts. ``"FULL"`` (default): each
+            commit is fsynced, and a put acknowledged by ``wait_committed`` survives a
+            power loss. ``"NORMAL"``: it survives a crash of the process, but the last ones
+            may be lost in a power loss or OS crash (the database stays consistent). Takes
+            (``drain``) always commit as ``NORMAL``: after a power loss the last ones may
+            be undone, and their envelopes delivered again, never lost.
         busy_timeout: seconds a connection waits for another's write lock before retrying
             (and then failing, on the event loop, with ``StoreError(reason="locked")``).
         poll_interval: seconds between two looks for other processes' commits, made only
@@ -204,12 +207,14 @@ class SqliteStore:
         opened: list[sqlite3.Connection] = []
         try:
 
-            def connection() -> sqlite3.Connection:
-                raw = connect(path, synchronous=self._synchronous, busy_timeout=self._busy_timeout)
+            def connection(synchronous: Synchronous) -> sqlite3.Connection:
+                raw = connect(path, synchronous=synchronous, busy_timeout=self._busy_timeout)
                 opened.append(raw)
                 return raw
 
-            writer = retrying(connection, path=path, timeout=self._busy_timeout)
+            writer = retrying(
+                lambda: connection(self._synchronous), path=path, timeout=self._busy_timeout
+            )
 
             def set_up() -> None:
                 if not new:  # reads only: refuse before WAL mode converts anything
@@ -225,7 +230,10 @@ class SqliteStore:
                     writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
             retrying(set_up, path=path, timeout=self._busy_timeout)
-            return writer, connection(), connection()
+            # The event loop's connection commits takes without an fsync of its own: a
+            # take survives a process crash; the writer's next commit makes it survive a
+            # power loss too (see "Durability" in design/store.md).
+            return writer, connection("NORMAL"), connection("NORMAL")
         except sqlite3.Error as exc:
             self._close_all(opened)
             raise translate(exc, path) from exc

@@ -333,3 +333,31 @@ async def test_an_open_cancelled_midway_leaves_nothing_open(tmp_path: Path) -> N
         assert open_files(path) == 3  # the writer's, the event loop's, the watcher's
         again.mailbox("s").put("a", env("a"))
     assert open_files(path) == 0
+
+
+async def test_the_committed_hook_reports_each_written_put_once_durable(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    async with SqliteStore(path) as store:
+        box = store.mailbox("s")
+        seen: list[tuple[str, list[str]]] = []
+
+        def committed(envelope: DelegateResult) -> None:
+            # When it runs, the row is in the file, for every connection to read.
+            with sqlite3.connect(path) as conn:
+                ids = [t for (t,) in conn.execute("SELECT task_id FROM deliveries ORDER BY id")]
+            seen.append((envelope.task_id, ids))
+
+        box.committed = committed
+        with writer_parked(store):
+            box.put("a", env("a", "first"))
+            box.put("a", env("a", "second"))  # overwrites before the writer took it
+            box.put("b", env("b"))
+            assert box.drain("b") == env("b")  # consumed before written: still reported
+            assert seen == []
+        await box.wait_committed()
+        assert [task_id for task_id, _ in seen] == ["a", "b"]
+        assert all(task_id in ids for task_id, ids in seen)
+        box.committed = lambda envelope: 1 / 0  # a raising hook is ignored
+        box.put("c", env("c"))
+        await box.wait_committed()
+        assert box.drain("c") == env("c")
