@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 from .._envelope import DelegateResult, now_ms
 from .._errors import MailboxFull
@@ -32,78 +32,15 @@ from .._json import loads
 from .._mailbox import BaseMailbox, MailboxStatistics, Signal
 from . import _deliveries as rows
 from ._errors import StoreError
+from ._pending import Pending, Put
 from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
-from ._writer import Write, Writer
+from ._writer import Writer
 
 __all__ = ["SqliteMailbox"]
 
 logger = logging.getLogger("subagents.mailbox")
 _instances = itertools.count(1)
-
-
-class _Put(Write):
-    """One put on its way to the database. ``picked``, ``claimed`` and ``superseded``
-    change only under the writer's lock."""
-
-    __slots__ = (
-        "body",
-        "box",
-        "claimed",
-        "envelope",
-        "expires_at",
-        "origin",
-        "picked",
-        "recipient",
-        "session",
-        "stored_at",
-        "superseded",
-        "task_id",
-    )
-
-    def __init__(
-        self,
-        box: SqliteMailbox,
-        task_id: str,
-        envelope: DelegateResult,
-        expires_at: float | None,
-        now: float,
-    ) -> None:
-        super().__init__()
-        self.box = box
-        self.session = box.session
-        self.recipient = box.recipient
-        self.origin = box.origin
-        self.task_id = task_id
-        self.envelope = envelope
-        self.body = envelope.to_json()
-        self.stored_at = now
-        self.expires_at = expires_at
-        self.picked = False
-        """The writer has taken it: it is in a transaction in flight, or committed."""
-        self.claimed = False
-        """Consumed in this process before the writer took it: written as ``read``."""
-        self.superseded = False
-        """Overwritten by a later put before the writer took it: never written."""
-
-    def live(self, now: float) -> bool:
-        return self.expires_at is None or self.expires_at > now
-
-    def take(self) -> bool:
-        if self.superseded:
-            return False
-        self.picked = True
-        return True
-
-    def release(self) -> None:
-        self.picked = False
-
-    @classmethod
-    def apply(cls, conn: sqlite3.Connection, writes: Sequence[_Put]) -> None:
-        rows.insert(conn, writes, now_ms())
-
-    def done(self) -> None:
-        self.box._written(self)
 
 
 class SqliteMailbox(BaseMailbox):
@@ -154,7 +91,7 @@ class SqliteMailbox(BaseMailbox):
         self._capacity = capacity
         self._ttl = ttl
         self._clock = clock
-        self._pending: dict[str, _Put] = {}  # task id -> the put not yet committed, in order
+        self._pending = Pending(writer.lock, expiring=ttl is not None)
         self._subs = Subscriptions(lambda active: watch(self, active))
         self._closed = False
         self._last_seq = 0
@@ -180,21 +117,10 @@ class SqliteMailbox(BaseMailbox):
         except ValueError as exc:
             raise StoreError(self._conn.path, "corrupt", f"an unreadable envelope: {exc}") from exc
 
-    def _live_pending(self, now: float) -> int:
-        """Pending puts still live; the expired ones (the oldest first) are let go."""
-        pending = self._pending
-        if self._ttl is not None:
-            while pending:
-                first = next(iter(pending.values()))
-                if first.live(now):
-                    break
-                del pending[first.task_id]
-        return len(pending)
-
     def _count(self, now: float, limit: int = -1) -> int:
         """Live entries (at most ``limit``): committed ones not pending, plus pending."""
-        pending = self._live_pending(now)
-        excluding = list(self._pending) if pending else None
+        pending = self._pending.live(now)
+        excluding = self._pending.task_ids() if pending else None
         session, recipient = self.session, self.recipient
         return pending + self._conn.read(
             lambda raw: rows.count_live(
@@ -206,7 +132,7 @@ class SqliteMailbox(BaseMailbox):
         """At least ``capacity`` live entries? One bounded count, mostly: a pending put
         may also be committed already, so the sum of both counts only says "not full"."""
         capacity = self._capacity
-        pending = self._live_pending(now)
+        pending = self._pending.live(now)
         if pending >= capacity:
             return True
         session, recipient = self.session, self.recipient
@@ -256,26 +182,31 @@ class SqliteMailbox(BaseMailbox):
         if self._closed:
             return False
         now = self._clock()
-        if self._full(now) and task_id not in self._pending and self._find(task_id, now) is None:
+        if (
+            self._full(now)
+            and self._pending.get(task_id) is None
+            and self._find(task_id, now) is None
+        ):
             raise MailboxFull(self._capacity, task_id)
-        expires_at = None if self._ttl is None else now + self._ttl
-        put = _Put(self, task_id, envelope, expires_at, now)
-        writer = self._writer
-        self._last_seq = writer.submit(put)
-        old = self._pending.pop(task_id, None)
-        if old is not None:
-            with writer.lock:
-                if not old.picked:
-                    old.superseded = True  # not yet taken: the newer put replaces it
-        self._pending[task_id] = put  # last: an overwrite is the newest arrival
+        put = Put(
+            session=self.session,
+            recipient=self.recipient,
+            origin=self.origin,
+            task_id=task_id,
+            envelope=envelope,
+            stored_at=now,
+            expires_at=None if self._ttl is None else now + self._ttl,
+            on_written=self._written,
+        )
+        self._last_seq = self._writer.submit(put)
+        self._pending.add(put)  # after the submit: a refused one replaces nothing
         self._subs.fire_tasks((task_id,))
         self._subs.fire_all()
         return True
 
-    def _written(self, put: _Put) -> None:
+    def _written(self, put: Put) -> None:
         """The writer committed ``put``: from now on the database has it."""
-        if self._pending.get(put.task_id) is put:
-            del self._pending[put.task_id]
+        self._pending.discard(put)
         hook = self.committed
         if hook is not None:
             try:
@@ -306,16 +237,6 @@ class SqliteMailbox(BaseMailbox):
                     logger.exception("mailbox consumed hook %r raised; ignored", hook)
         return envelopes
 
-    def _claim_here(self, put: _Put) -> bool:
-        """Consume ``put`` in this process if the writer has not taken it yet."""
-        with self._writer.lock:
-            if put.picked:
-                return False
-            put.claimed = True
-        if self._pending.get(put.task_id) is put:
-            del self._pending[put.task_id]
-        return True
-
     def drain(self, task_id: str) -> DelegateResult | None:
         if self._closed:
             return None
@@ -323,9 +244,9 @@ class SqliteMailbox(BaseMailbox):
         put = self._pending.get(task_id)
         if put is not None:
             if not put.live(now):
-                del self._pending[task_id]
+                self._pending.discard(put)
                 return None
-            if self._claim_here(put):
+            if self._pending.claim(put):
                 return self._consumed([put.envelope])[0]
         session, recipient, consumer = self.session, self.recipient, self.origin
 
@@ -340,38 +261,31 @@ class SqliteMailbox(BaseMailbox):
             precheck=exists if put is None else None,
         )
         if put is not None and self._pending.get(task_id) is put:
-            if body is None and self._claim_here(put):  # handed back by a failed store
+            if body is None and self._pending.claim(put):  # handed back by a failed store
                 return self._consumed([put.envelope])[0]
-            del self._pending[task_id]
+            self._pending.discard(put)
         return None if body is None else self._consumed([self._decode(body)])[0]
 
     def drain_all(self) -> list[DelegateResult]:
         if self._closed:
             return []
         now = self._clock()
-        self._live_pending(now)
+        self._pending.live(now)
         session, recipient, consumer = self.session, self.recipient, self.origin
-        writer = self._writer
-        here: list[_Put] = []
+        here: list[Put] = []
 
         def body(raw: sqlite3.Connection) -> list[tuple[str, bytes]]:
             # The gate is held, so the writer takes no put meanwhile: the ones it took are
             # committed (and taken below, unless another process took them), the rest are
             # consumed here, and their task ids' older rows are left for them to replace.
-            with writer.lock:
-                for put in self._pending.values():
-                    if not put.picked:
-                        put.claimed = True
-                        here.append(put)
+            here.extend(self._pending.claim_untaken())
             newer = [put.task_id for put in here]
             return rows.claim_all(
                 raw, session, recipient, consumer=consumer, now=now, ms=now_ms(), excluding=newer
             )
 
         def undo() -> None:  # the transaction rolled back; the gate is still held
-            with writer.lock:
-                for put in here:
-                    put.claimed = False
+            self._pending.unclaim(here)
             here.clear()
 
         def anything(raw: sqlite3.Connection) -> bool:  # to take, or to mark expired
@@ -435,5 +349,5 @@ class SqliteMailbox(BaseMailbox):
         self._subs.fire_drop()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._pending)} pending/{self._capacity}"
+        state = "closed" if self._closed else f"{len(self._pending.task_ids())} pending"
         return f"<SqliteMailbox {self.session!r} {state}>"

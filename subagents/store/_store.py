@@ -3,9 +3,7 @@ mailboxes kept in it.
 
 Three connections per store, each used by one thread: the writer's (group commit), the
 event loop's (reads, and the takes of ``drain``/``drain_all``), the watcher's (polling
-``PRAGMA data_version``). Opening runs in a worker thread: the checks of
-:func:`._files.check_before_open` first, so a file that is not a store is left untouched,
-then WAL mode and the migrations inside ``BEGIN IMMEDIATE``.
+``PRAGMA data_version``). Opening (:mod:`._opening`) runs in a worker thread.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import sqlite3
 import time
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from types import TracebackType
 from typing import Final, Literal
 
@@ -33,10 +30,9 @@ from .._errors import ConfigError
 from .._mailbox import DEFAULT_MAILBOX_CAPACITY
 from .._validators import count, seconds, text
 from ._errors import StoreError
-from ._files import check_before_open
 from ._mailbox import SqliteMailbox
-from ._schema import SCHEMA_VERSION, current_version, migrate
-from ._sqlite import Connection, Synchronous, connect, immediate, retrying, translate
+from ._opening import Connections, close_all, open_connections
+from ._sqlite import Connection, Synchronous
 from ._watch import Watcher
 from ._writer import Write, Writer
 
@@ -172,7 +168,7 @@ class SqliteStore:
             raws = await anyio.to_thread.run_sync(self._open_files)
             await anyio.lowlevel.checkpoint_if_cancelled()
         except BaseException:
-            self._close_all(list(raws))
+            close_all(list(raws))
             self._state = "closed"
             self._closed.set()
             raise
@@ -200,54 +196,11 @@ class SqliteStore:
         self._state = "open"
         return self
 
-    def _open_files(self) -> tuple[sqlite3.Connection, sqlite3.Connection, sqlite3.Connection]:
+    def _open_files(self) -> Connections:
         """In a worker thread: check, create or migrate, and connect three times."""
-        path = self._path
-        new = check_before_open(Path(path), SCHEMA_VERSION)
-        opened: list[sqlite3.Connection] = []
-        try:
-
-            def connection(synchronous: Synchronous) -> sqlite3.Connection:
-                raw = connect(path, synchronous=synchronous, busy_timeout=self._busy_timeout)
-                opened.append(raw)
-                return raw
-
-            writer = retrying(
-                lambda: connection(self._synchronous), path=path, timeout=self._busy_timeout
-            )
-
-            def set_up() -> None:
-                if not new:  # reads only: refuse before WAL mode converts anything
-                    current_version(writer, path)
-                ((mode,),) = writer.execute("PRAGMA journal_mode = WAL").fetchall()
-                if str(mode).lower() != "wal":
-                    raise StoreError(path, "failed", f"SQLite refused WAL mode (got {mode!r})")
-                with immediate(writer):
-                    found = migrate(writer, path)
-                if found < SCHEMA_VERSION:
-                    # Copy the new header into the main file at once, so the next process's
-                    # header check (made before SQLite opens the file) reads it there.
-                    writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-
-            retrying(set_up, path=path, timeout=self._busy_timeout)
-            # The event loop's connection commits takes without an fsync of its own: a
-            # take survives a process crash; the writer's next commit makes it survive a
-            # power loss too (see "Durability" in design/store.md).
-            return writer, connection("NORMAL"), connection("NORMAL")
-        except sqlite3.Error as exc:
-            self._close_all(opened)
-            raise translate(exc, path) from exc
-        except BaseException:
-            self._close_all(opened)
-            raise
-
-    @staticmethod
-    def _close_all(connections: list[sqlite3.Connection]) -> None:
-        for raw in connections:
-            try:
-                raw.close()
-            except sqlite3.Error:
-                logger.exception("closing a connection after a failed open failed")
+        return open_connections(
+            self._path, synchronous=self._synchronous, busy_timeout=self._busy_timeout
+        )
 
     def _require_open(self) -> None:
         if self._state != "open":

@@ -20,6 +20,7 @@ import pytest
 from subagents import AgentSpec, DelegateResult, Request, RunContext, SubagentManager
 from subagents.store import SqliteStore, StoreError
 from subagents.store import _deliveries as deliveries
+from subagents.store._opening import Connections
 from tests.store.support import env
 
 pytestmark = pytest.mark.anyio
@@ -311,7 +312,7 @@ async def test_an_open_cancelled_midway_leaves_nothing_open(tmp_path: Path) -> N
     started, proceed = threading.Event(), threading.Event()
     open_files_of_store = store._open_files
 
-    def held() -> tuple[sqlite3.Connection, sqlite3.Connection, sqlite3.Connection]:
+    def held() -> Connections:
         started.set()
         proceed.wait()
         return open_files_of_store()
