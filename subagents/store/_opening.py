@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from pathlib import Path
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from ._errors import StoreError
 from ._files import check_before_open
@@ -22,6 +22,9 @@ from ._sqlite import Synchronous, connect, immediate, retrying, translate
 __all__ = ["Connections", "close_all", "open_connections"]
 
 logger = logging.getLogger("subagents.store")
+
+MIN_SQLITE: Final = (3, 38, 0)
+"""``RETURNING`` came in 3.35; the JSON functions are built in since 3.38."""
 
 
 class Connections(NamedTuple):
@@ -47,6 +50,13 @@ def open_connections(path: str, *, synchronous: Synchronous, busy_timeout: float
     Raises:
         StoreError: see :class:`SqliteStore`; nothing was changed on disk.
     """
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        raise StoreError(
+            path,
+            "failed",
+            f"the store needs SQLite {'.'.join(map(str, MIN_SQLITE))} or newer (for "
+            f"UPDATE … RETURNING and JSON); this Python has SQLite {sqlite3.sqlite_version}",
+        )
     new = check_before_open(Path(path), SCHEMA_VERSION)
     opened: list[sqlite3.Connection] = []
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import anyio
@@ -25,6 +26,18 @@ def env(task_id: str, output: str = "") -> DelegateResult:
         output=output or f"output of {task_id}",
         timestamp_ms=1,
     )
+
+
+@contextmanager
+def sqlite(path: str | Path, **kwargs: object) -> Iterator[sqlite3.Connection]:
+    """A plain connection to ``path``, committed (or rolled back) and closed at the end
+    (``sqlite3.connect`` as a context manager does not close)."""
+    conn = sqlite3.connect(path, **kwargs)  # type: ignore[arg-type]
+    try:
+        with conn:
+            yield conn
+    finally:
+        conn.close()
 
 
 class Worker:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sqlite3
 from pathlib import Path
 
 import anyio
 import pytest
 
 from subagents.store import SqliteStore
-from tests.store.support import worker
+from tests.store.support import sqlite, worker
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +35,7 @@ async def test_kill_9_loses_no_acknowledged_envelope(tmp_path: Path, anyio_backe
                     acknowledged.add(await proc.line())
             proc.process.send_signal(signal.SIGKILL)
             proc.killed = True
-    with sqlite3.connect(path) as conn:
+    with sqlite(path) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         rows = conn.execute("SELECT task_id FROM deliveries WHERE state = 'stored'").fetchall()
     stored = [task_id for (task_id,) in rows]

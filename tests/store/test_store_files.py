@@ -18,7 +18,7 @@ import pytest
 
 from subagents import ConfigError, SubagentsError
 from subagents.store import APPLICATION_ID, SCHEMA_VERSION, SqliteStore, StoreError
-from tests.store.support import env
+from tests.store.support import env, sqlite
 
 pytestmark = pytest.mark.anyio
 
@@ -78,10 +78,9 @@ async def test_a_truncated_store(tmp_path: Path) -> None:
 
 async def test_another_programs_database(tmp_path: Path) -> None:
     path = tmp_path / "other.db"
-    with sqlite3.connect(path) as conn:
+    with sqlite(path) as conn:
         conn.execute("CREATE TABLE notes (body TEXT)")
         conn.execute("INSERT INTO notes VALUES ('mine')")
-    conn.close()
     error = await refused(path, "not_a_store")
     assert "application_id is 0x0" in str(error)
 
@@ -112,10 +111,9 @@ async def test_another_programs_database_in_wal_mode_while_it_has_it_open(tmp_pa
 async def test_a_newer_schema(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     await make_store(path, entries=3)
-    with sqlite3.connect(path) as conn:
+    with sqlite(path) as conn:
         conn.execute("INSERT INTO schema_version VALUES (?, 0, 'from the future')", (99,))
         conn.execute("PRAGMA user_version = 99")
-    conn.close()
     error = await refused(path, "newer_schema")
     assert "schema version 99" in str(error)
     assert f"up to {SCHEMA_VERSION}" in str(error)
@@ -142,10 +140,9 @@ async def test_a_newer_schema_still_in_the_wal(tmp_path: Path) -> None:
 
 async def test_a_store_with_tables_but_no_version_is_not_a_store(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
-    with sqlite3.connect(path) as conn:
+    with sqlite(path) as conn:
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute("CREATE TABLE deliveries (id INTEGER)")
-    conn.close()
     await refused(path, "not_a_store")
 
 
@@ -248,3 +245,12 @@ def test_bad_arguments_are_config_errors(tmp_path: Path, kwargs: dict[str, objec
     with pytest.raises(ConfigError):
         SqliteStore(42)  # type: ignore[arg-type]
     assert not list(tmp_path.iterdir())
+
+
+async def test_an_old_sqlite_is_refused_before_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 31, 1))
+    error = await refused(tmp_path / "store.db", "failed")
+    assert "needs SQLite 3.38.0 or newer" in str(error)
+    assert not (tmp_path / "store.db").exists()

@@ -21,14 +21,14 @@ from subagents import AgentSpec, DelegateResult, Request, RunContext, SubagentMa
 from subagents.store import SqliteStore, StoreError
 from subagents.store import _deliveries as deliveries
 from subagents.store._opening import Connections
-from tests.store.support import env
+from tests.store.support import env, sqlite
 
 pytestmark = pytest.mark.anyio
 
 
 def states(path: Path) -> list[tuple[str, str, str | None]]:
     """``(task_id, state, consumer)`` of every delivery row, in arrival order."""
-    with sqlite3.connect(path) as conn:
+    with sqlite(path) as conn:
         rows = conn.execute("SELECT task_id, state, consumer FROM deliveries ORDER BY id")
         return [(str(t), str(s), c) for t, s, c in rows]
 
@@ -108,7 +108,7 @@ async def test_the_rows_move_forward_only(tmp_path: Path) -> None:
     consumer = got[0][2]
     assert consumer is not None
     assert consumer.split(".")[0].split("-")[0].isdigit()  # pid-hex.n: who took it
-    with sqlite3.connect(path) as conn, pytest.raises(sqlite3.IntegrityError, match="forward"):
+    with sqlite(path) as conn, pytest.raises(sqlite3.IntegrityError, match="forward"):
         conn.execute("UPDATE deliveries SET state = 'stored' WHERE task_id = 'read'")
 
 
@@ -344,7 +344,7 @@ async def test_the_committed_hook_reports_each_written_put_once_durable(tmp_path
 
         def committed(envelope: DelegateResult) -> None:
             # When it runs, the row is in the file, for every connection to read.
-            with sqlite3.connect(path) as conn:
+            with sqlite(path) as conn:
                 ids = [t for (t,) in conn.execute("SELECT task_id FROM deliveries ORDER BY id")]
             seen.append((envelope.task_id, ids))
 

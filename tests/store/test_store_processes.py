@@ -8,7 +8,6 @@ doing on stdout, and the tests wait for those lines.
 from __future__ import annotations
 
 import os
-import sqlite3
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 from subagents import DelegateResult
 from subagents._json import loads
 from subagents.store import SqliteStore
-from tests.store.support import env, worker
+from tests.store.support import env, sqlite, worker
 
 pytestmark = pytest.mark.anyio
 
@@ -63,7 +62,7 @@ async def test_eight_processes_drain_one_session_each_envelope_exactly_once(
     assert not lost, f"{len(lost)} envelopes were never taken: {sorted(lost)[:5]}"
     assert sum(len(ids) for ids in taken.values()) == DRAIN_N
     assert sum(1 for ids in taken.values() if ids) >= 2, "one process took everything"
-    with sqlite3.connect(path) as conn:
+    with sqlite(path) as conn:
         states = dict(conn.execute("SELECT state, count(*) FROM deliveries GROUP BY state"))
         consumers = conn.execute("SELECT count(DISTINCT consumer) FROM deliveries").fetchall()
     assert states == {"read": DRAIN_N}
@@ -104,7 +103,7 @@ def test_read_then_write_transactions_across_processes_lose_no_update(tmp_path: 
     inside ``BEGIN IMMEDIATE`` with a busy timeout far shorter than the contention: the
     retry loop around the read and the write makes every increment count."""
     path = str(tmp_path / "counter.db")
-    with sqlite3.connect(path) as conn:
+    with sqlite(path) as conn:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("CREATE TABLE counter (value INTEGER NOT NULL)")
         conn.execute("INSERT INTO counter VALUES (0)")
@@ -120,7 +119,7 @@ def test_read_then_write_transactions_across_processes_lose_no_update(tmp_path: 
                     tg.start_soon(counter)
 
     anyio.run(main)
-    with sqlite3.connect(path) as conn:
+    with sqlite(path) as conn:
         assert conn.execute("SELECT value FROM counter").fetchall() == [(1000,)]
 
 
