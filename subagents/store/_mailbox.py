@@ -300,8 +300,16 @@ class SqliteMailbox(BaseMailbox):
 
     # ------------------------------------------------------------ subscriptions and drop
 
+    def _present(self, task_id: str) -> bool:
+        """Whether ``task_id`` has a live entry (``peek`` without decoding it)."""
+        now = self._clock()
+        put = self._pending.get(task_id)
+        if put is not None:
+            return put.live(now)
+        return self._find(task_id, now) is not None
+
     def subscribe_once(self, task_id: str, callback: Signal) -> str | None:
-        if self._closed or self.peek(task_id) is not None:
+        if self._closed or self._present(task_id):
             fire((callback,))
             return None
         return self._subs.add_once(task_id, callback)
