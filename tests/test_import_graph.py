@@ -22,9 +22,9 @@ import subagents
 
 PACKAGE = pathlib.Path(subagents.__file__).parent
 
-EDGE = re.compile(r"subagents\.(tools(\..+)?|_cli\w*|_demo|testing|_conformance\w*)")
-"""Modules around the core: the tools package, the command line, the demo, test helpers
-(``testing`` and the conformance suites it ships)."""
+EDGE = re.compile(r"subagents\.(tools(\..+)?|store(\..+)?|_cli\w*|_demo|testing|_conformance\w*)")
+"""Modules around the core: the tools package, the durable store, the command line, the
+demo, test helpers (``testing`` and the conformance suites it ships)."""
 FACADE = frozenset({"subagents", "subagents.__main__", "subagents.typing", "subagents._moved"})
 """The public faces: they re-export core and edges alike."""
 
@@ -286,6 +286,8 @@ def test_the_reader_sees_every_form_of_import(tmp_path: pathlib.Path) -> None:
         ("subagents._completions", True),
         ("subagents.tools", False),
         ("subagents.tools._wait", False),
+        ("subagents.store", False),
+        ("subagents.store._mailbox", False),
         ("subagents._cli_events", False),
         ("subagents.testing", False),
         ("subagents._conformance_mailbox", False),
@@ -295,3 +297,26 @@ def test_the_reader_sees_every_form_of_import(tmp_path: pathlib.Path) -> None:
 )
 def test_core_and_edges_are_told_apart(module: str, core: bool) -> None:
     assert is_core(module) is core
+
+
+ENGINE = frozenset(
+    {
+        "subagents._manager",
+        "subagents._admission",
+        "subagents._child_run",
+        "subagents._handle",
+        "subagents._context",
+        "subagents._completions",
+        "subagents._lookup",
+    }
+)
+
+
+def test_the_store_is_an_edge_that_never_reaches_into_the_engine() -> None:
+    store = [e for e in EDGES_FOUND if e.source.startswith("subagents.store")]
+    assert store, "the store package imports nothing of the core?"
+    reaches = [e for e in store if e.target in ENGINE or e.target in FACADE]
+    assert not reaches, "\n".join(f"{e.source} imports {e.target} (line {e.line})" for e in reaches)
+    assert all(is_core(e.target) or e.target.startswith("subagents.store") for e in store)
+    into = [e.source for e in EDGES_FOUND if e.target.startswith("subagents.store")]
+    assert all(source.startswith("subagents.store") for source in into), into
