@@ -212,8 +212,22 @@ class Writer:
                 for kind, writes in itertools.groupby(batch, _kind):
                     kind.apply(raw, list(writes))
 
-        failure: StoreError | None = None
-        lost: list[Write] = []
+        failure, lost = self._commit_under_gate(attempt, batch)
+        if failure is not None:
+            self._to_loop(self._on_batch, lost, self._seq, failure)
+            return False
+        self.batches += 1
+        self.writes += len(batch)
+        self.largest_batch = max(self.largest_batch, len(batch))
+        self._to_loop(self._on_batch, batch, watermark, None)
+        return True
+
+    def _commit_under_gate(
+        self, attempt: Callable[[], None], batch: list[Write]
+    ) -> tuple[StoreError | None, list[Write]]:
+        """Run ``attempt`` (one transaction) holding the gate, retrying while the database
+        is locked: ``(None, [])`` once committed, else the error that ends the store and
+        the writes it lost (refused while the gate is still held)."""
         held = False
         try:
             while True:
@@ -223,11 +237,10 @@ class Writer:
                         continue
                 try:
                     retrying(attempt, path=self._path, timeout=self._busy_timeout)
-                    break
+                    return None, []
                 except StoreError as exc:
                     if exc.reason != "locked":
-                        failure = exc
-                        break
+                        return exc, self._fail(exc, batch)
                     logger.warning("%s; still retrying %d writes", exc, self.queued + len(batch))
                 if not batch:
                     # Nothing taken yet: free the gate between tries, so that a take on the
@@ -235,19 +248,9 @@ class Writer:
                     # not committed, so with writes taken the gate stays held).
                     self.gate.release()
                     held = False
-            if failure is not None:
-                lost = self._fail(failure, batch)
         finally:
             if held:
                 self.gate.release()
-        if failure is not None:
-            self._to_loop(self._on_batch, lost, self._seq, failure)
-            return False
-        self.batches += 1
-        self.writes += len(batch)
-        self.largest_batch = max(self.largest_batch, len(batch))
-        self._to_loop(self._on_batch, batch, watermark, None)
-        return True
 
     def _fail(self, failure: StoreError, batch: list[Write]) -> list[Write]:
         """Refuse all further writes and hand back the batch and the queue."""
