@@ -155,9 +155,15 @@ class ChildRunner:
             record.ending = True
             fatal = exc if _interrupts(exc) else None
             status = self._interrupted(record, worker_scope, fatal)
-            await self._end(record, worker_scope, ctx.attempt, status, None, fatal)
+            live = self._runner_over(record, worker_scope)
+            if live:
+                await self._settle(record, live)
+            self._finish(record, ctx.attempt, status, None, fatal)
             raise
-        await self._end(record, worker_scope, ctx.attempt, status, result, error)
+        live = self._runner_over(record, worker_scope)
+        if live:  # only then an await: most children delegate nothing
+            await self._settle(record, live)
+        self._finish(record, ctx.attempt, status, result, error)
 
     def _publish_started(self, record: ChildRecord, started: float) -> None:
         self._events.publish(
@@ -206,27 +212,29 @@ class ChildRunner:
         record.cancel_reason = "the caller was cancelled"
         return Status.CANCELLED
 
-    async def _end(
+    def _runner_over(
+        self, record: ChildRecord, worker_scope: anyio.CancelScope | None
+    ) -> dict[ChildRecord, None] | None:
+        """The runner is over: off the watchdog, its session released unless it has
+        unfinished children, which are returned for :meth:`_settle`."""
+        record.scope = None
+        if worker_scope is not None and record.timeout is not None:
+            self._watchdog.disarm(worker_scope)
+        if not record.owns_session:  # most children have no mailbox, names or children
+            return None
+        return self._sessions.end_session_of(record)
+
+    def _finish(
         self,
         record: ChildRecord,
-        worker_scope: anyio.CancelScope | None,
         attempt: int,
         status: Status,
         result: Result | str | None,
         error: BaseException | None,
     ) -> None:
-        """The runner is over: off the watchdog; its unfinished children (if any) are
-        cancelled and settle within ``settle_timeout``, its session is released; then its
-        envelope."""
-        record.scope = None
-        if worker_scope is not None and record.timeout is not None:
-            self._watchdog.disarm(worker_scope)
-        if record.owns_session:  # most children have no mailbox, names or children
-            live = self._sessions.end_session_of(record)
-            if live:
-                await self._settle(record, live)
+        keep_traceback = self._events.active
         envelope = envelope_for(
-            record, status, attempt, result=result, error=error, keep_traceback=self._events.active
+            record, status, attempt, result=result, error=error, keep_traceback=keep_traceback
         )
         self.finalize(record, envelope)
 

@@ -10,7 +10,7 @@ so a caller cancelled while waiting consumes nothing.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Literal
 
@@ -31,17 +31,23 @@ __all__ = ["Completions", "WaitMode", "wait_for_record", "wait_handles"]
 WaitMode = Literal["any", "all"]
 
 
-async def wait_for_record(
+def wait_for_record(
+    record: ChildRecord, timeout: float | None, lend: AbstractAsyncContextManager[None]
+) -> Awaitable[None]:
+    """What to await until ``record`` has ended or ``timeout`` seconds pass, inside
+    ``lend`` (the waiting child's slot lent meanwhile)."""
+    if lend is NO_LEND and timeout is None:
+        # A root parent's plain wait: the event itself, with no context, cancel scope or
+        # frame of ours around it.
+        return record.done.wait()
+    return _wait_lending(record, timeout, lend)
+
+
+async def _wait_lending(
     record: ChildRecord, timeout: float | None, lend: AbstractAsyncContextManager[None]
 ) -> None:
-    """Block until ``record`` has ended or ``timeout`` seconds pass, inside ``lend`` (the
-    waiting child's slot lent meanwhile). The deadline encloses the lend: taking the slot
-    back never outlasts it."""
-    if lend is NO_LEND and timeout is None:
-        # A root parent's plain wait: neither the no-op context nor a cancel scope, each
-        # of which costs more than the wake-up itself.
-        await record.done.wait()
-    elif timeout is None:
+    # The deadline encloses the lend: taking the slot back never outlasts it.
+    if timeout is None:
         async with lend:
             await record.done.wait()
     else:

@@ -357,6 +357,7 @@ class Sessions:
         if self._tasks.get(task_id) is not record:
             return  # forgotten already
         del self._tasks[task_id]
+        record.view = None  # the handle keeps its record; the record lets go of the handle
         self._ids.discard(task_id)
         self._retained.pop(record, None)
         self._forgot = True
