@@ -18,7 +18,9 @@ import anyio
 import anyio.lowlevel
 
 from ._envelope import DelegateResult
+from ._errors import ConfigError
 from ._handle import NO_LEND
+from ._validators import seconds
 
 if TYPE_CHECKING:
     from ._handle import SpawnHandle
@@ -196,17 +198,21 @@ class Completions:
         await anyio.lowlevel.checkpoint()  # never spin without yielding
 
     async def wait_for(
-        self, handles: Sequence[SpawnHandle], mode: WaitMode = "all", *, timeout: float
+        self, handles: Sequence[SpawnHandle], mode: WaitMode = "all", *, timeout: float | None
     ) -> None:
         """Block until one (``any``) or every (``all``) of ``handles`` has ended, the
         session starts closing (or the manager does), or ``timeout`` seconds pass.
 
         What ``wait_agent`` waits on: a child waiting here lends its slot, and taking it
-        back never outlasts ``timeout``. Consumes nothing; read ``handle.result`` after.
+        back never outlasts ``timeout`` (``None``: no limit; ``0``: no wait). Consumes
+        nothing; read ``handle.result`` after.
         Cancellation leaves every handle untouched.
         """
+        timeout = seconds("timeout", timeout, none_ok=True, zero_ok=True)
+        if mode not in ("any", "all"):
+            raise ConfigError("mode", "'any' or 'all'", mode)
         with self._signal(on_put=False) as closed:
-            if timeout > 0 and not closed.is_set():
+            if timeout != 0 and not closed.is_set():
                 with anyio.move_on_after(timeout):
                     async with self._lend_slot():
                         await wait_handles(handles, mode, closed)

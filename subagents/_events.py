@@ -129,11 +129,11 @@ class EventBus:
         self._subscribers: dict[int, EventCallback] = {}
         self._ids = itertools.count(1)
         self._seq = 0
-        # A plain attribute, kept by subscribe and unsubscribe: the runtime reads it a few
-        # times per child, where a property would be a call each time.
-        self.active = False
-        """True when at least one subscriber listens (publishing is skipped otherwise).
-        Read-only."""
+
+    @property
+    def active(self) -> bool:
+        """True when at least one subscriber listens (publishing is skipped otherwise)."""
+        return bool(self._subscribers)
 
     def subscribe(self, callback: EventCallback) -> Callable[[], None]:
         """Call ``callback(event)`` for every event; returns a function that unsubscribes.
@@ -142,11 +142,9 @@ class EventBus:
         """
         key = next(self._ids)
         self._subscribers[key] = callback
-        self.active = True
 
         def unsubscribe() -> None:
             self._subscribers.pop(key, None)
-            self.active = bool(self._subscribers)
 
         return unsubscribe
 

@@ -29,7 +29,9 @@ RunChild = Callable[[ChildRecord, anyio.CancelScope], Awaitable[None]]
 """``run(record, scope)``: runs one child to its envelope under the worker's scope."""
 
 # The spawned child whose slot the current task runs on (None outside worker runs).
-_SLOT_OWNER: ContextVar[ChildRecord | None] = ContextVar("subagents_slot_owner", default=None)
+_SLOT_OWNER: ContextVar[tuple[SpawnLimiter, ChildRecord] | None] = ContextVar(
+    "subagents_slot_owner", default=None
+)
 
 
 def start_unowned(tg: TaskGroup, func: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -63,17 +65,12 @@ class SpawnLimiter:
         self._tg: TaskGroup | None = None
         self._open = False
         self._queue: deque[ChildRecord] = deque()
-        self.queued = 0
-        """Spawns waiting for a slot."""
-        self.active = 0
-        """Slots held now, borrowed ones included."""
-        self.workers = 0
-        """Worker tasks alive."""
+        self._queued = 0
+        self._active = 0  # slots held, borrowed ones included
+        self._workers = 0
         self._busy = 0  # workers inside a child run (holding or lending a slot)
-        self.high_water = 0
-        """Most slots held at once, borrowed ones not counted."""
-        self.borrows = 0
-        """Times a child ran on a borrowed slot."""
+        self._high_water = 0
+        self._borrows = 0
         # Children on a borrowed slot (counted in active too), oldest first: repaid first.
         self._borrowers: dict[ChildRecord, None] = {}
         self._resumers: deque[tuple[ChildRecord, anyio.Event]] = deque()
@@ -81,6 +78,31 @@ class SpawnLimiter:
     @property
     def limit(self) -> int:
         return self._limit
+
+    @property
+    def queued(self) -> int:
+        """Spawns waiting for a slot."""
+        return self._queued
+
+    @property
+    def active(self) -> int:
+        """Slots held now, borrowed ones included."""
+        return self._active
+
+    @property
+    def workers(self) -> int:
+        """Worker tasks alive."""
+        return self._workers
+
+    @property
+    def high_water(self) -> int:
+        """Most slots held at once, borrowed ones not counted."""
+        return self._high_water
+
+    @property
+    def borrows(self) -> int:
+        """Times a child ran on a borrowed slot."""
+        return self._borrows
 
     @property
     def resuming(self) -> int:
@@ -113,18 +135,18 @@ class SpawnLimiter:
 
     def submit(self, record: ChildRecord) -> None:
         """Queue a spawned child; it starts when a slot frees, in FIFO order. O(1)."""
-        free = self._limit - self.active
-        ahead = self.queued
+        free = self._limit - self._active
+        ahead = self._queued
         record.queue_position = 0 if ahead < free else ahead - free + 1
         self._queue.append(record)
-        self.queued += 1
-        if self.workers == self._busy:  # no idle worker will take it: _pump decides
+        self._queued += 1
+        if self._workers == self._busy:  # no idle worker will take it: _pump decides
             self._pump()
 
     def withdraw(self, record: ChildRecord) -> None:
         """A queued child left the queue (cancelled): it is skipped when reached."""
         if record.state == QUEUED:
-            self.queued -= 1
+            self._queued -= 1
 
     def give_up_slot(self, record: ChildRecord) -> None:
         """A child whose runner is over gives its slot up for good (while it settles)."""
@@ -139,14 +161,19 @@ class SpawnLimiter:
         worker whose children never block drains the queue alone instead of leaving a
         thousand freshly started workers to find it empty.
         """
-        if self._open and self.queued and self.workers == self._busy and self.active < self._limit:
+        if (
+            self._open
+            and self._queued
+            and self._workers == self._busy
+            and self._active < self._limit
+        ):
             assert self._tg is not None
-            self.workers += 1
+            self._workers += 1
             start_unowned(self._tg, self._worker)
 
     async def _worker(self) -> None:
         try:
-            while self.active < self._limit:
+            while self._active < self._limit:
                 # One cancel scope serves child after child (entering a scope per child
                 # costs more than the rest of a no-op child); a child that was cancelled
                 # or timed out leaves it cancelled for good, so the next one gets a new one.
@@ -157,13 +184,13 @@ class SpawnLimiter:
             # The last child's record: a finished task's context outlives it (until its
             # done callbacks have run).
             _SLOT_OWNER.set(None)
-            self.workers -= 1
+            self._workers -= 1
 
     async def _run_while_free(self, scope: anyio.CancelScope) -> bool:
         """Run queued children under ``scope`` until it is cancelled (True: go on with a
         new scope) or the queue stays empty (False: the worker exits)."""
         lingered = False
-        while self.active < self._limit and not scope.cancel_called:
+        while self._active < self._limit and not scope.cancel_called:
             record = self._next_queued()
             if record is None:
                 if lingered:
@@ -180,7 +207,7 @@ class SpawnLimiter:
             self._pump()  # this worker is busy now: another may be needed
             # Not reset after the run: an ended child neither holds nor lends a slot, so
             # lend_slot() sees nothing to lend until the next is set.
-            _SLOT_OWNER.set(record)
+            _SLOT_OWNER.set((self, record))
             assert self._run is not None
             try:
                 await self._run(record, scope)
@@ -195,29 +222,29 @@ class SpawnLimiter:
         while queue:
             record = queue.popleft()
             if record.state == QUEUED:
-                self.queued -= 1
+                self._queued -= 1
                 return record
         return None
 
     def _take_slot(self, record: ChildRecord) -> None:
         record.holds_slot = True
-        self.active += 1
-        held = self.active - len(self._borrowers)
-        if held > self.high_water:
-            self.high_water = held
+        self._active += 1
+        held = self._active - len(self._borrowers)
+        if held > self._high_water:
+            self._high_water = held
 
     def _borrow_slot(self, record: ChildRecord) -> None:
         """Let ``record`` run on with no free slot: its lend ended (timed out, cancelled)
         while waiting for one. It counts against the limit like a held slot, so nobody is
         admitted until the overdraft is repaid by the next slots to free."""
         record.holds_slot = True
-        self.active += 1
-        self.borrows += 1
+        self._active += 1
+        self._borrows += 1
         self._borrowers[record] = None
 
     def _release_slot(self, record: ChildRecord) -> None:
         record.holds_slot = False
-        self.active -= 1
+        self._active -= 1
         borrowers = self._borrowers
         if borrowers:
             borrowers.pop(record, None)
@@ -233,9 +260,9 @@ class SpawnLimiter:
         children are done, and finishing them frees whole subtrees.
         """
         borrowers = self._borrowers
-        while borrowers and self.active - len(borrowers) < self._limit:
+        while borrowers and self._active - len(borrowers) < self._limit:
             del borrowers[next(iter(borrowers))]
-        while self._resumers and self.active < self._limit:
+        while self._resumers and self._active < self._limit:
             resumer, event = self._resumers.popleft()
             self._take_slot(resumer)
             event.set()
@@ -243,8 +270,11 @@ class SpawnLimiter:
     def lend_slot(self) -> AbstractAsyncContextManager[None]:
         """Release the calling child's slot while the block runs; see
         :meth:`SubagentManager.lend_slot`. Outside a spawned child it does nothing."""
-        owner = _SLOT_OWNER.get()
-        if owner is None or (owner.lends == 0 and not owner.holds_slot):
+        slot = _SLOT_OWNER.get()
+        if slot is None or slot[0] is not self:
+            return NO_LEND  # a root parent, or a child of another manager
+        owner = slot[1]
+        if owner.lends == 0 and not owner.holds_slot:
             return NO_LEND  # the common wait of a root parent: no generator machinery
         return self._lend(owner)
 
@@ -279,7 +309,7 @@ class SpawnLimiter:
                     self._pump()
 
     async def _reacquire(self, owner: ChildRecord) -> None:
-        if self.active < self._limit and not self._resumers:
+        if self._active < self._limit and not self._resumers:
             self._take_slot(owner)
             return
         entry = (owner, anyio.Event())

@@ -38,7 +38,7 @@ from ._tracing import Telemetry
 from ._validators import seconds
 from ._watchdog import Watchdog
 
-__all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager"]
+__all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager", "telemetry_of"]
 
 DEFAULT_SESSION: Final = "root"
 
@@ -147,6 +147,7 @@ class SubagentManager:
             return
         if self._state == "new":
             self._state = "closed"
+            self._sessions.shut = True
             return
         self._state = "closing"
         self._sessions.accepting = False
@@ -292,6 +293,9 @@ class SubagentManager:
         self._limiter.submit(record)
         if record.trace is not None:
             self._telemetry.queued(record)
+        # Published once the child is queued: a subscriber that cancels it finds it there.
+        if self.events.active:
+            publish_spawned(self.events, record)
         return handle_of(record, self)
 
     async def execute(
@@ -317,6 +321,8 @@ class SubagentManager:
             UnknownAgent, SpawnRejected, ConfigError: as :meth:`spawn`.
         """
         record = self._new_record(agent, input, session_id, name, timeout, options, sync=True)
+        if self.events.active:
+            publish_spawned(self.events, record)
         await self._children.run(record)
         # Collected only once returned: a caller cancelled meanwhile never got the envelope,
         # so it stays uncollected (result(), tasks(), completions(), wait_result collect it).
@@ -344,8 +350,6 @@ class SubagentManager:
         new = self._spawner.new_record
         record, parent = new(agent, input, session_id, name, timeout, options, sync)
         self._spawned += 1
-        if self.events.active:
-            publish_spawned(self.events, record)
         if self._telemetry.active:
             record.trace = self._telemetry.start(record, parent)
         return record
@@ -497,3 +501,9 @@ class SubagentManager:
         Cancelling the waiter changes nothing. See :class:`~subagents.Completions`.
         """
         return Completions(self._sessions, self.lend_slot, lambda: self.running, session_id)
+
+
+def telemetry_of(manager: SubagentManager) -> Telemetry:
+    """The telemetry ``manager`` traces with (its providers, resolved as it is entered):
+    the tools trace their calls with it."""
+    return manager._telemetry

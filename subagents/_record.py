@@ -1,9 +1,13 @@
 """ChildRecord: the runtime's mutable record of one child, shared by the engine's parts.
 
-Callers never see it: :class:`~subagents.SpawnHandle` is a read-only view of one. The
-limiter owns the slot fields (``holds_slot``, ``lends``), the child runner the run fields
-(``scope``, ``envelope``, ``done``), the sessions part the index fields (``collected``,
-``owns_session``); each part writes only its own.
+Callers never see it: :class:`~subagents.SpawnHandle` is a read-only view of one. Who
+writes what: the limiter the slot fields (``holds_slot``, ``lends``); the child runner the
+run fields (``state``, ``scope``, ``ending``, ``envelope``, ``done``), with the runner's
+:class:`~subagents.RunContext` writing what ``ctx.report`` records (``progress``,
+``usage``, ``iterations``); the sessions part the index fields (``collected``,
+``owns_session``; ``view`` is made by ``handle_of`` and let go when the record is
+forgotten); the manager the ``trace`` it starts. Everything else is set
+when the record is made and never changes.
 """
 
 from __future__ import annotations

@@ -301,3 +301,35 @@ async def test_unsubscribing_stops_the_events() -> None:
         stop()
         await m.spawn("worker", "y").wait()
     assert len(events) == n > 0
+
+
+@pytest.mark.anyio
+async def test_a_child_cancelled_from_its_spawned_event_is_counted_and_traced_once() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from subagents import Status, SubagentConfig
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    queued: list[int] = []
+    config = SubagentConfig(tracer_provider=provider)
+    spec = AgentSpec(name="echo", description="Echoes.", runner=_echo_runner)
+    async with SubagentManager([spec], config=config) as manager:
+
+        def policy(event: Event) -> None:  # a policy hook: refuse what was just spawned
+            if event.type == "subagent.spawned" and event.task_id is not None:
+                manager.cancel(event.task_id)
+                queued.append(manager.statistics().queued)
+
+        manager.events.subscribe(policy)
+        envelope = await manager.spawn("echo", "x").wait()
+        assert envelope.status is Status.CANCELLED
+    assert queued == [0]
+    assert [s.name for s in exported.get_finished_spans()] == ["invoke_agent echo"]
+
+
+async def _echo_runner(request: Request, ctx: RunContext) -> str:
+    return request.input

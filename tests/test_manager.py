@@ -792,3 +792,10 @@ def test_a_handle_read_after_its_run_works_under_another_backend() -> None:
         return handle.done.is_set()
 
     assert anyio.run(read_later, backend="trio")
+
+
+@pytest.mark.anyio
+async def test_a_manager_closed_without_being_entered_hands_out_dropped_mailboxes() -> None:
+    manager = SubagentManager([spec("echo", echo)])
+    await manager.aclose()
+    assert manager.mailbox("root").closed

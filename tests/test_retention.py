@@ -895,3 +895,27 @@ async def test_forget_during_a_parents_settle_and_the_chain_after_it() -> None:
             assert not manager.session_closed(p.task_id)  # unknown now, like an unused name
             assert session_state(manager, p.task_id) == []
             assert not has_listing(manager, p.task_id)
+
+
+def _live_objects(name: str) -> int:
+    return sum(1 for o in gc.get_objects() if type(o).__name__ == name)
+
+
+@pytest.mark.anyio
+async def test_forgotten_records_are_freed_by_reference_counting() -> None:
+    # A record and its handle point at each other while it is kept; forgetting it must
+    # break that, or every forgotten child waits for the cyclic GC.
+    async with manager_with(spec("echo", echo), retain_collected=0) as manager:
+        for _ in range(10):
+            await manager.spawn("echo", "x").wait()
+        gc.collect()
+        gc.disable()
+        try:
+            before = _live_objects("ChildRecord") + _live_objects("SpawnHandle")
+            for _ in range(300):
+                await manager.spawn("echo", "x").wait()
+            after = _live_objects("ChildRecord") + _live_objects("SpawnHandle")
+        finally:
+            gc.enable()
+        assert manager.tasks() == []
+    assert after - before < 20, (before, after)

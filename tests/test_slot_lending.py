@@ -7,7 +7,14 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from subagents import AgentSpec, Request, RunContext, SubagentConfig, SubagentManager
+from subagents import (
+    AgentSpec,
+    ManagerStatistics,
+    Request,
+    RunContext,
+    SubagentConfig,
+    SubagentManager,
+)
 from tests.helpers import clock_backends, manager_with, spec
 
 pytestmark = pytest.mark.anyio
@@ -295,3 +302,40 @@ async def test_an_ending_child_settles_within_settle_timeout_though_its_slot_was
         assert envelope.status == "completed"
         assert manager.statistics().high_water <= 2
         gate.set()
+
+
+@pytest.mark.anyio
+async def test_a_runners_own_manager_never_lends_the_outer_childs_slot() -> None:
+    # A runner with a manager of its own: waits on the inner manager lend inner slots
+    # only; the outer child's slot belongs to the outer limiter.
+    seen: dict[str, object] = {}
+    release = anyio.Event()
+
+    async def inner_child(request: Request, ctx: RunContext) -> str:
+        seen["inner_running"] = inner.statistics().running
+        await release.wait()
+        return "inner"
+
+    inner = SubagentManager(
+        [AgentSpec(name="inner", description="d", runner=inner_child)],
+        config=SubagentConfig(max_concurrent_spawns=1),
+    )
+
+    async def outer_child(request: Request, ctx: RunContext) -> str:
+        async with inner:
+            handle = inner.spawn("inner")
+            release.set()
+            await handle.wait()
+            seen["inner_stats"] = inner.statistics()
+        return "outer"
+
+    outer_spec = AgentSpec(name="outer", description="d", runner=outer_child)
+    config = SubagentConfig(max_concurrent_spawns=1)
+    async with SubagentManager([outer_spec], config=config) as outer:
+        envelope = await outer.spawn("outer").wait()
+        assert envelope.ok, envelope
+        assert outer.statistics().running == 0
+    assert seen["inner_running"] == 1
+    stats = seen["inner_stats"]
+    assert isinstance(stats, ManagerStatistics)
+    assert (stats.running, stats.borrowed) == (0, 0)

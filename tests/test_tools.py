@@ -599,3 +599,39 @@ async def test_spawn_agent_counters_agree_with_its_status() -> None:
         assert (second["status"], second["running"], second["queued"]) == ("running", 2, 0)
         assert (third["status"], third["running"], third["queued"]) == ("queued", 2, 1)
         release.set()
+
+
+@pytest.mark.anyio
+async def test_a_late_tool_call_of_an_ending_agent_is_refused_before_its_arguments() -> None:
+    # The agent's runner has returned and it is settling its children: a tool call of its
+    # session is refused as session_closed whatever its arguments (the hint a model needs).
+    answers: list[dict[str, object]] = []
+    started = anyio.Event()
+    parent_returned = anyio.Event()
+    toolsets: dict[str, Toolset] = {}
+
+    async def grandchild(request: Request, ctx: RunContext) -> str:
+        started.set()
+        await parent_returned.wait()
+        with anyio.CancelScope(shield=True):  # finishes its step although cancelled
+            for agent in ("nope", "grandchild"):
+                result = await toolsets["parent"].call(
+                    "delegate_to_agent", {"agent": agent, "input": "x"}
+                )
+                answers.append(dict(result.details))
+        return "g"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        toolsets["parent"] = build_tools(ctx.manager, ctx.session_id)
+        ctx.spawn("grandchild")
+        await started.wait()
+        parent_returned.set()  # returns with no checkpoint in between: now it is ending
+        return "p"
+
+    specs = [
+        AgentSpec(name="parent", description="d", runner=parent),
+        AgentSpec(name="grandchild", description="d", runner=grandchild),
+    ]
+    async with SubagentManager(specs, config=SubagentConfig(settle_timeout=5.0)) as manager:
+        await manager.spawn("parent").wait()
+    assert [a.get("reason") for a in answers] == ["session_closed", "session_closed"]

@@ -9,6 +9,7 @@ from test_tools import gated, toolset
 
 from subagents import (
     AgentSpec,
+    ConfigError,
     Request,
     RunContext,
     SpawnHandle,
@@ -505,3 +506,13 @@ async def test_small_budget_keeps_the_notes() -> None:
         assert len(results_of(result)) >= 1
         for i in range(5):
             release(str(i))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", ["1", float("nan"), -1.0, True])
+async def test_completions_wait_for_refuses_a_malformed_timeout(bad: object) -> None:
+    async with SubagentManager([echo_agent()]) as manager:
+        handle = manager.spawn("echo", "x")
+        with pytest.raises(ConfigError, match="timeout"):
+            await manager.completions().wait_for([handle], timeout=bad)  # type: ignore[arg-type]
+        await handle.wait()

@@ -21,6 +21,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -998,3 +999,34 @@ async def test_names_a_model_sends_are_bounded_in_tool_spans(
         assert len(span.name) < 200
         for key, value in (span.attributes or {}).items():
             assert len(str(value)) <= 4_096, key
+
+
+@pytest.mark.anyio
+async def test_tools_trace_with_the_managers_providers_resolved_once() -> None:
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    asked: list[str] = []
+
+    class Counting:
+        def get_tracer(self, name: str, *args: object) -> trace.Tracer:
+            asked.append("tracer")
+            return provider.get_tracer(name)
+
+        def get_meter(self, name: str, *args: object) -> object:
+            asked.append("meter")
+            return meter_provider.get_meter(name)
+
+    counting = Counting()
+    config = SubagentConfig(tracer_provider=counting, meter_provider=counting)
+    spec = AgentSpec(name="general", description="d", runner=_echo)
+    async with SubagentManager([spec], config=config) as manager:
+        for session in ("a", "b", "c"):
+            await build_tools(manager, session).call("list_agents", {})
+    assert asked == ["tracer", "meter"]
+    assert [s.name for s in exported.get_finished_spans()].count("execute_tool list_agents") == 3
+
+
+async def _echo(request: Request, ctx: RunContext) -> str:
+    return request.input

@@ -16,6 +16,7 @@ import attrs
 from .._envelope import bound_text
 from .._errors import ConfigError
 from .._json import JSONValue
+from .._manager import telemetry_of
 from .._tracing import Telemetry, ToolSpan
 from .._validators import seconds
 from ._handlers import build_session_tools
@@ -252,10 +253,8 @@ def build_tools(
         truncate_chars=chars,
         return_mode="string" if return_mode == "string" else "envelope",
     )
-    # The calls are traced as the manager's children are: its config's providers and
-    # tracing switch, resolved once for this toolset.
-    telemetry = Telemetry.from_config(manager.config)
-    telemetry.resolve()
+    # The calls are traced with the manager's own telemetry (its providers, resolved once).
+    telemetry = telemetry_of(manager)
     capture = manager.config.capture_content
     tools = [
         attrs.evolve(tool, capture_content=capture, telemetry=telemetry)

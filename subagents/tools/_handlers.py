@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from .._envelope import bound_text, cut_middle
-from .._errors import SpawnRejected, UnknownTask
+from .._errors import UnknownTask
+from .._handle import record_of
 from .._json import JSONValue
 from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
 from .._tracing import ToolSpan
@@ -55,13 +56,11 @@ class SessionTools(WaitAgent):
             self._owner = None
 
     def _check_open(self) -> None:
-        # While its record is kept the manager checks the owner itself; this catches the
-        # owner whose record was forgotten (it has ended).
-        if self._owner is not None and self._owner.result is not None:
-            raise SpawnRejected(
-                "session_closed",
-                f"session {self.session_id!r} has ended; its agent can no longer delegate",
-            )
+        # The owner's own record says whether its runner still runs: before any argument
+        # is checked, and also once its record is forgotten (the manager would then take
+        # the id for a new root session).
+        if self._owner is not None:
+            record_of(self._owner).check_can_delegate()
 
     # ------------------------------------------------------------------ spawn_agent
 
