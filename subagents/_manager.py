@@ -110,8 +110,6 @@ class SubagentManager:
         self._tg: TaskGroup | None = None
         self._state: Literal["new", "running", "closing", "closed"] = "new"
 
-    # ------------------------------------------------------------------ lifecycle
-
     async def __aenter__(self) -> SubagentManager:
         if self._state != "new":
             raise RuntimeError("a SubagentManager can be entered only once")
@@ -175,8 +173,6 @@ class SubagentManager:
         """True between entering and closing."""
         return self._state == "running"
 
-    # ------------------------------------------------------------------ registry
-
     def register(self, spec: AgentSpec) -> None:
         """Add an agent type. Raises :class:`ConfigError` if the name is taken."""
         if not isinstance(spec, AgentSpec):
@@ -196,8 +192,6 @@ class SubagentManager:
         if spec is None:
             raise UnknownAgent(name, self._specs)
         return spec
-
-    # ------------------------------------------------------------------ limiter
 
     @property
     def max_concurrent_spawns(self) -> int:
@@ -251,8 +245,6 @@ class SubagentManager:
             settled=self._children.settled,
             workers=limiter.workers,
         )
-
-    # ------------------------------------------------------------------ spawn / execute
 
     def spawn(
         self,
@@ -354,8 +346,6 @@ class SubagentManager:
             record.trace = self._telemetry.start(record, parent)
         return record
 
-    # ------------------------------------------------------------------ cancellation, sessions
-
     def cancel(self, task_id: str) -> bool:
         """Ask a child to stop. Never blocks.
 
@@ -402,8 +392,6 @@ class SubagentManager:
         refuses to delegate on its own).
         """
         return self._sessions.is_closed(session_id)
-
-    # ------------------------------------------------------------------ mailboxes & results
 
     def mailbox(self, session_id: str = DEFAULT_SESSION) -> BaseMailbox:
         """The mailbox of ``session_id`` (created on first use; a dropped one once closed,
