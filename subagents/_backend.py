@@ -3,7 +3,7 @@
 A remote backend replaces :func:`run_local` with a function of the same signature that
 ships the request elsewhere; everything around it (queueing, watchdog, cancellation,
 envelopes, delivery) stays in the manager. With the default backend, a plain runner (no
-retry policy, no trace) is awaited in place by ``_child_run`` with the same checks, to save
+retry policy, no trace) is awaited in place by ``ChildRunner`` with the same checks, to save
 a frame and a ``Result`` per child: a change here must be mirrored there.
 """
 
@@ -81,60 +81,90 @@ def coerce_result(agent: str, value: object) -> Result:
 
 _UNREADABLE: Final = object()
 _ALL: Final = slice(None)
+_COUNT: Final = "an int 0 <= n < 2**63"
+
+
+class _Fields:
+    """Reads the fields of one ``Result`` once each, collecting every problem in order."""
+
+    def __init__(self, result: Result) -> None:
+        self.result = result
+        self.problems: list[str] = []
+
+    def read(self, owner: object, field: str) -> object:
+        """``owner.field``, or ``_UNREADABLE`` (the problem noted) if reading it raises."""
+        try:
+            return getattr(owner, field)
+        except Exception as exc:  # a property of a subclass, or a field deleted
+            self.problems.append(f"{field} could not be read ({describe_exception(exc)[1]})")
+            return _UNREADABLE
+
+    def wrong(self, field: str, value: object, expected: str) -> None:
+        """Note that ``field`` holds ``value``, not ``expected`` (an unreadable one is
+        already noted)."""
+        if value is _UNREADABLE:
+            return
+        number = as_int(value)
+        if number is None:
+            got = type(value).__qualname__
+        else:  # str() of a huge int may exceed Python's digit limit
+            got = str(number) if number.bit_length() <= 64 else f"{number.bit_length()} bits"
+        self.problems.append(f"{field} is {got}, expected {expected}")
+
+    def plain(self, field: str, convert: Callable[[object], T | None], expected: str) -> T | None:
+        """The field as ``convert`` makes it plain, or ``None`` (the problem noted)."""
+        value = self.read(self.result, field)
+        plain = convert(value)
+        if plain is None:
+            self.wrong(field, value, expected)
+        return plain
+
+    def usage(self) -> Usage | None:
+        """A plain ``Usage``; for a bad ``Usage`` subclass, each bad count is named."""
+        value = self.read(self.result, "usage")
+        usage = plain_usage(value)
+        if usage is not None:
+            return usage
+        if not issubclass(type(value), Usage):
+            self.wrong("usage", value, "Usage")
+            return None
+        for field in ("input_tokens", "output_tokens"):
+            count = self.read(value, field)
+            if as_count(count) is None:
+                self.wrong(f"usage.{field}", count, _COUNT)
+        return None
+
+    def status(self) -> object:
+        """The status: a ``Status``, ``None``, or anything else (the problem noted)."""
+        status = self.read(self.result, "status")
+        if status is not None and type(status) is not Status:
+            self.wrong("status", status, "a Status or None")
+        return status
+
+    def files(self) -> list[str | None]:
+        """The paths, read through tuple's own slice (a subclass's ``__iter__`` or
+        ``__getitem__`` does not run); ``None`` stands for an item that is no string."""
+        value = self.read(self.result, "files_changed")
+        if not issubclass(type(value), tuple):  # type(): an object can claim a __class__
+            self.wrong("files_changed", value, "a tuple of str")
+            return []
+        files = [as_str(f) for f in tuple.__getitem__(cast("tuple[object, ...]", value), _ALL)]
+        if None in files:
+            self.problems.append("files_changed must hold strings")
+        return files
 
 
 def _plain_result(agent: str, result: Result) -> Result:
     """``result`` rebuilt from plain values, or RunnerReturnError listing every bad field."""
-    problems: list[str] = []
-
-    def read(owner: object, field: str) -> object:
-        try:
-            return getattr(owner, field)
-        except Exception as exc:  # a property of a subclass, or a field deleted
-            problems.append(f"{field} could not be read ({describe_exception(exc)[1]})")
-            return _UNREADABLE
-
-    def wrong(field: str, value: object, expected: str) -> None:
-        if value is not _UNREADABLE:
-            number = as_int(value)
-            if number is None:
-                got = type(value).__qualname__
-            else:  # str() of a huge int may exceed Python's digit limit
-                got = str(number) if number.bit_length() <= 64 else f"{number.bit_length()} bits"
-            problems.append(f"{field} is {got}, expected {expected}")
-
-    output = as_str(value := read(result, "output"))
-    if output is None:
-        wrong("output", value, "str")
-    error = as_str(value := read(result, "error"))
-    if error is None:
-        wrong("error", value, "str")
-    iterations = as_count(value := read(result, "iterations"))
-    if iterations is None:
-        wrong("iterations", value, "an int 0 <= n < 2**63")
-    usage = plain_usage(value := read(result, "usage"))
-    if usage is None:
-        if issubclass(type(value), Usage):
-            for field in ("input_tokens", "output_tokens"):
-                count = read(value, field)
-                if as_count(count) is None:
-                    wrong(f"usage.{field}", count, "an int 0 <= n < 2**63")
-        else:
-            wrong("usage", value, "Usage")
-    status = value = read(result, "status")
-    if status is not None and type(status) is not Status:
-        wrong("status", value, "a Status or None")
-    files: list[str | None] = []
-    value = read(result, "files_changed")
-    if issubclass(type(value), tuple):  # type(): an object can claim a __class__
-        # tuple's own slice: a subclass's __iter__ or __getitem__ does not run
-        files = [as_str(f) for f in tuple.__getitem__(cast("tuple[object, ...]", value), _ALL)]
-        if None in files:
-            problems.append("files_changed must hold strings")
-    else:
-        wrong("files_changed", value, "a tuple of str")
-    if problems:
-        raise RunnerReturnError(agent, "a bad Result: " + "; ".join(problems))
+    fields = _Fields(result)
+    output = fields.plain("output", as_str, "str")
+    error = fields.plain("error", as_str, "str")
+    iterations = fields.plain("iterations", as_count, _COUNT)
+    usage = fields.usage()
+    status = fields.status()
+    files = fields.files()
+    if fields.problems:
+        raise RunnerReturnError(agent, "a bad Result: " + "; ".join(fields.problems))
     # Without problems every field was read and is plain.
     assert output is not None
     assert error is not None

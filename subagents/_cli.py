@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.func(args)
     except BrokenPipeError:
         # `subagents events summary FILE | head`: the reader left; that is not an error.
-        _cli_events._silence_stdout()
+        _cli_events.silence_stdout()
         return 0
     except KeyboardInterrupt:
         # Ctrl-C is how a user stops a command; the conventional status, no traceback.

@@ -220,7 +220,7 @@ def _run_tail(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # `... | head`: the reader left; not an error
-        _silence_stdout()
+        silence_stdout()
         return 0
     except OSError as exc:
         return _fail("tail", f"cannot read {args.file}: {_reason(exc)}")
@@ -251,7 +251,7 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def _silence_stdout() -> None:
+def silence_stdout() -> None:
     # Python flushes stdout again at exit; point it at devnull so that flush cannot fail.
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())

@@ -10,20 +10,52 @@ so a caller cancelled while waiting consumes nothing.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Generator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Literal
 
 import anyio
+import anyio.lowlevel
 
 from ._envelope import DelegateResult
+from ._errors import ConfigError
+from ._handle import NO_LEND
+from ._validators import seconds
 
 if TYPE_CHECKING:
     from ._handle import SpawnHandle
-    from ._manager import SubagentManager
+    from ._mailbox import BaseMailbox
+    from ._record import ChildRecord
+    from ._sessions import Sessions
 
-__all__ = ["Completions", "WaitMode", "session_signal", "wait_handles"]
+__all__ = ["Completions", "WaitMode", "wait_for_record", "wait_handles"]
 
 WaitMode = Literal["any", "all"]
+
+
+def wait_for_record(
+    record: ChildRecord, timeout: float | None, lend: AbstractAsyncContextManager[None]
+) -> Awaitable[None]:
+    """What to await until ``record`` has ended or ``timeout`` seconds pass, inside
+    ``lend`` (the waiting child's slot lent meanwhile)."""
+    if lend is NO_LEND and timeout is None:
+        # A root parent's plain wait: the event itself, with no context, cancel scope or
+        # frame of ours around it.
+        return record.done.wait()
+    return _wait_lending(record, timeout, lend)
+
+
+async def _wait_lending(
+    record: ChildRecord, timeout: float | None, lend: AbstractAsyncContextManager[None]
+) -> None:
+    # The deadline encloses the lend: taking the slot back never outlasts it.
+    if timeout is None:
+        async with lend:
+            await record.done.wait()
+    else:
+        with anyio.move_on_after(timeout):
+            async with lend:
+                await record.done.wait()
 
 
 async def wait_handles(
@@ -34,17 +66,21 @@ async def wait_handles(
     An already ended handle counts at once. No timeout: wrap the call in
     ``anyio.move_on_after``. Cancellation leaves every handle untouched.
     """
-    pending = [h for h in handles if h.result is None]
+    pending = [h.done for h in handles if h.result is None]
     if not pending or (mode == "any" and len(pending) < len(handles)):
         return
+    await _wait_events(pending, 1 if mode == "any" else len(pending), wake)
+
+
+async def _wait_events(events: list[anyio.Event], needed: int, wake: anyio.Event | None) -> None:
+    """Block until ``needed`` of ``events`` are set, or ``wake`` is."""
     if wake is not None and wake.is_set():
         return
-    needed = 1 if mode == "any" else len(pending)
     async with anyio.create_task_group() as tg:
 
-        async def watch(handle: SpawnHandle) -> None:
+        async def watch(event: anyio.Event) -> None:
             nonlocal needed
-            await handle.done.wait()
+            await event.wait()
             needed -= 1
             if needed <= 0:
                 tg.cancel_scope.cancel()
@@ -53,51 +89,55 @@ async def wait_handles(
             await event.wait()
             tg.cancel_scope.cancel()
 
-        for handle in pending:
-            tg.start_soon(watch, handle)
+        for event in events:
+            tg.start_soon(watch, event)
         if wake is not None:
             tg.start_soon(watch_wake, wake)
 
 
-class session_signal:
-    """``with session_signal(manager, sid) as wake:`` sets ``wake`` when the session starts
-    closing (``close_session`` or the manager's ``aclose``: at once, not after its children
-    have settled), when its mailbox is dropped, or, with ``on_put``, when any result lands
-    in it."""
+class _SessionSignal:
+    """``with _SessionSignal(sessions, sid, running) as wake:`` sets ``wake`` when the
+    session starts closing (``close_session`` or the manager's ``aclose``: at once, not
+    after its children have settled), when its mailbox is dropped, or, with ``on_put``,
+    when any result lands in it."""
 
-    def __init__(self, manager: SubagentManager, session_id: str, *, on_put: bool = False):
-        self._manager = manager
+    def __init__(
+        self, sessions: Sessions, session_id: str, running: bool, *, on_put: bool = False
+    ) -> None:
+        self._sessions = sessions
         self._session_id = session_id
+        self._running = running
         self._on_put = on_put
+        self._mailbox: BaseMailbox | None = None
         self._sub: str | None = None
         self._watch: int | None = None
         self.event = anyio.Event()
 
     def __enter__(self) -> anyio.Event:
-        manager, sid = self._manager, self._session_id
-        if manager.session_closed(sid) or not manager.running:
+        sessions, sid = self._sessions, self._session_id
+        if sessions.is_closed(sid) or not self._running:
             self.event.set()
             return self.event
-        mailbox = manager.mailbox(sid)
+        mailbox = sessions.mailbox(sid)
         if mailbox.closed:
             self.event.set()
             return self.event
 
         def signal() -> None:
-            if self._on_put or mailbox.closed or manager.session_closed(sid):
+            if self._on_put or mailbox.closed or sessions.is_closed(sid):
                 self.event.set()
 
         self._mailbox = mailbox
         self._sub = mailbox.subscribe_all(signal)
-        self._watch = manager._watch_close(sid, self.event.set)
+        self._watch = sessions.watch_close(sid, self.event.set)
         return self.event
 
     def __exit__(self, *exc: object) -> None:
-        if self._sub is not None:
+        if self._sub is not None and self._mailbox is not None:
             self._mailbox.unsubscribe(self._sub)
             self._sub = None
         if self._watch is not None:
-            self._manager._unwatch_close(self._session_id, self._watch)
+            self._sessions.unwatch_close(self._session_id, self._watch)
             self._watch = None
 
 
@@ -121,31 +161,61 @@ class Completions:
     Cancellation: cancelling the waiter consumes and changes nothing.
     """
 
-    def __init__(self, manager: SubagentManager, session_id: str) -> None:
-        self._manager = manager
+    def __init__(
+        self,
+        sessions: Sessions,
+        lend_slot: Callable[[], AbstractAsyncContextManager[None]],
+        running: Callable[[], bool],
+        session_id: str,
+    ) -> None:
+        self._sessions = sessions
+        self._lend_slot = lend_slot
+        self._running = running
         self._session_id = session_id
         self._seen: set[str] = set()
 
     def _ready(self) -> list[DelegateResult]:
         ready = [
-            h.result
-            for h in self._manager.tasks(self._session_id)
-            if h.result is not None and not h.collected and h.task_id not in self._seen
+            r.envelope
+            for r in self._sessions.listing(self._session_id)
+            if r.envelope is not None and not r.collected and r.task_id not in self._seen
         ]
         return sorted(ready, key=lambda e: e.timestamp_ms)
 
-    def _live(self) -> list[SpawnHandle]:
-        return [h for h in self._manager.tasks(self._session_id) if h.result is None]
+    def _live(self) -> list[ChildRecord]:
+        return [r for r in self._sessions.listing(self._session_id) if r.envelope is None]
 
     def _closed(self) -> bool:
-        manager = self._manager
-        return manager.session_closed(self._session_id) or not manager.running
+        return self._sessions.is_closed(self._session_id) or not self._running()
 
-    async def _wait_change(self, live: list[SpawnHandle]) -> None:
-        with session_signal(self._manager, self._session_id, on_put=True) as wake:
-            async with self._manager.lend_slot():
-                await wait_handles(live, "any", wake)
+    def _signal(self, *, on_put: bool) -> _SessionSignal:
+        return _SessionSignal(self._sessions, self._session_id, self._running(), on_put=on_put)
+
+    async def _wait_change(self, live: list[ChildRecord]) -> None:
+        with self._signal(on_put=True) as wake:
+            async with self._lend_slot():
+                await _wait_events([r.done for r in live], 1, wake)
         await anyio.lowlevel.checkpoint()  # never spin without yielding
+
+    async def wait_for(
+        self, handles: Sequence[SpawnHandle], mode: WaitMode = "all", *, timeout: float | None
+    ) -> None:
+        """Block until one (``any``) or every (``all``) of ``handles`` has ended, the
+        session starts closing (or the manager does), or ``timeout`` seconds pass.
+
+        What ``wait_agent`` waits on: a child waiting here lends its slot, and taking it
+        back never outlasts ``timeout`` (``None``: no limit; ``0``: no wait). Consumes
+        nothing; read ``handle.result`` after.
+        Cancellation leaves every handle untouched.
+        """
+        timeout = seconds("timeout", timeout, none_ok=True, zero_ok=True)
+        if mode not in ("any", "all"):
+            raise ConfigError("mode", "'any' or 'all'", mode)
+        with self._signal(on_put=False) as closed:
+            if timeout != 0 and not closed.is_set():
+                with anyio.move_on_after(timeout):
+                    async with self._lend_slot():
+                        await wait_handles(handles, mode, closed)
 
     async def wait(self) -> list[DelegateResult]:
         """See the class docstring (the awaitable form). Blocks; never consumes."""

@@ -10,17 +10,19 @@ import anyio
 from ._envelope import DelegateResult, Usage, clean_text
 from ._errors import ConfigError
 from ._events import PROGRESS
-from ._handle import SETTLED
 from ._mailbox import closed_mailbox
 from ._paths import AgentPath
 from ._permissions import Ruleset
 from ._progress import Progress
+from ._record import SETTLED, ChildRecord
 from ._spec import UNSET, _Unset
 from ._validators import count, plain_usage, text, texts
 
 if TYPE_CHECKING:
     from ._handle import SpawnHandle
     from ._mailbox import BaseMailbox
+
+    # The one import back up the graph: the public type of RunContext.manager.
     from ._manager import SubagentManager
     from ._spec import SpawnOptions
 
@@ -34,54 +36,49 @@ class RunContext:
     are cancelled when it ends.
     """
 
-    __slots__ = ("_handle", "_manager", "attempt", "deadline", "permissions")
+    __slots__ = ("_manager", "_record", "attempt", "deadline", "permissions")
 
     def __init__(
-        self,
-        manager: SubagentManager,
-        handle: SpawnHandle,
-        *,
-        deadline: float | None,
-        permissions: Ruleset,
+        self, manager: SubagentManager, record: ChildRecord, deadline: float | None
     ) -> None:
         self._manager = manager
-        self._handle = handle
+        self._record = record
         self.attempt = 1
         """1 for the first try, 2 and up for retries of transient failures."""
         self.deadline = deadline
         """The watchdog deadline in :func:`anyio.current_time` units, or ``None``."""
-        self.permissions = permissions
+        self.permissions: Ruleset = record.permissions
         """The effective ruleset: this agent's intersected with every ancestor's."""
 
     @property
     def task_id(self) -> str:
         """This run's task id."""
-        return self._handle.task_id
+        return self._record.task_id
 
     @property
     def session_id(self) -> str:
         """The session this run's own children belong to (equal to :attr:`task_id`)."""
-        return self._handle.task_id
+        return self._record.task_id
 
     @property
     def parent_session_id(self) -> str:
         """The session that spawned this run."""
-        return self._handle.session_id
+        return self._record.session_id
 
     @property
     def agent(self) -> str:
         """The agent type's name."""
-        return self._handle.agent
+        return self._record.spec.name
 
     @property
     def agent_path(self) -> AgentPath:
         """This run's place in the tree, e.g. ``/root/general``."""
-        return self._handle.agent_path
+        return self._record.agent_path
 
     @property
     def parent_path(self) -> AgentPath:
         """The path of the agent that delegated this run."""
-        return self._handle.parent_path
+        return self._record.parent_path
 
     @property
     def manager(self) -> SubagentManager:
@@ -121,46 +118,37 @@ class RunContext:
         # Validate everything before changing anything, and keep plain built-ins: a bad
         # value, or a subclass's override, would otherwise fail only when the envelope is
         # built, after the runner can no longer be blamed, and lose the envelope.
-        if output is not None:
-            output = text("output", output)
-        if append is not None:
-            append = text("append", append)
-        if usage is not None:
-            given, usage = usage, plain_usage(usage)
-            if usage is None:
-                raise ConfigError("usage", "a Usage with token counts 0 <= n < 2**63", given)
+        output = None if output is None else clean_text(text("output", output))
+        append = None if append is None else clean_text(text("append", append))
+        usage = None if usage is None else _plain_usage(usage)
         if iterations is not None:
             iterations = count("iterations", iterations, minimum=0)
         paths = None if files_changed is None else texts("files_changed", files_changed)
-        h = self._handle
-        if output is not None:
-            output = clean_text(output)
-        if append:
-            append = clean_text(append)
-        progress = h._progress
+        record = self._record
+        progress = record.progress
         if progress is None:
-            progress = h._progress = Progress()
+            progress = record.progress = Progress()
         if output is not None:
             progress.replace(output)
         if append:
             progress.append(append)
-        if usage is not None:
-            h._usage = usage
-        if iterations is not None:
-            h._iterations = iterations
         if paths:
             progress.add_files(paths)
+        if usage is not None:
+            record.usage = usage
+        if iterations is not None:
+            record.iterations = iterations
         bus = self._manager.events
         if bus.active:
             bus.publish(
                 PROGRESS,
-                session_id=h.session_id,
-                task_id=h.task_id,
-                agent_path=h.agent_path,
+                session_id=record.session_id,
+                task_id=record.task_id,
+                agent_path=record.agent_path,
                 data={
                     "output_chars": progress.output_chars,
-                    "iterations": h._iterations,
-                    "usage": dict(h._usage.to_dict()),
+                    "iterations": record.iterations,
+                    "usage": dict(record.usage.to_dict()),
                 },
             )
 
@@ -177,7 +165,7 @@ class RunContext:
 
         Raises :class:`SpawnRejected` (``session_closed``) once this run has ended.
         """
-        self._handle._check_can_delegate()
+        self._record.check_can_delegate()
         return self._manager.spawn(
             agent, input, session_id=self.session_id, name=name, timeout=timeout, options=options
         )
@@ -195,7 +183,7 @@ class RunContext:
 
         Raises :class:`SpawnRejected` (``session_closed``) once this run has ended.
         """
-        self._handle._check_can_delegate()
+        self._record.check_can_delegate()
         return await self._manager.execute(
             agent, input, session_id=self.session_id, name=name, timeout=timeout, options=options
         )
@@ -204,10 +192,17 @@ class RunContext:
     def mailbox(self) -> BaseMailbox:
         """This run's own mailbox, where its spawned children's envelopes land (a dropped
         one once this run has ended)."""
-        if self._handle.state == SETTLED:  # its record may be forgotten: never reopen it
+        if self._record.state == SETTLED:  # its record may be forgotten: never reopen it
             return closed_mailbox()
         return self._manager.mailbox(self.session_id)
 
     async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
         """Collect a child's envelope; see :meth:`SubagentManager.wait_result`."""
         return await self._manager.wait_result(task_id, timeout=timeout, session_id=self.session_id)
+
+
+def _plain_usage(usage: Usage) -> Usage:
+    plain = plain_usage(usage)
+    if plain is None:
+        raise ConfigError("usage", "a Usage with token counts 0 <= n < 2**63", usage)
+    return plain

@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from ._cli_events import _silence_stdout
+from ._cli_events import silence_stdout
 from ._context import RunContext
 from ._envelope import DelegateResult, Status, Usage
 from ._events import COMPLETED, Event
@@ -171,7 +171,7 @@ async def _main(seed: int, as_json: bool, sink: JsonlSink | None = None) -> int:
             print(text, flush=True)
         except BrokenPipeError:
             reader_left = True
-            _silence_stdout()
+            silence_stdout()
 
     def on_event(event: Event) -> None:
         if event.type != COMPLETED:
@@ -203,7 +203,7 @@ async def _main(seed: int, as_json: bool, sink: JsonlSink | None = None) -> int:
         try:
             _summary(landed, elapsed)
         except BrokenPipeError:
-            _silence_stdout()
+            silence_stdout()
     exactly_once = len(landed) == spawned and len({e.task_id for e in landed}) == spawned
     if not exactly_once:
         print(f"error: {spawned} spawns but {len(landed)} envelopes", file=sys.stderr)

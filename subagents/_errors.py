@@ -9,8 +9,10 @@ Every exception the library raises on purpose derives from :class:`SubagentsErro
     ├── UnknownTask(SubagentsError, LookupError)     no task with that id (names close matches)
     ├── SpawnRejected(SubagentsError)                depth limit, closed session, closed manager
     ├── MailboxFull(SubagentsError)                  a new key beyond the mailbox capacity
-    └── RunnerReturnError(SubagentsError, TypeError) a runner returned no Result (or str),
-                                                     or one with a field of the wrong type
+    ├── RunnerReturnError(SubagentsError, TypeError) a runner returned no Result (or str),
+    │                                                or one with a field of the wrong type
+    └── StoreError(SubagentsError)                   subagents.store: the durable store cannot
+                                                     open, read or write its file (``reason``)
 
     TransientError(Exception)                        raised by runners, never by the library
 
@@ -19,6 +21,8 @@ failure worth retrying under the agent's :class:`~subagents.RetryPolicy`, so an
 ``except SubagentsError`` meant for the library's refusals never catches a runner's own
 failure. ``RunnerReturnError`` is raised inside a child (by :func:`~subagents.run_local`)
 and ends up in its envelope, as ``error_type`` ``subagents.RunnerReturnError``.
+``StoreError`` is defined by the store package (an edge the core never imports), so it is
+imported from ``subagents.store``.
 
 Messages are built in ``__init__`` from the data, which stays available on attributes.
 They speak to the programmer who called the library; what a model should do about an error

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from ._handle import SpawnHandle
+    from ._record import ChildRecord
 
 __all__ = ["MAX_CANDIDATES", "IdIndex", "live_ids_sentence"]
 
@@ -89,7 +89,7 @@ class IdIndex:
         return ranked[:3]
 
 
-def live_ids_sentence(session_id: str | None, live: Collection[SpawnHandle]) -> str:
+def live_ids_sentence(session_id: str | None, live: Collection[ChildRecord]) -> str:
     """A sentence naming the unfinished tasks of ``session_id`` (empty without one).
 
     ``live`` holds only unfinished tasks (the manager's live set of the session), so ten
@@ -99,6 +99,6 @@ def live_ids_sentence(session_id: str | None, live: Collection[SpawnHandle]) -> 
         return ""
     if not live:
         return f"Session {session_id!r} has no unfinished tasks."
-    shown = [h.task_id for h in itertools.islice(live, _SHOWN)]
+    shown = [r.task_id for r in itertools.islice(live, _SHOWN)]
     more = f" (+{len(live) - len(shown)} more)" if len(live) > len(shown) else ""
     return f"Unfinished tasks of session {session_id!r}: {', '.join(shown)}{more}."

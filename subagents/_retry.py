@@ -1,8 +1,10 @@
-"""Retries of transient runner failures: the only module that imports tenacity."""
+"""Retries: of transient runner failures (async, under a watchdog), and of a blocking call
+in a thread (the store's SQLite transactions). The only module that imports tenacity."""
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -13,7 +15,7 @@ import tenacity
 from ._errors import ConfigError, TransientError
 from ._validators import count, number
 
-__all__ = ["RetryPolicy", "run_with_retries"]
+__all__ = ["RetryPolicy", "call_with_retries", "run_with_retries"]
 
 T = TypeVar("T")
 
@@ -114,3 +116,35 @@ async def run_with_retries(
         with trial:
             return await attempt(trial.retry_state.attempt_number)
     raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
+
+
+def call_with_retries(
+    fn: Callable[[], T],
+    *,
+    retry_if: Callable[[BaseException], bool],
+    timeout: float,
+    first_wait: float = 0.001,
+    max_wait: float = 0.05,
+) -> T:
+    """Call ``fn()`` until it returns, retrying the exceptions ``retry_if`` accepts.
+
+    Blocking: the backoff between tries (random exponential, from ``first_wait`` up to
+    ``max_wait`` seconds) sleeps the calling thread, so this is for worker threads, or for a
+    call whose retries are rare and short. Retries stop ``timeout`` seconds after the first
+    failure; then, as for an exception ``retry_if`` rejects, the last exception is re-raised
+    unchanged. The first try runs outside tenacity's machinery (its setup costs more than a
+    short call), so a call that succeeds at once costs nothing extra.
+    """
+    try:
+        return fn()
+    except Exception as exc:
+        if not retry_if(exc):
+            raise
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_delay(timeout),
+        wait=tenacity.wait_random_exponential(multiplier=first_wait, max=max_wait),
+        retry=tenacity.retry_if_exception(retry_if),
+        sleep=time.sleep,
+        reraise=True,
+    )
+    return retrying(fn)

@@ -19,6 +19,7 @@ from ._retry import RetryPolicy
 from ._validators import count, seconds
 
 if TYPE_CHECKING:
+    # An import back up the graph, for annotations only: a runner takes a RunContext.
     from ._context import RunContext
 
 __all__ = [

@@ -1,24 +1,11 @@
 """OpenTelemetry spans, baggage and metrics: the only module that imports opentelemetry.
 
-Only ``opentelemetry-api`` is used; the SDK and exporters belong to the application. The
-conventions are the OpenTelemetry GenAI agent spans (``invoke_agent {agent}``,
-``execute_tool {tool}``, ``gen_ai.agent.*``, ``gen_ai.usage.*``) and metrics
-(``gen_ai.client.operation.duration``, ``gen_ai.client.token.usage``); what they do not
-define is named under ``subagents.``, and the deprecated ``gen_ai.system`` is never
-written. See ``design/observability.md``.
-
-Cost: a :class:`Telemetry` decides once, when the manager is entered, whether its tracer
-and meter record anything: the providers given in ``SubagentConfig``, else the global ones,
-through ``get_tracer`` / ``get_meter`` and public checks only (the API's proxy and no-op
-tracers, and a global meter provider without the SDK's ``force_flush`` / ``shutdown``,
-record nothing). When neither does, or ``SubagentConfig.tracing`` is off,
-:meth:`Telemetry.start` is never called and a spawn pays one attribute check; no span,
-context or dict is created.
-
-Context: the caller's OpenTelemetry context is captured when ``spawn`` is called and
-attached around the child's runner, so the child's ``invoke_agent`` span is a child of the
-span that was current at spawn time, although the child runs in the manager's worker task
-group (whose inherited context belongs to whoever started the worker).
+Only ``opentelemetry-api`` is used; the SDK and exporters belong to the application. This
+module resolves the providers, opens and ends each child's ``invoke_agent`` span and each
+tool call's ``execute_tool`` span, carries the context and baggage, and feeds the metric
+instruments; what it writes is decided by the pure :mod:`._semconv` (names, attributes)
+and :mod:`._metrics` (instruments, points). A manager whose providers record nothing pays
+one attribute check per spawn. See ``design/observability.md``.
 """
 
 from __future__ import annotations
@@ -27,64 +14,34 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from time import perf_counter
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final, TypeAlias, cast
 
 from opentelemetry import baggage, context, metrics, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from ._json import dumps_str
+from . import _metrics, _semconv
+from ._envelope import Status
+from ._handle import record_of
+from ._semconv import INSTRUMENTATION, Attributes
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.util.types import AttributeValue
 
     from ._context import RunContext
     from ._envelope import DelegateResult
     from ._handle import SpawnHandle
+    from ._record import ChildRecord
     from ._spec import AgentSpec, Request, Result, SubagentConfig
 
-__all__ = [
-    "BAGGAGE_AGENT_PATH",
-    "BAGGAGE_CONVERSATION_ID",
-    "BAGGAGE_TASK_ID",
-    "DEFAULT_PROVIDER",
-    "TOOL_CONTENT_LIMIT",
-    "Telemetry",
-    "ToolSpan",
-    "tool_span",
-]
+__all__ = ["Telemetry", "ToolSpan", "tool_span"]
 
-INSTRUMENTATION: Final = "subagents"
 logger = logging.getLogger("subagents.tracing")
-
-BAGGAGE_CONVERSATION_ID: Final = "gen_ai.conversation.id"
-"""Baggage key: the root session id shared by the whole delegation tree."""
-BAGGAGE_AGENT_PATH: Final = "subagents.agent_path"
-"""Baggage key: the running child's agent path."""
-BAGGAGE_TASK_ID: Final = "subagents.task_id"
-"""Baggage key: the running child's task id."""
-
-DEFAULT_PROVIDER: Final = "subagents"
-"""``gen_ai.provider.name`` when ``AgentSpec.provider`` is not given. The attribute is
-Required on ``invoke_agent`` and its metrics; its well-known values name model vendors, and a
-custom value is allowed when none applies: a runner may be any callable, so what the library
-knows for certain is that the subagents runtime invoked the agent."""
-TOOL_CONTENT_LIMIT: Final = 4096
-"""Bound (characters) of ``gen_ai.tool.call.arguments`` / ``.result``; a cut value ends in
-an ellipsis (and is no longer valid JSON)."""
-
-# The bucket boundaries the GenAI metric conventions advise for these two histograms.
-_DURATION_BUCKETS: Final = (
-    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
-)  # fmt: skip
-_TOKEN_BUCKETS: Final = tuple(float(4**i) for i in range(14))
-
-EVENT_QUEUED: Final = "queued"
-EVENT_STARTED: Final = "started"
-EVENT_WATCHDOG: Final = "watchdog.fired"
 
 _TELEMETRY_KEY: Final = context.create_key("subagents-telemetry")
 _EMPTY_CONTEXT: Final = context.Context()
+
+_Record: TypeAlias = Callable[[float, Attributes], None]
+"""An instrument's ``record`` (a histogram) or ``add`` (a counter)."""
 
 
 def _real_tracer(provider: trace.TracerProvider) -> trace.Tracer | None:
@@ -96,27 +53,50 @@ def _real_tracer(provider: trace.TracerProvider) -> trace.Tracer | None:
     return tracer
 
 
-def _is_sdk_meter_provider(provider: object) -> bool:
-    """Whether the global meter provider is an implementation rather than the API's
-    placeholder.
+def _real_meter(provider: object | None) -> metrics.Meter | None:
+    """The meter of ``provider`` (default: the global one), or ``None`` when it records
+    nothing.
 
-    The API gives its placeholder no public name, so this asks what the specification
-    requires of every SDK ``MeterProvider`` and the placeholder lacks: ``force_flush`` and
-    ``shutdown``.
+    A provider given explicitly is used, whatever it is, unless it is the no-op one. The
+    API gives the global placeholder no public name, so the global provider is used only if
+    it has what the specification requires of every SDK ``MeterProvider`` and the
+    placeholder lacks: ``force_flush`` and ``shutdown``.
     """
+    given = provider is not None
+    if not given:
+        provider = metrics.get_meter_provider()
     if isinstance(provider, metrics.NoOpMeterProvider):
-        return False
-    return callable(getattr(provider, "force_flush", None)) and callable(
-        getattr(provider, "shutdown", None)
-    )
+        return None
+    if not given and not (
+        callable(getattr(provider, "force_flush", None))
+        and callable(getattr(provider, "shutdown", None))
+    ):
+        return None
+    return cast("metrics.MeterProvider", provider).get_meter(INSTRUMENTATION)
+
+
+def _instruments(meter: metrics.Meter) -> dict[str, _Record]:
+    """Every instrument of :data:`._metrics.INSTRUMENTS`, by name, as its recording call."""
+    make: dict[str, Callable[[_metrics.Instrument], _Record]] = {
+        "histogram": lambda i: (
+            meter.create_histogram(
+                i.name, i.unit, i.description, explicit_bucket_boundaries_advisory=i.buckets
+            ).record
+        ),
+        "counter": lambda i: meter.create_counter(i.name, i.unit, i.description).add,
+        "up_down_counter": lambda i: (
+            meter.create_up_down_counter(i.name, i.unit, i.description).add
+        ),
+    }
+    return {i.name: make[i.kind](i) for i in _metrics.INSTRUMENTS}
 
 
 class _TaskTrace:
-    """Per-task tracing state, kept in ``SpawnHandle._trace``."""
+    """Per-task tracing state, kept in ``ChildRecord._trace``."""
 
     __slots__ = (
-        "active_count",
         "conversation_id",
+        "counted",
         "ctx",
         "running",
         "span",
@@ -126,14 +106,15 @@ class _TaskTrace:
 
     def __init__(self, span: trace.Span | None, ctx: Context, conversation_id: str) -> None:
         self.span = span
-        # Outlives the span (wait_agent links to it after the child ended); the handle
+        # Outlives the span (wait_agent links to it after the child ended); the record
         # holding it is the manager's, so the bookkeeping is per manager.
         self.span_context = span.get_span_context() if span is not None else None
         self.ctx = ctx
         self.conversation_id = conversation_id
         self.running = False
         self.started_at = 0.0
-        self.active_count: metrics.UpDownCounter | None = None  # incremented at start
+        self.counted = False
+        """Whether its start counted it in ``subagents.active`` (undone at its end)."""
 
 
 class Telemetry:
@@ -150,15 +131,11 @@ class Telemetry:
     """
 
     __slots__ = (
-        "_active_count",
-        "_duration",
         "_meter_provider",
-        "_queue_wait",
-        "_tokens",
+        "_records",
         "_tracer",
         "_tracer_provider",
         "_tracing",
-        "_watchdog",
         "active",
         "capture_content",
     )
@@ -176,11 +153,7 @@ class Telemetry:
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._tracer: trace.Tracer | None = None
-        self._duration: metrics.Histogram | None = None
-        self._tokens: metrics.Histogram | None = None
-        self._active_count: metrics.UpDownCounter | None = None
-        self._queue_wait: metrics.Histogram | None = None
-        self._watchdog: metrics.Counter | None = None
+        self._records: dict[str, _Record] | None = None
         self.active = False
         """True when spans or metrics are recorded (the manager skips every hook otherwise)."""
 
@@ -202,291 +175,190 @@ class Telemetry:
         if not self._tracing:
             return
         try:
-            self._resolve()
+            tp = self._tracer_provider
+            provider = tp if tp is not None else trace.get_tracer_provider()
+            self._tracer = _real_tracer(cast("trace.TracerProvider", provider))
+            meter = _real_meter(self._meter_provider)
+            if meter is not None:
+                self._records = _instruments(meter)
         except Exception:  # a broken provider must not stop the manager: it runs untraced
             logger.exception("resolving the tracer and meter failed; subagents run untraced")
             self._clear()
             return
-        self.active = self._tracer is not None or self._duration is not None
+        self.active = self._tracer is not None or self._records is not None
 
     def _clear(self) -> None:
         self._tracer = None
-        self._duration = self._tokens = None
-        self._active_count = self._queue_wait = self._watchdog = None
+        self._records = None
         self.active = False
 
-    def _resolve(self) -> None:
-        tp = self._tracer_provider
-        tracer_provider = cast(
-            "trace.TracerProvider", tp if tp is not None else trace.get_tracer_provider()
-        )
-        self._tracer = _real_tracer(tracer_provider)
-        mp = self._meter_provider
-        if mp is None:
-            mp = metrics.get_meter_provider()
-            real_meter = _is_sdk_meter_provider(mp)
-        else:  # given explicitly: used, whatever it is, unless it is the no-op one
-            real_meter = not isinstance(mp, metrics.NoOpMeterProvider)
-        if real_meter:
-            meter = cast("metrics.MeterProvider", mp).get_meter(INSTRUMENTATION)
-            self._duration = meter.create_histogram(
-                "gen_ai.client.operation.duration",
-                unit="s",
-                description="GenAI operation duration: the run time of a subagent "
-                "(gen_ai.operation.name=invoke_agent, from its start, queue excluded).",
-                explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
-            )
-            self._tokens = meter.create_histogram(
-                "gen_ai.client.token.usage",
-                unit="{token}",
-                description="Number of input and output tokens a subagent reported.",
-                explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
-            )
-            self._active_count = meter.create_up_down_counter(
-                "subagents.active", unit="{agent}", description="Subagents running now."
-            )
-            self._queue_wait = meter.create_histogram(
-                "subagents.queue.wait",
-                unit="s",
-                description="Time a spawned subagent waited for a concurrency slot.",
-            )
-            self._watchdog = meter.create_counter(
-                "subagents.watchdog.fired",
-                unit="{agent}",
-                description="Subagents stopped by their watchdog.",
-            )
+    def _record(self, points: Iterable[_metrics.Point]) -> None:
+        records = self._records
+        if records is not None:
+            for name, value, attributes in points:
+                records[name](value, attributes)
 
     # ----------------------------------------------------------------- manager hooks
 
-    def start(self, handle: SpawnHandle, parent: SpawnHandle | None) -> _TaskTrace | None:
+    def start(self, record: ChildRecord, parent: ChildRecord | None) -> _TaskTrace | None:
         """At spawn time, in the caller's task: capture its context and open the span.
 
         Never raises: if the tracing machinery fails, the task runs untraced.
         """
         try:
-            return self._start(handle, parent)
+            return self._start(record, parent)
         except Exception:
             logger.exception(
-                "tracing the spawn of task %s failed; it runs untraced", handle.task_id
+                "tracing the spawn of task %s failed; it runs untraced", record.task_id
             )
             return None
 
-    def _start(self, handle: SpawnHandle, parent: SpawnHandle | None) -> _TaskTrace:
+    def _start(self, record: ChildRecord, parent: ChildRecord | None) -> _TaskTrace:
         captured = context.get_current()
-        parent_trace = parent._trace if parent is not None else None
+        parent_trace = parent.trace if parent is not None else None
         if isinstance(parent_trace, _TaskTrace):
             conversation_id = parent_trace.conversation_id
         else:
-            conversation_id = _root_session(handle)
+            conversation_id = _root_session(record)
         span: trace.Span | None = None
         ctx = captured
         if self._tracer is not None:
-            spec = handle._spec
-            request = handle._request
-            attributes: dict[str, AttributeValue] = {
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": spec.name,
-                "gen_ai.agent.id": handle.task_id,
-                "gen_ai.agent.description": spec.description,
-                "gen_ai.conversation.id": conversation_id,
-                "subagents.task_id": handle.task_id,
-                "subagents.agent_path": str(handle.agent_path),
-                "subagents.parent_path": str(handle.parent_path),
-                "subagents.session_id": handle.session_id,
-                "subagents.mode": "execute" if handle.sync else "spawn",
-            }
-            attributes["gen_ai.provider.name"] = spec.provider or DEFAULT_PROVIDER
-            model = request.model if request.model is not None else spec.model
-            if model:
-                attributes["gen_ai.request.model"] = model
-            if self.capture_content:
-                _content_attributes(attributes, request)
             span = self._tracer.start_span(
-                f"invoke_agent {spec.name}",
+                f"invoke_agent {record.spec.name}",
                 context=captured,
                 kind=SpanKind.INTERNAL,
-                attributes=attributes,
+                attributes=self._start_attributes(record, conversation_id),
             )
             ctx = trace.set_span_in_context(span, captured)
-        ctx = baggage.set_baggage(BAGGAGE_CONVERSATION_ID, conversation_id, ctx)
-        ctx = baggage.set_baggage(BAGGAGE_AGENT_PATH, str(handle.agent_path), ctx)
-        ctx = baggage.set_baggage(BAGGAGE_TASK_ID, handle.task_id, ctx)
+        ctx = baggage.set_baggage(_semconv.BAGGAGE_CONVERSATION_ID, conversation_id, ctx)
+        ctx = baggage.set_baggage(_semconv.BAGGAGE_AGENT_PATH, str(record.agent_path), ctx)
+        ctx = baggage.set_baggage(_semconv.BAGGAGE_TASK_ID, record.task_id, ctx)
         ctx = context.set_value(_TELEMETRY_KEY, self, ctx)
         return _TaskTrace(span, ctx, conversation_id)
 
-    def queued(self, handle: SpawnHandle) -> None:
+    def _start_attributes(self, record: ChildRecord, conversation_id: str) -> Attributes:
+        spec = record.spec
+        request = record.request
+        attributes = _semconv.invoke_agent_attributes(
+            agent=spec.name,
+            description=spec.description,
+            provider=spec.provider,
+            model=request.model if request.model is not None else spec.model,
+            task_id=record.task_id,
+            agent_path=str(record.agent_path),
+            parent_path=str(record.parent_path),
+            session_id=record.session_id,
+            conversation_id=conversation_id,
+            sync=record.sync,
+        )
+        if self.capture_content:
+            attributes.update(_semconv.input_attributes(request.prompt, request.input))
+        return attributes
+
+    def queued(self, record: ChildRecord) -> None:
         """A spawn entered the queue. Never raises."""
-        state = handle._trace
+        state = record.trace
         if isinstance(state, _TaskTrace) and state.span is not None:
             try:
                 state.span.add_event(
-                    EVENT_QUEUED, {"subagents.queue_position": handle.queue_position}
+                    _semconv.EVENT_QUEUED, {"subagents.queue_position": record.queue_position}
                 )
             except Exception:
-                logger.exception("tracing the queueing of task %s failed", handle.task_id)
+                logger.exception("tracing the queueing of task %s failed", record.task_id)
 
     async def run(
         self,
         backend: Callable[[AgentSpec, Request, RunContext], Awaitable[Result]],
-        handle: SpawnHandle,
+        record: ChildRecord,
         ctx: RunContext,
     ) -> Result:
-        """Run ``backend`` for ``handle`` with the spawn-time context attached."""
-        state = handle._trace
+        """Run ``backend`` for ``record`` with the spawn-time context attached."""
+        state = record.trace
         assert isinstance(state, _TaskTrace)
         try:
-            self._started(handle, state)
+            self._started(record, state)
         except Exception:
-            logger.exception("tracing the start of task %s failed", handle.task_id)
+            logger.exception("tracing the start of task %s failed", record.task_id)
         token = context.attach(state.ctx)
         try:
-            return await backend(handle._spec, handle._request, ctx)
+            return await backend(record.spec, record.request, ctx)
         finally:
             context.detach(token)
 
-    def _started(self, handle: SpawnHandle, state: _TaskTrace) -> None:
+    def _started(self, record: ChildRecord, state: _TaskTrace) -> None:
         state.running = True
         state.started_at = perf_counter()
-        queue_s = 0.0 if handle._started_at is None else handle._started_at - handle._spawned_at
+        queue_s = 0.0 if record.started_at is None else record.started_at - record.spawned_at
         if state.span is not None:
-            state.span.add_event(EVENT_STARTED)
+            state.span.add_event(_semconv.EVENT_STARTED)
             state.span.set_attribute("subagents.queue_ms", int(queue_s * 1000))
-        if self._active_count is not None:
-            agent = {"gen_ai.agent.name": handle._spec.name}
-            state.active_count = self._active_count
-            self._active_count.add(1, agent)
-            if self._queue_wait is not None and not handle.sync:
-                self._queue_wait.record(max(queue_s, 0.0), agent)
+        if self._records is not None:
+            state.counted = True
+            self._record(_metrics.start_points(record.spec.name, None if record.sync else queue_s))
 
-    def finish(self, handle: SpawnHandle, envelope: DelegateResult) -> None:
-        """The one envelope of ``handle`` exists: close the span, record the metrics.
+    def finish(self, record: ChildRecord, envelope: DelegateResult) -> None:
+        """The one envelope of ``record`` exists: close the span, record the metrics.
 
         Never raises (it runs on the delivery path of the envelope).
         """
-        state = handle._trace
+        state = record.trace
         if not isinstance(state, _TaskTrace):
             return
         try:
-            self._finish(handle, state, envelope)
+            self._finish(record, state, envelope)
         except Exception:
-            logger.exception("tracing the end of task %s failed", handle.task_id)
+            logger.exception("tracing the end of task %s failed", record.task_id)
 
-    def _finish(self, handle: SpawnHandle, state: _TaskTrace, envelope: DelegateResult) -> None:
-        status = envelope.status.value
-        failed = status != "completed"
-        error_type = (envelope.error_type or status) if failed else ""
+    def _finish(self, record: ChildRecord, state: _TaskTrace, envelope: DelegateResult) -> None:
         span = state.span
         if span is not None:
-            usage = envelope.usage
-            attributes: dict[str, AttributeValue] = {
-                "gen_ai.usage.input_tokens": usage.input_tokens,
-                "gen_ai.usage.output_tokens": usage.output_tokens,
-                "subagents.status": status,
-                "subagents.iterations": envelope.iterations,
-                "subagents.queue_ms": envelope.queue_ms,
-            }
-            if envelope.attempts != 1:
-                attributes["subagents.attempts"] = envelope.attempts
-            if failed:
-                attributes["error.type"] = error_type
-            if self.capture_content and envelope.output:
-                attributes["gen_ai.output.messages"] = dumps_str(
-                    [
-                        {
-                            "role": "assistant",
-                            "parts": [{"type": "text", "content": envelope.output}],
-                        }
-                    ]
-                )
-            span.set_attributes(attributes)
-            if status == "timeout":
-                span.add_event(EVENT_WATCHDOG, {"subagents.timeout_s": handle._timeout or 0.0})
-                span.set_status(StatusCode.ERROR, envelope.error)
-            elif status == "error":
-                span.add_event(
-                    "exception",
-                    {"exception.type": error_type, "exception.message": envelope.error},
-                )
-                span.set_status(StatusCode.ERROR, envelope.error)
-            span.end()
             state.span = None  # the manager keeps handles; do not keep ended spans alive
+            self._end_span(span, record, envelope)
         state.ctx = _EMPTY_CONTEXT
-        agent = {"gen_ai.agent.name": handle._spec.name}
-        if state.active_count is not None:
-            state.active_count.add(-1, agent)
-            state.active_count = None
-        if self._duration is not None:
+        if self._records is not None:
             if state.running:
                 elapsed = perf_counter() - state.started_at
             else:
                 elapsed = envelope.duration_ms / 1000
-            attrs = _metric_attributes(handle)
-            usage = envelope.usage
-            if self._tokens is not None and (usage.input_tokens or usage.output_tokens):
-                for token_type, count in (
-                    ("input", usage.input_tokens),
-                    ("output", usage.output_tokens),
-                ):
-                    self._tokens.record(count, {**attrs, "gen_ai.token.type": token_type})
-            if failed:
-                attrs["error.type"] = error_type
-            self._duration.record(elapsed, attrs)
-            if status == "timeout" and self._watchdog is not None:
-                self._watchdog.add(1, agent)
+            spec = record.spec
+            request = record.request
+            operation = _metrics.operation_attributes(
+                spec.name,
+                spec.provider,
+                request.model if request.model is not None else spec.model,
+            )
+            counted, state.counted = state.counted, False
+            self._record(_metrics.end_points(envelope, operation, elapsed=elapsed, counted=counted))
         state.running = False
 
-
-def _root_session(handle: SpawnHandle) -> str:
-    """The session at the top of ``handle``'s tree (a child's session is its task id)."""
-    tasks = handle._manager._tasks
-    session = handle.session_id
-    owner = tasks.get(session)
-    while owner is not None and owner.session_id != session:
-        session = owner.session_id
-        owner = tasks.get(session)
-    return session
-
-
-def _metric_attributes(handle: SpawnHandle) -> dict[str, AttributeValue]:
-    spec = handle._spec
-    request = handle._request
-    attrs: dict[str, AttributeValue] = {
-        "gen_ai.operation.name": "invoke_agent",
-        "gen_ai.provider.name": spec.provider or DEFAULT_PROVIDER,
-        "gen_ai.agent.name": spec.name,
-    }
-    model = request.model if request.model is not None else spec.model
-    if model:
-        attrs["gen_ai.request.model"] = model
-    return attrs
+    def _end_span(self, span: trace.Span, record: ChildRecord, envelope: DelegateResult) -> None:
+        span.set_attributes(_semconv.end_attributes(envelope, capture_content=self.capture_content))
+        if envelope.status is Status.TIMEOUT:
+            span.add_event(_semconv.EVENT_WATCHDOG, {"subagents.timeout_s": record.timeout or 0.0})
+            span.set_status(StatusCode.ERROR, envelope.error)
+        elif envelope.status is Status.ERROR:
+            span.add_event(_semconv.EVENT_EXCEPTION, _semconv.exception_attributes(envelope))
+            span.set_status(StatusCode.ERROR, envelope.error)
+        span.end()
 
 
-def _content_attributes(attributes: dict[str, AttributeValue], request: Request) -> None:
-    if request.prompt:
-        attributes["gen_ai.system_instructions"] = dumps_str(
-            [{"type": "text", "content": request.prompt}]
-        )
-    attributes["gen_ai.input.messages"] = dumps_str(
-        [{"role": "user", "parts": [{"type": "text", "content": request.input}]}]
-    )
+def _root_session(record: ChildRecord) -> str:
+    """The session at the top of ``record``'s tree (a child's session is its task id)."""
+    return record.root_session
 
 
 # --------------------------------------------------------------------- tool spans
 
-_global_tracer_cache: list[object] = [None, None]  # [provider, tracer]
 
-
-def _global_tracer() -> trace.Tracer | None:
-    """The global provider's tracer (``None`` without an SDK), looked up again only when
-    the global provider changes."""
-    provider = trace.get_tracer_provider()
-    cache = _global_tracer_cache
-    if cache[0] is provider:
-        tracer = cache[1]
-        return tracer if isinstance(tracer, trace.Tracer) else None
-    tracer = _real_tracer(provider)
-    cache[0], cache[1] = provider, tracer
-    return tracer
+def _tool_tracer(telemetry: Telemetry | None, current: Context) -> trace.Tracer | None:
+    """The tracer of a tool call: ``telemetry``'s; without one, that of the manager whose
+    child is running (found in ``current``), else the global provider's."""
+    if telemetry is None:
+        found = context.get_value(_TELEMETRY_KEY, current)
+        if not isinstance(found, Telemetry):
+            return _real_tracer(trace.get_tracer_provider())
+        telemetry = found
+    return telemetry._tracer
 
 
 class ToolSpan:
@@ -518,9 +390,10 @@ class ToolSpan:
 
     def set_result(self, text: str) -> None:
         """Record a successful call's result as ``gen_ai.tool.call.result``, bounded to
-        :data:`TOOL_CONTENT_LIMIT` (callers pass it only under ``capture_content``)."""
+        :data:`._semconv.TOOL_CONTENT_LIMIT` (callers pass it only under
+        ``capture_content``)."""
         if self._span is not None:
-            self._span.set_attribute("gen_ai.tool.call.result", _bounded(text))
+            self._span.set_attribute("gen_ai.tool.call.result", _semconv.bounded_content(text))
 
     def link_tasks(self, handles: Iterable[SpawnHandle]) -> None:
         """Link this span to the ``invoke_agent`` spans of the given children.
@@ -531,7 +404,7 @@ class ToolSpan:
         if span is None:
             return
         for handle in handles:
-            state = handle._trace
+            state = record_of(handle).trace
             if isinstance(state, _TaskTrace) and state.span_context is not None:
                 span.add_link(state.span_context, {"subagents.task_id": handle.task_id})
 
@@ -547,13 +420,15 @@ def tool_span(
     transfer_target: str | None = None,
     description: str | None = None,
     arguments: str | None = None,
+    telemetry: Telemetry | None = None,
 ) -> Iterator[ToolSpan]:
     """Wrap one tool execution in an ``execute_tool {tool}`` span (kind INTERNAL).
 
-    The span is current inside the block, so a child spawned there is its child. Inside a
-    subagent the tracer is its manager's (honouring ``SubagentConfig.tracing``); elsewhere
-    the global provider's. An exception escaping the block is recorded and sets status
-    ERROR; cancellation is not an error.
+    The span is current inside the block, so a child spawned there is its child. The
+    tracer is that of the manager the tool acts on (``telemetry``, honouring its
+    ``SubagentConfig``: its providers, and no span with ``tracing=False``); without one,
+    inside a subagent its manager's, elsewhere the global provider's. An exception
+    escaping the block is recorded and sets status ERROR; cancellation is not an error.
 
     Args:
         tool: the tool's name.
@@ -562,36 +437,23 @@ def tool_span(
         description: the tool's description (``gen_ai.tool.description``).
         arguments: the call's arguments as JSON text, recorded (bounded) as
             ``gen_ai.tool.call.arguments``; pass them only under ``capture_content``.
+        telemetry: the telemetry of the manager the tool acts on.
     """
     current = context.get_current()
-    telemetry = context.get_value(_TELEMETRY_KEY, current)
-    tracer = telemetry._tracer if isinstance(telemetry, Telemetry) else _global_tracer()
+    tracer = _tool_tracer(telemetry, current)
     if tracer is None:
         yield _NO_TOOL_SPAN
         return
-    # Names and ids may come from a model (an unknown tool, a made-up agent): bounded, so a
-    # span's name and attributes never grow with what a model sends.
-    tool = _bounded_name(tool)
-    attributes: dict[str, AttributeValue] = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": tool,
-        "gen_ai.tool.type": "function",
-    }
-    if call_id:
-        attributes["gen_ai.tool.call.id"] = _bounded_name(call_id)
-    if description:
-        attributes["gen_ai.tool.description"] = description
-    if arguments is not None:
-        attributes["gen_ai.tool.call.arguments"] = _bounded(arguments)
-    if transfer_target:
-        # The GenAI conventions' transfer attributes (gen_ai.transfer.*) exist only in an
-        # in-development refinement of execute_tool, so these stay in our namespace.
-        attributes["subagents.transfer.mode"] = "return_to_caller"
-        attributes["subagents.transfer.target.name"] = _bounded_name(transfer_target)
-        attributes["subagents.transfer.target.type"] = "agent"
-    conversation_id = baggage.get_baggage(BAGGAGE_CONVERSATION_ID, current)
-    if isinstance(conversation_id, str):
-        attributes["gen_ai.conversation.id"] = conversation_id
+    tool = _semconv.bounded_name(tool)  # it may come from a model: an unknown tool
+    conversation_id = baggage.get_baggage(_semconv.BAGGAGE_CONVERSATION_ID, current)
+    attributes = _semconv.tool_attributes(
+        tool,
+        call_id=call_id,
+        description=description,
+        arguments=arguments,
+        transfer_target=transfer_target,
+        conversation_id=conversation_id if isinstance(conversation_id, str) else None,
+    )
     with tracer.start_as_current_span(
         f"execute_tool {tool}",
         kind=SpanKind.INTERNAL,
@@ -603,26 +465,6 @@ def tool_span(
             yield ToolSpan(span)
         except Exception as exc:
             span.record_exception(exc)
-            span.set_attribute("error.type", _qualified_name(exc))
+            span.set_attribute("error.type", _semconv.qualified_name(exc))
             span.set_status(StatusCode.ERROR, str(exc) or None)
             raise
-
-
-_NAME_LIMIT: Final = 128  # characters of a tool, agent or call id name in a span
-
-
-def _bounded_name(name: str) -> str:
-    return name if len(name) <= _NAME_LIMIT else name[: _NAME_LIMIT - 1] + "…"
-
-
-def _bounded(text: str) -> str:
-    if len(text) <= TOOL_CONTENT_LIMIT:
-        return text
-    return text[: TOOL_CONTENT_LIMIT - 1] + "…"
-
-
-def _qualified_name(exc: BaseException) -> str:
-    cls = type(exc)
-    if cls.__module__ in ("builtins", "__main__"):
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"

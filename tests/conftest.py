@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from subagents._json import JSONValue
 from subagents.tools import Tool, ToolResult
+from subagents.typing import JSONValue
 from tests.schema_check import details_problems
 
 

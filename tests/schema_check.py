@@ -7,8 +7,9 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from subagents._json import JSONValue, dumps
+from subagents._json import dumps
 from subagents.tools import Tool
+from subagents.typing import JSONValue
 
 _VALIDATORS: dict[tuple[bytes, bool], Draft202012Validator] = {}
 

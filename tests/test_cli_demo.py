@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import anyio
@@ -155,6 +156,7 @@ def test_demo_on_a_backend_that_is_not_installed_is_a_one_line_error(
 ) -> None:
     import subagents._demo as demo
 
+    # private: no public way to hide an installed trio from the demo's lookup of it.
     monkeypatch.setattr(demo, "find_spec", lambda name: None if name == "trio" else object())
     assert main(["demo", "--backend", "trio"]) == 1
     captured = capsys.readouterr()
@@ -162,3 +164,48 @@ def test_demo_on_a_backend_that_is_not_installed_is_a_one_line_error(
     assert captured.err == (
         "subagents demo: --backend trio needs the trio package (pip install trio)\n"
     )
+
+
+def _demo(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "subagents", "demo", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_demo_prints_one_line_per_child_with_each_ending() -> None:
+    proc = _demo()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    landed = [
+        line
+        for line in lines
+        if line.split(" ", 1)[0] in {s.value for s in Status} and " /root" in line
+    ]
+    assert len(landed) == 14  # twelve spawns and two grandchildren, one line each
+    statuses = Counter(line.split(" ", 1)[0] for line in landed)
+    assert statuses["error"] == 1
+    assert statuses["timeout"] == 1
+    assert statuses["cancelled"] == 1
+    assert statuses["completed"] == 11
+    grandchildren = [line for line in landed if line.split()[1].count("/") == 3]
+    assert len(grandchildren) == 2
+    assert "total" in out  # the summary table
+    assert "Traceback" not in err
+
+
+def test_demo_piped_into_head_exits_without_a_traceback() -> None:
+    proc = _demo("--json")
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves, like `subagents demo | head -1`
+    proc.wait(timeout=60)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert "Traceback" not in err
+    assert "BrokenPipe" not in err

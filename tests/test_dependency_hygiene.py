@@ -161,9 +161,36 @@ def test_the_module_uses_dependencies_through_public_apis_only(path: Path) -> No
     assert found == [], "\n".join(f"{path.name}:{line}: {what}" for line, what in found)
 
 
+WRAPPED = {"orjson": "_json.py", "tenacity": "_retry.py", "opentelemetry": "_tracing.py"}
+"""Each dependency the package wraps, and the one module that imports it (anyio and attrs
+are the foundation every module builds on, so they are not wrapped)."""
+
+
+def _importers(dependency: str) -> set[str]:
+    """Every module under ``subagents/`` with an import of ``dependency`` anywhere in it
+    (under ``TYPE_CHECKING`` and inside functions too)."""
+    found = set()
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(name.split(".")[0] == dependency for name in names):
+                found.add(str(path.relative_to(PACKAGE)))
+    return found
+
+
+@pytest.mark.parametrize(("dependency", "module"), sorted(WRAPPED.items()))
+def test_a_wrapped_dependency_is_imported_in_one_module(dependency: str, module: str) -> None:
+    assert _importers(dependency) == {module}
+
+
 def test_every_module_is_checked() -> None:
     names = {p.name for p in MODULES}
-    assert {"_manager.py", "_tracing.py", "_admission.py", "__init__.py"} <= names
+    assert {"_manager.py", "_tracing.py", "_limiter.py", "__init__.py"} <= names
 
 
 @pytest.mark.parametrize(

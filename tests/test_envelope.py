@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 
+import anyio
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -350,3 +351,49 @@ def test_trusted_envelope_equals_the_attrs_built_one() -> None:
     assert fast.to_json()
     bare = {**values, "files_changed": (), "error": ""}
     assert trusted_envelope(*bare.values()) == DelegateResult(**bare)  # type: ignore[arg-type]
+
+
+def test_status_is_a_str_enum_of_the_four_endings() -> None:
+    assert {s.value for s in Status} == {"completed", "error", "timeout", "cancelled"}
+    assert Status.COMPLETED == "completed"
+    assert Status("timeout") is Status.TIMEOUT
+    assert isinstance(Status.ERROR, str)
+
+
+@pytest.mark.parametrize("max_chars", [40, 120, 200, 300, 1000, 2000])
+@pytest.mark.parametrize("status", list(Status))
+def test_a_huge_output_is_cut_to_max_chars_with_the_marker_in_view(
+    max_chars: int, status: Status
+) -> None:
+    env = make(
+        status=status,
+        output="😀" * 5000,
+        error="E" * 5000 if status != Status.COMPLETED else "",
+        agent_path="/root/general",
+        parent_path="/root",
+        usage=Usage(input_tokens=10, output_tokens=5),
+    )
+    text = env.truncated(max_chars)
+    assert len(text) <= max_chars
+    # the docstring says marker and hint stay visible down to about 200 characters
+    if max_chars >= 200:
+        assert "truncated" in text
+
+
+@pytest.mark.anyio
+async def test_an_error_inside_a_runners_task_group_is_described_by_the_error() -> None:
+    async def grouped(request: Request, ctx: RunContext) -> str:
+        async def fail() -> None:
+            raise KeyError("missing-key")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(fail)
+            await anyio.sleep_forever()
+        return ""
+
+    async with manager_with(spec("g", grouped)) as m:
+        env = await m.spawn("g", "x").wait()
+    assert env.status == Status.ERROR
+    assert env.error.startswith("KeyError")
+    assert "missing-key" in env.error
+    assert env.error_type == "KeyError"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -58,6 +59,35 @@ async def test_sink_round_trips_manager_events(tmp_path: Path) -> None:
     assert list(read_events(path)) == seen
 
 
+@pytest.mark.anyio
+async def test_sink_writes_each_event_at_once_and_nothing_after_close(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    async with SubagentManager([AgentSpec(name="ok", description="d", runner=ok)]) as m:
+        with JsonlSink(path) as sink:
+            sink.attach(m.events)
+            env = await m.spawn("ok", "x").wait()
+            size = path.stat().st_size
+            assert size > 0  # written at once, no buffering
+        await m.spawn("ok", "after close").wait()
+    lines = path.read_bytes().splitlines()  # bytes: U+2028 in the output is not a line end
+    assert all(json.loads(line) for line in lines)
+    events = list(read_events(path))
+    assert [e.to_dict() for e in events] == [json.loads(line) for line in lines]
+    assert events[-1].type == "subagent.completed"
+    assert events[-1].data == env.to_dict()
+    assert path.stat().st_size == size  # nothing written after the sink closed
+
+
+@pytest.mark.anyio
+async def test_sink_works_as_a_plain_subscriber(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    async with SubagentManager([AgentSpec(name="ok", description="d", runner=ok)]) as m:
+        with JsonlSink(str(path)) as sink:
+            m.events.subscribe(sink)
+            await m.spawn("ok", "x").wait()
+    assert len(list(read_events(path))) >= 3
+
+
 def test_sink_appends_and_stops_after_close(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_bytes(line(1) + b"\n")
@@ -73,8 +103,10 @@ def test_sink_appends_and_stops_after_close(tmp_path: Path) -> None:
 
 def test_failed_write_stops_the_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sink = JsonlSink(tmp_path / "events.jsonl")
+    # private: no public way to make a sink's next write fail (a full disk, a revoked
+    # file); closing its descriptor under it makes the next write fail with EBADF.
     assert sink._fd is not None
-    os.close(sink._fd)  # the next write fails with EBADF
+    os.close(sink._fd)
     sink.write_line(line(1))
     assert sink.closed
     assert isinstance(sink.error, OSError)
@@ -93,6 +125,7 @@ def test_failed_write_goes_to_on_error_instead_of_the_log(
     errors: list[OSError] = []
     sink = JsonlSink(tmp_path / "events.jsonl", on_error=errors.append)
     sink.write_line(line(1))
+    # private: no public way to make the next write fail (see above).
     assert sink._fd is not None
     os.close(sink._fd)
     sink.write_line(line(2))

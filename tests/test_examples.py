@@ -435,6 +435,29 @@ def test_readme_python_block_runs_as_printed(code: str, tmp_path: Path) -> None:
     assert done.returncode == 0, f"{code}\n{done.stderr}"
 
 
+def _readme_block(heading: str) -> str:
+    section = README.read_text(encoding="utf-8").split(heading, 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_readme_quick_start_prints_the_notes_of_each_topic(tmp_path: Path, backend: str) -> None:
+    code = _readme_block("## Quick start")
+    assert len(code.strip().splitlines()) <= 20
+    if backend == "trio":
+        code = code.replace("anyio.run(main)", 'anyio.run(main, backend="trio")')
+    script = tmp_path / "quick_start.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    for topic in ("anyio", "trio", "attrs"):
+        assert f"notes on {topic}" in out.stdout
+    assert out.stdout.count("status: completed") == 3
+
+
 def test_readme_starts_with_the_demo_and_the_ci_test_command() -> None:
     """README opens with two commands: install and run the demo, then run the tests; the
     second is what ``.ci/run`` runs on every interpreter."""

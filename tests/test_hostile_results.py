@@ -3,6 +3,7 @@ Result whose methods raise) end in one envelope and leave the manager running.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ from subagents import (
     SubagentManager,
     Usage,
 )
-from tests.helpers import echo, manager_with, spec
+from tests.helpers import clock_backends, echo, manager_with, spec
 
 pytestmark = pytest.mark.anyio
 
@@ -173,6 +174,22 @@ async def test_a_custom_backends_hostile_result_ends_in_one_envelope(case: str) 
     _check(envelope, status, says)
 
 
+async def test_a_custom_backend_returning_garbage_ends_in_an_error_envelope() -> None:
+    async def garbage_backend(agent_spec: AgentSpec, request: Request, ctx: RunContext) -> Any:
+        return 3.14
+
+    async def bad_result_backend(agent_spec: AgentSpec, request: Request, ctx: RunContext) -> Any:
+        return Result(output="x", usage={"input_tokens": 1})  # type: ignore[arg-type]
+
+    for backend in (garbage_backend, bad_result_backend):
+        async with SubagentManager([spec("echo", echo)], backend=backend) as m:
+            env = await m.spawn("echo", "x").wait()
+            assert env.status == Status.ERROR
+            sync = await m.execute("echo", "x")
+            assert sync.status == Status.ERROR
+        json.loads(env.to_json())
+
+
 # name: (the report, then what the envelope must say)
 REPORTS: dict[str, tuple[dict[str, Any], Callable[[DelegateResult], bool]]] = {
     **{
@@ -205,6 +222,7 @@ REPORTS: dict[str, tuple[dict[str, Any], Callable[[DelegateResult], bool]]] = {
 }
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 @pytest.mark.parametrize("case", list(REPORTS))
 async def test_a_hostile_progress_report_is_kept_as_plain_values(case: str) -> None:
     """The report lands in the envelope of a runner that then times out (the partial
@@ -230,6 +248,34 @@ async def test_a_hostile_progress_report_is_kept_as_plain_values(case: str) -> N
         completed = await _one_envelope(m, "done")
     _check(timed_out, Status.TIMEOUT, says)
     _check(completed, Status.COMPLETED, says)
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        {"usage": {"input_tokens": 1}},
+        {"output": 123},
+        {"append": b"bytes"},
+        {"iterations": "3"},
+        {"files_changed": [1, 2]},
+    ],
+)
+async def test_a_progress_report_of_the_wrong_type_ends_in_an_error_naming_the_field(
+    report: dict[str, Any],
+) -> None:
+    async def reporter(request: Request, ctx: RunContext) -> str:
+        ctx.report(**report)
+        return "unreachable"
+
+    events: list[Any] = []
+    m = manager_with(spec("r", reporter))
+    m.events.subscribe(events.append)
+    async with m:
+        env = await m.spawn("r", "x").wait()
+    assert env.status == Status.ERROR
+    assert next(iter(report)) in env.error  # names the field
+    json.loads(env.to_json())
+    assert [e.type for e in events].count("subagent.completed") == 1
 
 
 async def test_a_report_whose_paths_cannot_be_iterated_is_a_config_error() -> None:
@@ -300,6 +346,7 @@ class _HostileFloat(float):
         raise RuntimeError("add")
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 @pytest.mark.parametrize("where", ["options", "spec", "config"])
 async def test_a_hostile_timeout_number_is_kept_as_a_plain_float(where: str) -> None:
     async def stuck(request: Request, ctx: RunContext) -> str:

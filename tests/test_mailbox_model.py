@@ -1,9 +1,10 @@
-"""A hypothesis state machine: the in-memory Mailbox against a plain ordered-dict model."""
+"""The in-memory Mailbox against a plain ordered-dict model (hypothesis): a state machine
+over every operation, and the ``consumed`` hook under TTL, overwrites and a drop."""
 
 from __future__ import annotations
 
 import anyio
-from hypothesis import settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -155,3 +156,71 @@ class MailboxModel(RuleBasedStateMachine):
 
 MailboxModel.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_mailbox_matches_model = MailboxModel.TestCase
+
+
+# ---------------------------------------------------------------- the consumed hook
+
+_MAILBOX_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["put", "put", "put", "tick", "tick", "peek", "drain", "drain_all", "wait", "len"]
+        ),
+        st.sampled_from(["a", "b", "c"]),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_MAILBOX_OPS, drop_at=st.none() | st.integers(min_value=0, max_value=30))
+@example(ops=[("put", "a"), ("tick", "a"), ("tick", "a"), ("drain_all", "a")], drop_at=None)
+@example(
+    ops=[("put", "a"), ("tick", "a"), ("put", "a"), ("tick", "a"), ("drain", "a")], drop_at=None
+)
+def test_the_consumed_hook_sees_exactly_what_is_handed_out(
+    ops: list[tuple[str, str]], drop_at: int | None
+) -> None:
+    """With a TTL, overwrites of the same id, expiry and a drop: ``consumed`` is called once
+    for each envelope ``drain``/``drain_all``/``wait`` return and never otherwise (not on
+    peek, expiry, an overwrite or the drop), and ``len`` counts the unexpired entries."""
+    now = [0.0]
+    box = Mailbox(capacity=8, ttl=2.0, clock=lambda: now[0])
+    hooked: list[DelegateResult] = []
+    box.consumed = hooked.append
+    handed: list[DelegateResult] = []
+    model: dict[str, tuple[DelegateResult, float]] = {}
+    for i, (op, key) in enumerate(ops):
+        if i == drop_at:
+            box.drop()
+            model.clear()
+        model = {k: v for k, v in model.items() if v[1] > now[0]}
+        if op == "put":
+            envelope = DelegateResult(
+                agent="w", task_id=key, status=Status.COMPLETED, output=str(i)
+            )
+            assert box.put(key, envelope) is not box.closed
+            if not box.closed:
+                model.pop(key, None)
+                model[key] = (envelope, now[0] + 2.0)
+        elif op == "peek":
+            assert box.peek(key) is (model[key][0] if key in model else None)
+        elif op == "drain":
+            got = box.drain(key)
+            assert got is (model.pop(key)[0] if key in model else None)
+            if got is not None:
+                handed.append(got)
+        elif op == "drain_all":
+            got_all = box.drain_all()
+            assert got_all == [envelope for envelope, _ in model.values()]
+            model.clear()
+            handed.extend(got_all)
+        elif op == "wait":
+            got = anyio.run(box.wait, key, 0)
+            assert got is (model.pop(key)[0] if key in model else None)
+            if got is not None:
+                handed.append(got)
+        elif op == "tick":
+            now[0] += 1.5
+        else:
+            assert len(box) == len(model)
+        assert hooked == handed

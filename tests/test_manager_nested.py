@@ -13,13 +13,14 @@ from subagents import (
     Result,
     RunContext,
     SpawnHandle,
+    SpawnOptions,
     SpawnRejected,
     Status,
     SubagentManager,
     UnknownAgent,
     Usage,
 )
-from tests.helpers import Tracker, echo, manager_with, spec
+from tests.helpers import Tracker, clock_backends, echo, manager_with, session_state, spec
 
 # ---------------------------------------------------------------- nested delegation
 
@@ -39,6 +40,7 @@ async def test_nested_spawn_and_execute_paths_and_sessions() -> None:
         executed = await ctx.execute("leaf", "executed")
         got = await ctx.wait(spawned.task_id, timeout=5)
         assert got is not None
+        assert ctx.mailbox.peek(spawned.task_id) is None  # ctx.wait consumed it
         info["middle"] = ctx.task_id
         return f"{got.output} + {executed.output} ({got.agent_path}, {executed.agent_path})"
 
@@ -154,6 +156,41 @@ async def test_max_depth_one_lets_only_the_root_delegate() -> None:
 
 
 @pytest.mark.anyio
+async def test_max_depth_zero_rejects_top_level_spawn() -> None:
+    async with manager_with(spec("echo", echo), max_depth=0) as m:
+        with pytest.raises(SpawnRejected, match="max_depth is 0") as raised:
+            m.spawn("echo", "x")
+        assert raised.value.reason == "depth"
+
+
+@pytest.mark.anyio
+async def test_close_session_cancels_the_whole_subtree() -> None:
+    grandchildren: list[SpawnHandle] = []
+
+    async def mid(request: Request, ctx: RunContext) -> str:
+        grandchildren.append(ctx.spawn("f", "a"))
+        await anyio.sleep_forever()
+        return ""
+
+    async def forever(request: Request, ctx: RunContext) -> str:
+        await anyio.sleep_forever()
+        return ""
+
+    async with manager_with(spec("mid", mid), spec("f", forever)) as m:
+        parent = m.spawn("mid", "x", session_id="s")
+        await anyio.wait_all_tasks_blocked()
+        with anyio.fail_after(5):
+            await m.close_session("s")
+        assert parent.result is not None
+        assert parent.result.status == Status.CANCELLED
+        (g,) = grandchildren
+        assert g.done.is_set()
+        assert g.result is not None
+        assert g.result.status == Status.CANCELLED
+        assert m.statistics().running == 0
+
+
+@pytest.mark.anyio
 async def test_closing_a_child_session_rejects_its_later_spawns() -> None:
     tracker = Tracker()
     ready = anyio.Event()
@@ -204,6 +241,7 @@ async def test_execute_returns_envelope_without_taking_a_slot() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_execute_timeout_and_errors_are_in_the_envelope() -> None:
     async def boom(request: Request, ctx: RunContext) -> str:
         raise KeyError("k")
@@ -230,8 +268,10 @@ async def test_cancelled_execute_caller_still_records_an_envelope() -> None:
         manager.events.subscribe(
             lambda e: completed.append(e.data["status"]) if e.type == "subagent.completed" else None  # type: ignore[arg-type]
         )
-        with anyio.move_on_after(0.05):
-            await manager.execute("w")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(manager.execute, "w")
+            await tracker.entered.wait()
+            tg.cancel_scope.cancel()  # the caller of execute is cancelled
         (handle,) = manager.tasks()
         assert handle.result is not None
         assert handle.result.status is Status.CANCELLED
@@ -303,6 +343,22 @@ async def test_str_is_wrapped_and_result_is_kept() -> None:
 
 
 @pytest.mark.anyio
+async def test_request_carries_the_effective_prompt_and_model() -> None:
+    """One generic runner serves several agent types: it reads both from the request."""
+
+    async def probe(request: Request, ctx: RunContext) -> str:
+        return f"{request.prompt}|{request.model}|{','.join(request.files)}"
+
+    async with SubagentManager(
+        [spec("p", probe, prompt="spec prompt", model="spec-model"), spec("bare", probe)]
+    ) as m:
+        assert (await m.spawn("p", "x").wait()).output == "spec prompt|spec-model|"
+        options = SpawnOptions(prompt="P", model="M", files=["a.py"])
+        assert (await m.spawn("p", "x", options=options).wait()).output == "P|M|a.py"
+        assert (await m.execute("bare", "x")).output == "None|None|"
+
+
+@pytest.mark.anyio
 async def test_run_context_exposes_identity_and_deadline() -> None:
     seen: dict[str, object] = {}
 
@@ -319,6 +375,7 @@ async def test_run_context_exposes_identity_and_deadline() -> None:
             remaining=ctx.remaining(),
             now=anyio.current_time(),
             input=request.input,
+            request_agent=request.agent,
         )
         return ""
 
@@ -333,6 +390,7 @@ async def test_run_context_exposes_identity_and_deadline() -> None:
         assert seen["parent_path"] == "/root"
         assert seen["attempt"] == 1
         assert seen["input"] == "in"
+        assert seen["request_agent"] == "w"
         deadline = seen["deadline"]
         assert isinstance(deadline, float)
         assert 29 < deadline - seen["now"] <= 30  # type: ignore[operator]
@@ -360,6 +418,7 @@ async def test_result_status_given_as_text_is_accepted_or_an_error() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_undecodable_text_never_breaks_the_envelope_json() -> None:
     async def raises(request: Request, ctx: RunContext) -> str:
         raise ValueError("bad byte \udcff")
@@ -392,6 +451,7 @@ async def test_cancel_after_the_runner_returned_keeps_its_result() -> None:
     """While a finished child waits for its own children to settle, a late cancel must not
     throw its result away."""
     settling = anyio.Event()
+    cancelled_meanwhile = anyio.Event()
 
     async def slow_to_settle(request: Request, ctx: RunContext) -> str:
         try:
@@ -399,7 +459,7 @@ async def test_cancel_after_the_runner_returned_keeps_its_result() -> None:
         finally:
             settling.set()
             with anyio.CancelScope(shield=True):
-                await anyio.sleep(0.05)
+                await cancelled_meanwhile.wait()  # still settling when the cancel comes
         return ""
 
     async def parent(request: Request, ctx: RunContext) -> str:
@@ -411,6 +471,7 @@ async def test_cancel_after_the_runner_returned_keeps_its_result() -> None:
         handle = manager.spawn("p")
         await settling.wait()  # the parent's runner has returned; its child is settling
         handle.cancel()
+        cancelled_meanwhile.set()
         env = await handle.wait()
     assert env.status is Status.COMPLETED
     assert env.output == "the parent's result"
@@ -449,7 +510,7 @@ async def test_a_plain_text_result_keeps_what_the_runner_reported() -> None:
 @pytest.mark.anyio
 async def test_an_oversized_plain_text_is_still_bounded() -> None:
     """A plain text past the output bound is cut, with a marker saying how much."""
-    from subagents._child_run import MAX_OUTPUT_CHARS
+    from subagents._progress import MAX_OUTPUT_CHARS
 
     async def huge(request: Request, ctx: RunContext) -> str:
         return "x" * (MAX_OUTPUT_CHARS + 10)
@@ -488,9 +549,38 @@ async def test_a_child_session_is_released_when_it_ends() -> None:
         for agent in ("opens", "delegates", "plain"):
             handle = manager.spawn(agent)
             await handle.done.wait()
-            session = handle.task_id
-            assert session not in manager._mailboxes
-            assert session not in manager._names
-            assert session not in manager._live
+            assert session_state(manager, handle.task_id) == []
         assert len(mailboxes) == 2
         assert all(mailbox.closed for mailbox in mailboxes)  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_a_child_cancelled_in_the_queue_releases_the_mailbox_of_its_session() -> None:
+    """A queued child's session mailbox (a host watching it) is released when the child is
+    cancelled before it ran, as for a child that ran: its waiters wake, and no mailbox stays
+    behind for the manager's lifetime."""
+    gate = anyio.Event()
+
+    async def gated(request: Request, ctx: RunContext) -> str:
+        await gate.wait()
+        return request.input
+
+    async with manager_with(spec("gated", gated), max_concurrent_spawns=1) as manager:
+        with anyio.fail_after(5):
+            running = manager.spawn("gated")
+            queued = manager.spawn("gated")
+            mailbox = manager.mailbox(queued.task_id)
+            got: list[object] = []
+
+            async def reader() -> None:
+                got.append(await mailbox.wait("nothing-will-land"))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reader)
+                await anyio.wait_all_tasks_blocked()
+                assert manager.cancel(queued.task_id)
+            assert got == [None]  # woken by the drop, not left waiting until aclose
+            assert mailbox.closed
+            assert session_state(manager, queued.task_id) == []
+            gate.set()
+            await running.wait()

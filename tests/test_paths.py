@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagents import AgentPath, InvalidName, Request, RunContext
+from subagents import AgentPath, InvalidName, Request, RunContext, SpawnOptions
 from subagents._paths import MAX_NAME_LENGTH, NameAllocator
 from tests.helpers import Tracker, echo, manager_with, spec
 
@@ -96,13 +96,15 @@ async def test_spawned_names_get_suffixes_under_one_parent() -> None:
         h3 = manager.spawn("general", "3", name="GENERAL")
         h4 = manager.spawn("echo", "4", name="General")
         other = manager.spawn("general", "5", session_id="other")
+        h5 = manager.spawn("echo", "6", options=SpawnOptions(name="general"))
         assert h1.agent_path == "/root/general"
         assert h2.agent_path == "/root/general-2"
         assert h3.agent_path == "/root/GENERAL-3"
         assert h4.agent_path == "/root/General-4"
         assert other.agent_path == "/root/general"  # another parent: its own namespace
+        assert h5.agent_path == "/root/general-5"  # the name given through SpawnOptions
         tracker.open()
-        for h in (h1, h2, h3, h4, other):
+        for h in (h1, h2, h3, h4, h5, other):
             assert (await h.wait()).agent_path == h.agent_path
 
 
@@ -155,4 +157,5 @@ def test_allocator_memory_grows_with_distinct_names_not_children() -> None:
     for _ in range(10_000):
         allocator.allocate("quick")
     assert allocator.allocate("quick") == "quick-10001"
-    assert len(allocator._taken) == 1  # no public view of its state; the point is its size
+    # private: no public view of the allocator's state, and the point is its size.
+    assert len(allocator._taken) == 1

@@ -108,7 +108,8 @@ def test_a_name_made_private_warns_with_its_replacement_and_still_works(name: st
     advice = rf"subagents\.{name} is private now; read .* build_tools\(\.\.\.\)\.limits"
     with pytest.deprecated_call(match=advice):
         obj = getattr(subagents, name)
-    # The private module is the one place these names live now: no public way to read them.
+    # private: the private module is the one place these names live now, no public way to
+    # read them.
     assert obj is getattr(subagents.tools._build, name)
     # The warning, unlike an AttributeError, survives the from-import form.
     with pytest.deprecated_call(match=advice):
@@ -142,6 +143,7 @@ def test_every_library_error_is_under_subagents_error() -> None:
         "ConfigError", "InvalidName", "MailboxFull", "RunnerReturnError", "SpawnRejected",
         "SubagentsError", "TransientError", "UnknownAgent", "UnknownTask",
     }  # fmt: skip
+    assert issubclass(subagents.SubagentsError, Exception)
     for error in errors:
         # TransientError is raised by runners, never by the library (see _errors).
         assert issubclass(error, subagents.SubagentsError) != (error is subagents.TransientError)

@@ -20,15 +20,15 @@ from subagents import (
     Mailbox,
     Request,
     RunContext,
+    SpawnHandle,
     SpawnRejected,
     Status,
     SubagentConfig,
     SubagentManager,
     UnknownTask,
 )
-from subagents._handle import SpawnHandle
-from subagents.tools import build_tools
-from tests.helpers import echo, manager_with, spec
+from subagents.tools import Toolset, build_tools
+from tests.helpers import echo, has_listing, has_record, manager_with, session_state, spec
 
 pytestmark = pytest.mark.anyio
 
@@ -151,6 +151,19 @@ async def test_by_default_every_record_is_kept() -> None:
         assert all(manager.result(i) is not None for i in ids)
 
 
+async def test_wait_result_consumes_and_a_second_call_returns_it_again() -> None:
+    async with manager_with(spec("echo", echo)) as m:
+        h = m.spawn("echo", "x")
+        env = await m.wait_result(h.task_id, timeout=5)
+        assert env is not None
+        assert env.output == "x"
+        assert m.mailbox("root").peek(h.task_id) is None
+        assert h.collected
+        again = await m.wait_result(h.task_id, timeout=5)
+        assert again == env
+        assert m.result(h.task_id) == env
+
+
 # ---------------------------------------------------------------- retain 0: gone once collected
 
 
@@ -204,7 +217,7 @@ async def test_retain_zero_forgets_exactly_after_collection(how: str) -> None:
             manager.result(task_id)
         assert "retain_collected=0" in str(info.value)
         assert handle.result is not None  # the caller's handle still reads it
-        assert task_id not in manager._tasks
+        assert not has_record(manager, handle)
 
 
 async def test_retain_zero_forgets_an_execute_once_it_returns() -> None:
@@ -408,9 +421,33 @@ async def test_a_leaked_context_of_a_forgotten_child_cannot_delegate() -> None:
             await ctx.execute("echo")
         assert info.value.reason == "session_closed"
         assert ctx.mailbox.closed
-        assert handle.task_id not in manager._mailboxes
+        assert session_state(manager, handle.task_id) == []
         assert manager.tasks(handle.task_id) == []
         assert [h.task_id for h in manager.tasks()] == []
+
+
+async def test_the_tools_of_a_forgotten_child_cannot_delegate() -> None:
+    """A child's tools (``build_tools(manager, ctx.session_id)``) used after the child has
+    ended refuse to spawn or delegate, also once retention forgot its record: its id must
+    not read as a fresh root session (a child at ``/root`` with the root's permissions)."""
+    kept: list[Toolset] = []
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        kept.append(build_tools(ctx.manager, ctx.session_id))
+        return "done"
+
+    async with manager_with(spec("p", parent), spec("e", echo), retain_collected=0) as manager:
+        with anyio.fail_after(5):
+            child = manager.spawn("p")
+            await manager.wait_result(child.task_id)
+            assert not has_record(manager, child)  # forgotten
+            (tools,) = kept
+            for tool in ("spawn_agent", "delegate_to_agent"):
+                answer = await tools.call(tool, {"agent": "e", "input": "hi"})
+                assert answer.is_error, answer
+                assert answer.details["reason"] == "session_closed"
+            assert manager.tasks(child.task_id) == []
+            assert manager.statistics().spawned == 1
 
 
 async def test_a_forgotten_parent_takes_its_ended_uncollected_children_with_it() -> None:
@@ -432,18 +469,18 @@ async def test_a_forgotten_parent_takes_its_ended_uncollected_children_with_it()
             manager.handle(top.task_id)
         # Its ended child went with it, though nobody collected it: its session is over.
         assert manager.tasks(top.task_id) == []
-        assert top.task_id not in manager._by_session  # no public view of the listings
-        assert top.task_id not in manager._closed_sessions
-        assert len(manager._tasks) == 0
+        assert not has_listing(manager, top.task_id)
+        assert not manager.session_closed(top.task_id)  # nothing of it is remembered
+        assert manager.tasks() == []
 
 
 async def test_a_closed_root_session_drops_its_listing_once_empty() -> None:
     async with manager_with(spec("echo", echo), retain_collected=0) as manager:
         (task_id,) = await spawn_ended(manager, 1, session_id="s")
         await manager.close_session("s")
-        assert "s" in manager._by_session  # its child is not collected yet
+        assert has_listing(manager, "s")  # its child is not collected yet
         assert manager.forget(task_id) is not None
-        assert "s" not in manager._by_session
+        assert not has_listing(manager, "s")
         assert manager.session_closed("s")  # remembered among the recently closed
         assert manager.tasks("s") == []
 
@@ -456,21 +493,21 @@ async def test_retain_zero_holds_no_handle_after_many_drained_children() -> None
         spec("echo", echo), retain_collected=0, max_concurrent_spawns=64, mailbox_capacity=4096
     ) as manager:
         box = manager.mailbox()
+        spawned: set[str] = set()
         for _ in range(4):
             handles = [manager.spawn("echo", "x") for _ in range(500)]
+            spawned.update(h.task_id for h in handles)
             await handles[-1].done.wait()
             for handle in handles:
                 await handle.done.wait()
             del handle, handles
             box.drain_all()
         await anyio.wait_all_tasks_blocked()  # workers gone (one lives on a context copy)
-        assert manager._tasks == {}
         assert manager.tasks() == []
-        assert len(manager._retained) == 0
         assert manager.statistics().settled == 2000
         gc.collect()
-        left = [o for o in gc.get_objects() if isinstance(o, SpawnHandle) and o._manager is manager]
-        assert left == []  # (handles of other tests' managers may still be around)
+        left = [o for o in gc.get_objects() if isinstance(o, SpawnHandle) and o.task_id in spawned]
+        assert left == []  # no record, retained one or cache still holds a handle
 
 
 async def test_a_worker_started_inside_a_child_does_not_pin_that_child() -> None:
@@ -496,7 +533,8 @@ async def test_a_worker_started_inside_a_child_does_not_pin_that_child() -> None
         task_id = manager.spawn("starter").task_id
         assert (await manager.wait_result(task_id)) is not None
         await anyio.wait_all_tasks_blocked()  # the starter's own worker has left
-        assert task_id not in manager._tasks  # forgotten
+        with pytest.raises(UnknownTask):  # forgotten
+            manager.handle(task_id)
         gc.collect()
         alive = [o for o in gc.get_objects() if isinstance(o, SpawnHandle) and o.task_id == task_id]
         release.set()
@@ -638,7 +676,7 @@ async def _run_model(retain: int | None, ops: list[tuple[str, int]]) -> None:
                     forgotten.add(target.task_id)
             expected = [h for h in handles if kept(h)]
             assert manager.tasks() == expected
-            assert set(manager._tasks.values()) == set(expected)
+            assert [h for h in handles if has_record(manager, h)] == expected
             for h in handles:
                 if kept(h):
                     assert manager.result(h.task_id) is h.result
@@ -814,3 +852,70 @@ async def test_collecting_a_handle_forgotten_with_its_parent_keeps_the_retained_
         assert m.tasks() == [kept]
         assert (await orphan.wait()).output == "orphan"  # its handle still reads it
         assert m.result(kept.task_id) is not None  # and it took no retained place
+
+
+async def test_forget_during_a_parents_settle_and_the_chain_after_it() -> None:
+    """While a parent settles a stubborn child, neither can be forgotten (both unfinished);
+    the child's envelope lands in the parent's mailbox, which is released as the parent
+    ends, so under ``retain_collected=0`` collecting the parent forgets the ended child with
+    it, and the parent's session with them."""
+    release = anyio.Event()
+    parent_returned = anyio.Event()
+
+    async def stubborn(request: Request, ctx: RunContext) -> str:
+        with anyio.CancelScope(shield=True):
+            await release.wait()
+        return "late"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        ctx.spawn("stubborn")
+        await anyio.wait_all_tasks_blocked()
+        parent_returned.set()
+        return "parent"
+
+    async with manager_with(
+        spec("parent", parent), spec("stubborn", stubborn), retain_collected=0
+    ) as manager:
+        with anyio.fail_after(5):
+            p = manager.spawn("parent")
+            await parent_returned.wait()
+            await anyio.wait_all_tasks_blocked()
+            (g,) = manager.tasks(p.task_id)
+            assert p.result is None  # settling its child
+            assert manager.forget(p.task_id) is None
+            assert manager.forget(g.task_id) is None
+            release.set()
+            await manager.wait_result(p.task_id)
+            assert not has_record(manager, p)
+            assert g.result is not None
+            assert not g.collected
+            # The parent's record took its ended child along: nobody can collect it now.
+            assert not has_record(manager, g)
+            assert manager.tasks(p.task_id) == []
+            assert not manager.session_closed(p.task_id)  # unknown now, like an unused name
+            assert session_state(manager, p.task_id) == []
+            assert not has_listing(manager, p.task_id)
+
+
+def _live_objects(name: str) -> int:
+    return sum(1 for o in gc.get_objects() if type(o).__name__ == name)
+
+
+@pytest.mark.anyio
+async def test_forgotten_records_are_freed_by_reference_counting() -> None:
+    # A record and its handle point at each other while it is kept; forgetting it must
+    # break that, or every forgotten child waits for the cyclic GC.
+    async with manager_with(spec("echo", echo), retain_collected=0) as manager:
+        for _ in range(10):
+            await manager.spawn("echo", "x").wait()
+        gc.collect()
+        gc.disable()
+        try:
+            before = _live_objects("ChildRecord") + _live_objects("SpawnHandle")
+            for _ in range(300):
+                await manager.spawn("echo", "x").wait()
+            after = _live_objects("ChildRecord") + _live_objects("SpawnHandle")
+        finally:
+            gc.enable()
+        assert manager.tasks() == []
+    assert after - before < 20, (before, after)

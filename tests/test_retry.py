@@ -15,7 +15,7 @@ from subagents import (
     TransientError,
 )
 from subagents._retry import run_with_retries
-from tests.helpers import manager_with, spec
+from tests.helpers import clock_backends, manager_with, spec
 
 FAST = RetryPolicy(attempts=3, initial=0.001, maximum=0.002, jitter=0)
 
@@ -48,6 +48,7 @@ def test_default_policy_retries_transient_error() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_transient_failures_are_retried_and_counted() -> None:
     attempts_seen: list[int] = []
 
@@ -68,6 +69,7 @@ async def test_transient_failures_are_retried_and_counted() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_exhausted_retries_end_in_the_last_error() -> None:
     async def always(request: Request, ctx: RunContext) -> str:
         raise TransientError(f"try {ctx.attempt}")
@@ -98,6 +100,7 @@ async def test_other_errors_and_no_policy_are_not_retried() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_custom_retry_on_types() -> None:
     async def flaky(request: Request, ctx: RunContext) -> str:
         if ctx.attempt == 1:

@@ -16,6 +16,7 @@ from subagents.testing import (
     run_tool_loop,
 )
 from subagents.tools import build_tools
+from tests.helpers import clock_backends
 
 
 @pytest.mark.anyio
@@ -45,7 +46,7 @@ async def test_scripted_model_fails_on_a_tool_not_offered() -> None:
 
 
 @pytest.mark.anyio
-async def test_script_items() -> None:
+async def test_a_script_takes_turns_calls_tuples_and_dicts_and_refuses_others() -> None:
     with pytest.raises(TypeError):
         ScriptedModel([42])
     with pytest.raises(TypeError):
@@ -109,7 +110,8 @@ async def test_loop_without_wake_returns_at_end_of_turn() -> None:
 
 
 @pytest.mark.anyio
-async def test_host_timeout_result() -> None:
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_a_call_past_the_host_timeout_answers_host_timeout() -> None:
     async with SubagentManager([echo_agent(delay=5)]) as manager:
         tools = build_tools(manager, "root", engine_tool_timeout=None)
         result = await call_with_host_timeout(

@@ -13,6 +13,7 @@ from subagents import AgentSpec, ConfigError, Request, RunContext, SubagentConfi
 from subagents._json import dumps
 from subagents.testing import echo_agent
 from subagents.tools import Tool, ToolResult, Toolset, build_tools
+from tests.helpers import clock_backends
 
 
 def gated(name: str = "gated") -> tuple[AgentSpec, Callable[[str], None]]:
@@ -47,7 +48,7 @@ def check(result: ToolResult) -> ToolResult:
 
 
 @pytest.mark.anyio
-async def test_toolset_shape() -> None:
+async def test_the_toolset_holds_five_tools_with_closed_object_schemas() -> None:
     async with toolset() as tools:
         names = [tool.name for tool in tools]
         assert names == [
@@ -98,12 +99,14 @@ async def test_spawn_returns_at_once_with_queue_facts() -> None:
         assert second.details["queue_position"] == 1
         assert second.details["agent_path"] == "/root/gated-2"
         assert "queued" in second.content
+        assert "limit 1" in second.content
         assert str(second.details["task_id"]) in second.content
         release("a")
         release("b")
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_spawn_name_and_timeout() -> None:
     spec, _ = gated()
     async with toolset(spec) as tools:
@@ -132,6 +135,10 @@ async def test_spawn_unknown_agent_lists_registered() -> None:
             "agent": "gamma",
             "known": ["alpha", "beta"],
         }
+        delegated = check(await tools.call("delegate_to_agent", {"agent": "gamma", "input": "x"}))
+        assert delegated.is_error
+        assert delegated.details["error"] == "unknown_agent"
+        assert "alpha" in delegated.content
 
 
 @pytest.mark.anyio
@@ -201,12 +208,46 @@ VALIDATION_CASES = [
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(("tool", "args", "expected"), VALIDATION_CASES)
-async def test_validation_messages(tool: str, args: object, expected: str) -> None:
+async def test_invalid_arguments_get_a_message_naming_the_field(
+    tool: str, args: object, expected: str
+) -> None:
     async with toolset() as tools:
         result = check(await tools.call(tool, args))
         assert result.is_error, result
         assert expected in result.content, result.content
         assert result.details["error"] == "invalid_arguments"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        (0, True),
+        (1000.0, True),
+        (-5, False),
+        (1.5, False),
+        ("100", False),
+        (math.nan, False),
+        (math.inf, False),
+        (True, False),
+        (None, True),
+    ],
+)
+async def test_wait_timeout_ms_accepts_whole_numbers_and_null_only(value: object, ok: bool) -> None:
+    async with toolset(engine_tool_timeout=2.0, wait_timeout=0.05) as tools:
+        spawned = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))
+        task_id = spawned.details["task_id"]
+        with anyio.fail_after(3):
+            result = check(
+                await tools.call("wait_agent", {"task_ids": [task_id], "timeout_ms": value})
+            )
+        if ok:
+            assert not result.is_error, result.content
+            assert result.details["completed"] is True or result.details["timed_out"] is True
+        else:
+            assert result.is_error
+            assert "timeout_ms" in result.content
+            assert "integer" in result.content
 
 
 @pytest.mark.anyio
@@ -281,6 +322,7 @@ async def test_delegate_invalid_mode_falls_back_to_envelope() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_delegate_is_stopped_before_its_host_timeout() -> None:
     spec, _ = gated()
     async with toolset(
@@ -297,6 +339,26 @@ async def test_delegate_is_stopped_before_its_host_timeout() -> None:
         assert result.details["status"] == "timeout"
         assert result.details["clamped"] is True
         assert "lowered" in result.content
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_delegate_timeout_ms_is_the_childs_watchdog() -> None:
+    async def halfway(request: Request, ctx: RunContext) -> str:
+        ctx.report(output="halfway")
+        await anyio.sleep_forever()
+        return ""
+
+    spec = AgentSpec(name="forever", description="Never finishes.", runner=halfway)
+    async with toolset(spec) as tools:
+        with anyio.fail_after(3):
+            result = check(
+                await tools.call(
+                    "delegate_to_agent", {"agent": "forever", "input": "x", "timeout_ms": 30}
+                )
+            )
+        assert "timeout" in result.content
+        assert "halfway" in result.content
 
 
 # ---------------------------------------------------------------- cancel_agent
@@ -343,7 +405,7 @@ async def test_cancel_unknown_id_suggests() -> None:
 
 
 @pytest.mark.anyio
-async def test_list_agents() -> None:
+async def test_list_agents_names_the_agents_and_the_sessions_tasks() -> None:
     spec, release = gated()
     async with toolset(spec, echo_agent()) as tools:
         done = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))
@@ -359,6 +421,7 @@ async def test_list_agents() -> None:
         assert tasks[live.details["task_id"]]["status"] == "running"
         assert tasks[live.details["task_id"]]["agent_path"] == "/root/gated"
         assert "result waiting" in result.content
+        assert not check(await tools.call("list_agents")).is_error  # no arguments at all
         release("a")
 
 
@@ -369,6 +432,10 @@ async def test_list_agents() -> None:
 async def test_layering_rule_is_enforced() -> None:
     async with SubagentManager([echo_agent()]) as manager:
         assert build_tools(manager, "root").limits.wait_ceiling == pytest.approx(54.0)
+        # The margin is 10 % of the host's timeout and never less than 20 ms.
+        tight = build_tools(manager, "root", engine_tool_timeout=0.1, wait_timeout=0.05)
+        assert tight.limits.wait_ceiling == pytest.approx(0.08)
+        build_tools(manager, "root", engine_tool_timeout=60.0, wait_timeout=54.0)  # the ceiling
         with pytest.raises(ConfigError, match="wait_timeout"):
             build_tools(manager, "root", engine_tool_timeout=60, wait_timeout=60)
         with pytest.raises(ConfigError, match="safety margin"):
@@ -393,7 +460,7 @@ async def test_layering_rule_is_enforced() -> None:
 # ---------------------------------------------------------------- public names, tracing, nesting
 
 
-def test_public_names() -> None:
+def test_the_tool_names_are_exported() -> None:
     import subagents
     import subagents.tools
 
@@ -432,6 +499,8 @@ async def test_every_call_runs_in_a_tool_span(monkeypatch: pytest.MonkeyPatch) -
         calls.append((tool, call_id, transfer_target))
         yield Span()
 
+    # private: no public hook to observe each call's span arguments without an SDK
+    # provider, and the global one can be set once per process (test_tracing sets it).
     monkeypatch.setattr(_tool, "tool_span", recording_span)
     async with toolset() as tools:
         spawned = await tools.call("spawn_agent", {"agent": "echo", "input": "x"}, call_id="c1")
@@ -475,6 +544,7 @@ async def test_an_internal_failure_is_an_error_result(monkeypatch: pytest.Monkey
         raise KeyError("boom")
 
     async with toolset() as tools:
+        # private: no public way to make a tool fail inside (a bug in the library).
         monkeypatch.setattr(_handlers.SessionTools, "_wait_ms", lambda self, r: broken(self))
         spawned = await tools.call("spawn_agent", {"agent": "echo", "input": "x"})
         result = check(await tools.call("wait_agent", {"task_ids": spawned.details["task_id"]}))
@@ -500,6 +570,7 @@ async def test_a_broken_tracer_never_breaks_a_call(
         yield ToolSpan()
         raise RuntimeError("exporter died")
 
+    # private: no public way to make the tracing itself raise around a call.
     monkeypatch.setattr(_tool, "tool_span", broken_span)
     async with toolset() as tools:
         result = check(await tools.call("spawn_agent", {"agent": "echo", "input": "x"}))
@@ -528,3 +599,39 @@ async def test_spawn_agent_counters_agree_with_its_status() -> None:
         assert (second["status"], second["running"], second["queued"]) == ("running", 2, 0)
         assert (third["status"], third["running"], third["queued"]) == ("queued", 2, 1)
         release.set()
+
+
+@pytest.mark.anyio
+async def test_a_late_tool_call_of_an_ending_agent_is_refused_before_its_arguments() -> None:
+    # The agent's runner has returned and it is settling its children: a tool call of its
+    # session is refused as session_closed whatever its arguments (the hint a model needs).
+    answers: list[dict[str, object]] = []
+    started = anyio.Event()
+    parent_returned = anyio.Event()
+    toolsets: dict[str, Toolset] = {}
+
+    async def grandchild(request: Request, ctx: RunContext) -> str:
+        started.set()
+        await parent_returned.wait()
+        with anyio.CancelScope(shield=True):  # finishes its step although cancelled
+            for agent in ("nope", "grandchild"):
+                result = await toolsets["parent"].call(
+                    "delegate_to_agent", {"agent": agent, "input": "x"}
+                )
+                answers.append(dict(result.details))
+        return "g"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        toolsets["parent"] = build_tools(ctx.manager, ctx.session_id)
+        ctx.spawn("grandchild")
+        await started.wait()
+        parent_returned.set()  # returns with no checkpoint in between: now it is ending
+        return "p"
+
+    specs = [
+        AgentSpec(name="parent", description="d", runner=parent),
+        AgentSpec(name="grandchild", description="d", runner=grandchild),
+    ]
+    async with SubagentManager(specs, config=SubagentConfig(settle_timeout=5.0)) as manager:
+        await manager.spawn("parent").wait()
+    assert [a.get("reason") for a in answers] == ["session_closed", "session_closed"]

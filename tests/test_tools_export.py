@@ -43,6 +43,14 @@ async def test_input_schemas_are_draft_2020_12(tools: Toolset) -> None:
         assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
         for prop in schema["properties"].values():  # type: ignore[attr-defined]
             assert prop["description"]
+    by_name = {t.name: t.input_schema for t in tools}
+    assert set(by_name["spawn_agent"]["required"]) == {"agent", "input"}
+    assert set(by_name["spawn_agent"]["properties"]) == {"agent", "input", "name", "timeout_ms"}
+    assert set(by_name["wait_agent"]["required"]) == {"task_ids"}
+    assert set(by_name["wait_agent"]["properties"]) == {"task_ids", "mode", "timeout_ms"}
+    assert set(by_name["delegate_to_agent"]["required"]) == {"agent", "input"}
+    assert set(by_name["cancel_agent"]["required"]) == {"task_id"}
+    assert by_name["list_agents"].get("properties", {}) == {}
 
 
 @pytest.mark.anyio
@@ -139,6 +147,7 @@ async def test_mcp_shape(tools: Toolset) -> None:
     hints = {e["name"]: e["annotations"] for e in tools.to_mcp()}  # type: ignore[index]
     assert hints["list_agents"]["readOnlyHint"] is True
     assert hints["cancel_agent"]["idempotentHint"] is True
+    assert hints["cancel_agent"]["destructiveHint"] is True
     assert hints["wait_agent"]["readOnlyHint"] is False  # it consumes results
 
 

@@ -6,6 +6,7 @@ the client validates it against each tool's ``outputSchema``."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,9 +18,11 @@ from mcp import Client
 from mcp.server import Server, ServerRequestContext
 from mcp_types.methods import serialize_server_result
 
-from subagents import SubagentManager
+from subagents import AgentSpec, Request, Result, RunContext, SubagentManager
+from subagents._json import JSONValue, dumps_str
 from subagents.testing import echo_agent
 from subagents.tools import ToolResult, Toolset, build_tools
+from subagents.tools._structured import KEEP, bounded_details
 from tests.schema_check import closed, details_problems
 
 pytestmark = pytest.mark.anyio
@@ -139,3 +142,87 @@ def test_closed_schemas_forbid_unlisted_properties() -> None:
     assert validator.is_valid({"a": {}})
     assert not validator.is_valid({"a": {}, "b": 1})
     assert not validator.is_valid({"a": {"c": 1}})
+
+
+LOUD_OUTPUT = ('"\\' + "z" * 98) * 1_000  # 100 000 characters, quotes and backslashes
+LOUD_FILES = tuple(f"src/{'d' * 100}/{i}.py" for i in range(500))
+
+
+async def loud(request: Request, ctx: RunContext) -> Result:
+    return Result(output=LOUD_OUTPUT, files_changed=LOUD_FILES)
+
+
+@pytest.mark.parametrize("mode", list(VERSIONS))
+async def test_structured_content_is_cut_to_the_bound_of_the_content(mode: str) -> None:
+    spec = AgentSpec(name="loud", description="Says a lot.", runner=loud)
+    async with SubagentManager([spec]) as manager:
+        toolset = build_tools(manager, "root")
+        limit = toolset.limits.truncate_chars
+        async with Client(serve(toolset), raise_exceptions=True, mode=mode) as client:
+            delegated = await client.call_tool("delegate_to_agent", {"agent": "loud", "input": "x"})
+            ids = []
+            for _ in range(3):
+                spawned = await client.call_tool("spawn_agent", {"agent": "loud", "input": "x"})
+                ids.append(check_structured(toolset, "spawn_agent", spawned)["task_id"])
+            waited = await client.call_tool("wait_agent", {"task_ids": ids, "timeout_ms": 5000})
+        host = await toolset.call("delegate_to_agent", {"agent": "loud", "input": "x"})
+    envelope = check_structured(toolset, "delegate_to_agent", delegated)["envelope"]
+    details = check_structured(toolset, "wait_agent", waited)
+    assert len(details["results"]) == 3
+    for name, result in (("delegate_to_agent", delegated), ("wait_agent", waited)):
+        text = result.content[0]
+        assert isinstance(text, types.TextContent)
+        assert len(text.text) <= limit
+        assert len(dumps_str(result.structured_content)) <= limit, name
+    for cut in (envelope, *details["results"]):
+        # The output keeps its start and its end, like the text; the paths their first few.
+        assert cut["output"].startswith(LOUD_OUTPUT[:8])
+        assert cut["output"].endswith(LOUD_OUTPUT[-4:])
+        assert "characters truncated" in cut["output"]
+        assert cut["files_changed"][-1].endswith("more paths]")
+    # The host's details keep the whole envelope.
+    whole = host.details["envelope"]
+    assert isinstance(whole, dict)
+    assert whole["output"] == LOUD_OUTPUT
+    assert whole["files_changed"] == list(LOUD_FILES)
+
+
+def _details(output: str, files: list[JSONValue]) -> dict[str, JSONValue]:
+    return {
+        "completed": True,
+        "task_id": "0123456789ab",
+        "results": [
+            {"task_id": "0123456789ab", "status": "completed", "output": output},
+            {"task_id": "ba9876543210", "status": "error", "files_changed": files},
+        ],
+        "deferred": ["aaaaaaaaaaaa"],
+    }
+
+
+def test_bounded_details_fit_the_bound_and_keep_their_shape() -> None:
+    files: list[JSONValue] = [*(f"src/{i}.py" for i in range(2000)), "[… 7 more paths]"]
+    details = _details('\x00"' * 50_000, files)  # escapes weigh 6 and 2 characters
+    before = copy.deepcopy(details)
+    cut = bounded_details(details, 2000)
+    assert details == before  # the host's details are not touched
+    assert 1800 < len(dumps_str(cut)) <= 2000  # little of the bound is left unused
+    first, second = cut["results"]  # type: ignore[misc]
+    assert "characters truncated" in first["output"]  # type: ignore[index]
+    kept = second["files_changed"]  # type: ignore[index]
+    assert kept[:-1] == files[: len(kept) - 1]
+    assert kept[-1] == f"[… {2000 + 7 - (len(kept) - 1)} more paths]"
+    # Everything but the free text is as it was.
+    assert {k: v for k, v in cut.items() if k != "results"} == {
+        k: v for k, v in details.items() if k != "results"
+    }
+    assert (first["task_id"], second["status"]) == ("0123456789ab", "error")  # type: ignore[index]
+
+
+def test_bounded_details_too_big_to_fit_are_as_small_as_their_shape_allows() -> None:
+    cut = bounded_details(_details("y" * 10_000, [f"src/{i}.py" for i in range(50)]), 100)
+    first, second = cut["results"]  # type: ignore[misc]
+    assert "characters truncated" in first["output"]  # type: ignore[index]
+    assert len(first["output"]) <= KEEP  # type: ignore[index]
+    assert second["files_changed"] == ["[… 50 more paths]"]  # type: ignore[index]
+    small = _details("short", ["a.py"])
+    assert bounded_details(small, 100) == small

@@ -9,15 +9,18 @@ from test_tools import gated, toolset
 
 from subagents import (
     AgentSpec,
+    ConfigError,
     Request,
     RunContext,
+    SpawnHandle,
     SubagentConfig,
     SubagentManager,
+    _completions,
 )
-from subagents._handle import SpawnHandle
 from subagents._json import dumps
 from subagents.testing import call_with_host_timeout, echo_agent
-from subagents.tools import ToolResult, Toolset, _wait, build_tools
+from subagents.tools import ToolResult, Toolset, build_tools
+from tests.helpers import clock_backends, on_mock_clock
 
 
 async def spawn(tools: Toolset, agent: str, input: str) -> str:
@@ -54,6 +57,7 @@ async def test_wait_all_and_any() -> None:
         assert "still pending" in first.content
         release("b")
         rest = await tools.call("wait_agent", {"task_ids": [a, b]})  # mode all by default
+        assert rest.details["mode"] == "all"
         assert rest.details["completed"] is True
         entries = {str(e["task_id"]): e for e in results_of(rest)}
         assert entries[a]["already_collected"] is True
@@ -62,6 +66,7 @@ async def test_wait_all_and_any() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_timeout_reports_pending_and_keeps_the_child() -> None:
     spec, release = gated()
     async with toolset(spec) as tools:
@@ -75,6 +80,28 @@ async def test_timeout_reports_pending_and_keeps_the_child() -> None:
         release("a")
         later = await tools.call("wait_agent", {"task_ids": a, "timeout_ms": 5000})
         assert results_of(later)[0]["output"] == "gated: a"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_requested_timeout_is_clamped_and_reported(anyio_backend: object) -> None:
+    spec, release = gated()
+    async with toolset(spec, engine_tool_timeout=0.5, wait_timeout=0.1) as tools:
+        a = await spawn(tools, "gated", "a")
+        start = anyio.current_time()
+        result = await tools.call("wait_agent", {"task_ids": [a], "timeout_ms": 600_000})
+        waited = anyio.current_time() - start
+        assert not result.is_error
+        assert result.details["timed_out"] is True
+        assert result.details["completed"] is False
+        assert result.details["clamped"] is True
+        assert result.details["timeout_ms"] == 450
+        assert result.details["requested_timeout_ms"] == 600_000
+        assert "clamped" in result.content
+        assert "450" in result.content
+        if on_mock_clock(anyio_backend):
+            assert waited == pytest.approx(0.45)
+        release("a")
 
 
 @pytest.mark.anyio
@@ -112,9 +139,20 @@ async def test_cancelled_wait_consumes_nothing() -> None:
     spec, release = gated()
     async with toolset(spec) as tools:
         a = await spawn(tools, "gated", "a")
-        with anyio.move_on_after(0.05) as scope:
-            await tools.call("wait_agent", {"task_ids": a, "timeout_ms": 10_000})
-        assert scope.cancelled_caught  # the caller's cancellation went through, not swallowed
+        scopes: list[anyio.CancelScope] = []
+        caught: list[bool] = []
+
+        async def waiter() -> None:
+            with anyio.CancelScope() as scope:
+                scopes.append(scope)
+                await tools.call("wait_agent", {"task_ids": a, "timeout_ms": 10_000})
+            caught.append(scope.cancelled_caught)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            scopes[0].cancel()
+        assert caught == [True]  # the caller's cancellation went through, not swallowed
         release("a")
         await tools.manager.handle(a).done.wait()
         assert not tools.manager.handle(a).collected
@@ -123,6 +161,7 @@ async def test_cancelled_wait_consumes_nothing() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_result_landing_at_the_deadline_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The wake-up for a result is lost in the deadline's instant: the record decides."""
     spec, release = gated()
@@ -134,11 +173,50 @@ async def test_result_landing_at_the_deadline_counts(monkeypatch: pytest.MonkeyP
 
     async with toolset(spec) as tools:
         a = await spawn(tools, "gated", "a")
-        monkeypatch.setattr(_wait, "wait_handles", wake_lost)
+        # private: no public way to lose a wake-up in the deadline's instant.
+        monkeypatch.setattr(_completions, "wait_handles", wake_lost)
         result = await tools.call("wait_agent", {"task_ids": a, "timeout_ms": 50})
         assert result.details["completed"] is True
         assert result.details["timed_out"] is False
         assert results_of(result)[0]["output"] == "gated: a"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_results_landing_around_the_wait_deadline_are_each_delivered_fresh_once() -> None:
+    """Children finish around the wait deadline; every result is delivered fresh once."""
+
+    async def timed(request: Request, ctx: RunContext) -> str:
+        await anyio.sleep(float(request.input))
+        return request.input
+
+    m = SubagentManager(
+        [AgentSpec(name="timed", description="Sleeps.", runner=timed)],
+        config=SubagentConfig(max_concurrent_spawns=64),
+    )
+    async with m:
+        tools = build_tools(m, "root")
+        ids = [await spawn(tools, "timed", f"{0.02 + i * 0.001:.3f}") for i in range(20)]
+        fresh: list[str] = []
+        for tid in ids:
+            r = await tools.call("wait_agent", {"task_ids": [tid], "timeout_ms": 1})
+            if r.details["completed"]:
+                assert results_of(r)[0]["already_collected"] is False
+                fresh.append(tid)
+            else:
+                assert r.details["timed_out"] is True
+        r = await tools.call("wait_agent", {"task_ids": ids, "timeout_ms": 2000})
+        assert r.details["completed"] is True
+        entries = results_of(r)
+        again = [str(e["task_id"]) for e in entries if not e["already_collected"]]
+        old = [str(e["task_id"]) for e in entries if e["already_collected"]]
+        deferred = r.details.get("deferred", [])
+        assert isinstance(deferred, list)
+        assert sorted(fresh + again + [str(d) for d in deferred]) == sorted(ids)
+        # repeats that do not fit the bound are only named in the text, not in details
+        assert set(old) <= set(fresh)
+        for tid in set(fresh) - set(old):
+            assert tid in r.content
 
 
 # ---------------------------------------------------------------- unknown ids
@@ -229,7 +307,8 @@ async def test_full_mailbox_never_hides_a_result() -> None:
 
 
 @pytest.mark.anyio
-async def test_wait_wakes_early_when_the_session_closes() -> None:
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_wait_wakes_early_when_the_session_closes(anyio_backend: object) -> None:
     gate: list[anyio.Event] = []
 
     async def stubborn(request: Request, ctx: RunContext) -> str:
@@ -258,7 +337,8 @@ async def test_wait_wakes_early_when_the_session_closes() -> None:
         assert result.details["completed"] is False
         assert result.details["timed_out"] is False
         assert "session was closed" in result.content
-        assert float(str(result.details["waited_ms"])) < 5000
+        if on_mock_clock(anyio_backend):  # woken as the close began, not by wait_timeout
+            assert result.details["waited_ms"] == 0
         gate[0].set()
 
 
@@ -266,6 +346,7 @@ async def test_wait_wakes_early_when_the_session_closes() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 @pytest.mark.parametrize(
     ("engine", "overrides", "wait"),
     [(0.5, None, 0.2), (60.0, {"wait_agent": 0.5}, 0.3)],
@@ -331,6 +412,7 @@ async def test_completions_peek_without_consuming() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_completions_end_when_the_session_closes() -> None:
     spec, release = gated()
     async with SubagentManager([spec], config=SubagentConfig(settle_timeout=0.05)) as manager:
@@ -424,3 +506,13 @@ async def test_small_budget_keeps_the_notes() -> None:
         assert len(results_of(result)) >= 1
         for i in range(5):
             release(str(i))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", ["1", float("nan"), -1.0, True])
+async def test_completions_wait_for_refuses_a_malformed_timeout(bad: object) -> None:
+    async with SubagentManager([echo_agent()]) as manager:
+        handle = manager.spawn("echo", "x")
+        with pytest.raises(ConfigError, match="timeout"):
+            await manager.completions().wait_for([handle], timeout=bad)  # type: ignore[arg-type]
+        await handle.wait()

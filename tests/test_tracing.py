@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import anyio
 import pytest
@@ -20,6 +21,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -32,10 +34,11 @@ from subagents import (
     SubagentConfig,
     SubagentManager,
     Usage,
-    _tracing,
 )
+from subagents._handle import record_of
 from subagents._tracing import tool_span
 from subagents.tools import build_tools
+from tests.helpers import clock_backends
 
 
 class _Gate(SpanProcessor):
@@ -60,8 +63,9 @@ class _Gate(SpanProcessor):
 
 
 def _reset_global_tracer_provider() -> None:
-    # What OpenTelemetry's own test utilities do: forget the global provider, so a later
-    # test module can install its own (the API allows setting it only once).
+    # private: OpenTelemetry has no public way to unset the global provider (the API
+    # allows setting it once). This is what its own test utilities do, so that a later
+    # test module can install its own.
     from opentelemetry.util._once import Once
 
     trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
@@ -191,6 +195,81 @@ async def test_spawn_span_is_child_of_spawn_time_span(exporter: InMemorySpanExpo
 
 
 @pytest.mark.anyio
+async def test_invoke_agent_span_records_iterations_and_no_content_by_default(
+    exporter: InMemorySpanExporter,
+) -> None:
+    async def reporting(request: Request, ctx: RunContext) -> Result:
+        ctx.report(iterations=1)
+        return Result(output=f"echo {request.input}", usage=Usage(input_tokens=11, output_tokens=7))
+
+    agents = [spec("echo", reporting, model="gpt-test", provider="openai")]
+    async with SubagentManager(agents) as m:
+        env = await m.spawn("echo", "hello").wait()
+    span = one(exporter, "invoke_agent echo")
+    assert span.kind == SpanKind.INTERNAL
+    attrs = dict(span.attributes or {})
+    assert attrs["gen_ai.operation.name"] == "invoke_agent"
+    assert attrs["gen_ai.agent.name"] == "echo"
+    assert attrs["gen_ai.agent.id"] == env.task_id
+    assert attrs["gen_ai.agent.description"] == "echo agent"
+    assert attrs["gen_ai.conversation.id"] == "root"
+    assert attrs["gen_ai.request.model"] == "gpt-test"
+    assert attrs["gen_ai.provider.name"] == "openai"
+    assert attrs["gen_ai.usage.input_tokens"] == 11
+    assert attrs["gen_ai.usage.output_tokens"] == 7
+    assert attrs["subagents.task_id"] == env.task_id
+    assert attrs["subagents.agent_path"] == "/root/echo"
+    assert attrs["subagents.parent_path"] == "/root"
+    assert attrs["subagents.status"] == "completed"
+    assert attrs["subagents.iterations"] == 1
+    assert "subagents.queue_ms" in attrs
+    assert "error.type" not in attrs
+    assert "gen_ai.system" not in attrs
+    assert span.status.status_code != StatusCode.ERROR
+    events = [e.name for e in span.events]
+    assert "queued" in events
+    assert "started" in events
+    # no content unless asked for
+    for value in attrs.values():
+        assert "hello" not in str(value)
+
+
+@pytest.mark.anyio
+async def test_no_model_and_the_default_provider_when_the_spec_has_none(
+    exporter: InMemorySpanExporter,
+) -> None:
+    async with SubagentManager([spec("boom", _broken)]) as m:
+        await m.spawn("boom", "x").wait()
+    attrs = dict(one(exporter, "invoke_agent boom").attributes or {})
+    assert "gen_ai.request.model" not in attrs
+    # gen_ai.provider.name is Required on invoke_agent: the documented default stands in.
+    assert attrs["gen_ai.provider.name"] == "subagents"
+
+
+@pytest.mark.anyio
+async def test_spawn_outside_any_span_is_a_root(exporter: InMemorySpanExporter) -> None:
+    async with SubagentManager([spec("echo")]) as m:
+        with tracer().start_as_current_span("manager's own"):
+            pass
+        await m.spawn("echo", "x").wait()
+    assert one(exporter, "invoke_agent echo").parent is None
+
+
+@pytest.mark.anyio
+async def test_usage_is_never_double_counted(exporter: InMemorySpanExporter) -> None:
+    async def parent(request: Request, ctx: RunContext) -> Result:
+        await ctx.spawn("echo", "x").wait()
+        return Result(output="p", usage=Usage(input_tokens=100, output_tokens=1))
+
+    async with SubagentManager([spec("echo"), spec("parent", parent)]) as m:
+        env = await m.spawn("parent", "x").wait()
+    assert env.usage == Usage(input_tokens=100, output_tokens=1)
+    attrs = dict(one(exporter, "invoke_agent parent").attributes or {})
+    assert attrs["gen_ai.usage.input_tokens"] == 100
+    assert attrs["gen_ai.usage.output_tokens"] == 1
+
+
+@pytest.mark.anyio
 async def test_nested_spawn_three_levels(exporter: InMemorySpanExporter) -> None:
     seen: dict[str, object] = {}
 
@@ -204,7 +283,6 @@ async def test_nested_spawn_three_levels(exporter: InMemorySpanExporter) -> None
             seen["span"] = trace.get_current_span().get_span_context().span_id
             seen["task"] = ctx.task_id
             seen["path"] = str(ctx.agent_path)
-            seen["root"] = _tracing._root_session(ctx._handle)
         # Child usage never leaks into the parent's span.
         return Result(output="ok", usage=Usage(input_tokens=depth, output_tokens=10 * depth))
 
@@ -229,7 +307,6 @@ async def test_nested_spawn_three_levels(exporter: InMemorySpanExporter) -> None
         assert attrs["gen_ai.usage.output_tokens"] == 10 * i
     assert dict(l3.attributes or {})["subagents.agent_path"] == "/root/l1/l2/l3"
     assert seen["span"] == span_id(l3)
-    assert seen["root"] == "conv-7"
     assert seen["baggage"] == {
         "gen_ai.conversation.id": "conv-7",
         "subagents.agent_path": seen["path"],
@@ -241,7 +318,7 @@ async def test_nested_spawn_three_levels(exporter: InMemorySpanExporter) -> None
 
 
 @pytest.mark.anyio
-async def test_execute_span(exporter: InMemorySpanExporter) -> None:
+async def test_an_execute_span_hangs_under_the_callers_span(exporter: InMemorySpanExporter) -> None:
     async with SubagentManager([spec("general")]) as manager:
         with tracer().start_as_current_span("turn"):
             envelope = await manager.execute("general", "hi", options=SpawnOptions(model="m-2"))
@@ -259,7 +336,9 @@ async def test_execute_span(exporter: InMemorySpanExporter) -> None:
 
 
 @pytest.mark.anyio
-async def test_capture_content_flag(exporter: InMemorySpanExporter) -> None:
+async def test_capture_content_records_input_output_and_instructions(
+    exporter: InMemorySpanExporter,
+) -> None:
     config = SubagentConfig(capture_content=True)
     async with SubagentManager([spec("general", prompt="be brief")], config=config) as manager:
         await manager.execute("general", "secret prompt")
@@ -275,7 +354,8 @@ async def test_tracing_disabled_by_config(exporter: InMemorySpanExporter) -> Non
     async with SubagentManager([spec("general")], config=SubagentConfig(tracing=False)) as manager:
         handle = manager.spawn("general")
         await handle.wait()
-        assert handle._trace is None
+        # private: no public view of a child's tracing state; none is made when off.
+        assert record_of(handle).trace is None
     assert spans_named(exporter, "invoke_agent general") == []
 
 
@@ -283,7 +363,10 @@ async def test_tracing_disabled_by_config(exporter: InMemorySpanExporter) -> Non
 
 
 @pytest.mark.anyio
-async def test_timeout_span(exporter: InMemorySpanExporter) -> None:
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_a_timeout_span_is_marked_error_with_the_watchdog_event(
+    exporter: InMemorySpanExporter,
+) -> None:
     async def stuck(request: Request, ctx: RunContext) -> str:
         await anyio.sleep_forever()
         raise AssertionError
@@ -300,7 +383,9 @@ async def test_timeout_span(exporter: InMemorySpanExporter) -> None:
 
 
 @pytest.mark.anyio
-async def test_error_span(exporter: InMemorySpanExporter) -> None:
+async def test_an_error_span_names_the_exception_and_is_marked_error(
+    exporter: InMemorySpanExporter,
+) -> None:
     async def broken(request: Request, ctx: RunContext) -> str:
         raise ValueError("bad input")
 
@@ -310,6 +395,7 @@ async def test_error_span(exporter: InMemorySpanExporter) -> None:
     span = one(exporter, "invoke_agent broken")
     attrs = dict(span.attributes or {})
     assert attrs["error.type"] == "ValueError"
+    assert attrs["subagents.status"] == "error"
     assert span.status.status_code is StatusCode.ERROR
     assert "bad input" in (span.status.description or "")
     exc = [e for e in span.events if e.name == "exception"]
@@ -399,6 +485,79 @@ async def test_tool_spans_parent_and_links(exporter: InMemorySpanExporter) -> No
     linked = {link.context.span_id for link in wait.links}
     assert linked == {span_id(c) for c in children}
     no_gen_ai_system(exporter.get_finished_spans())
+
+
+@pytest.mark.anyio
+async def test_real_tool_calls_parent_and_link_the_child_spans(
+    exporter: InMemorySpanExporter,
+) -> None:
+    async with SubagentManager([spec("echo")]) as m:
+        toolset = build_tools(m, "root")
+        r1 = await toolset.call("spawn_agent", {"agent": "echo", "input": "a"}, call_id="call_1")
+        r2 = await toolset.call("spawn_agent", {"agent": "echo", "input": "b"}, call_id="call_2")
+        ids = [r1.details["task_id"], r2.details["task_id"]]
+        w = await toolset.call("wait_agent", {"task_ids": ids, "timeout_ms": 2000}, call_id="w")
+        assert w.details["completed"] is True
+        await toolset.call("delegate_to_agent", {"agent": "echo", "input": "c"})
+    spawn_spans = spans_named(exporter, "execute_tool spawn_agent")
+    assert len(spawn_spans) == 2
+    for s in spawn_spans:
+        attrs = dict(s.attributes or {})
+        assert s.kind == SpanKind.INTERNAL
+        assert attrs["gen_ai.operation.name"] == "execute_tool"
+        assert attrs["gen_ai.tool.name"] == "spawn_agent"
+        assert attrs["gen_ai.tool.type"] == "function"
+        assert attrs["subagents.transfer.mode"] == "return_to_caller"
+        assert attrs["subagents.transfer.target.name"] == "echo"
+        assert attrs["subagents.transfer.target.type"] == "agent"
+    assert {dict(s.attributes or {})["gen_ai.tool.call.id"] for s in spawn_spans} == {
+        "call_1",
+        "call_2",
+    }
+    children = {
+        dict(s.attributes or {})["gen_ai.agent.id"]: s
+        for s in spans_named(exporter, "invoke_agent echo")
+    }
+    assert len(children) == 3
+    spawn_ids = {span_id(s) for s in spawn_spans}
+    assert {parent_id(children[i]) for i in ids} == spawn_ids
+    wait = one(exporter, "execute_tool wait_agent")
+    assert "subagents.transfer.mode" not in dict(wait.attributes or {})
+    linked = {link.context.span_id for link in wait.links}
+    assert linked == {span_id(children[i]) for i in ids}
+    delegate = one(exporter, "execute_tool delegate_to_agent")
+    assert dict(delegate.attributes or {})["subagents.transfer.target.name"] == "echo"
+    (delegated,) = [s for i, s in children.items() if i not in ids]
+    assert parent_id(delegated) == span_id(delegate)
+    no_gen_ai_system(exporter.get_finished_spans())
+
+
+@pytest.mark.anyio
+async def test_tool_call_id_absent_when_not_passed(exporter: InMemorySpanExporter) -> None:
+    async with SubagentManager([spec("echo")]) as m:
+        await build_tools(m, "root").call("list_agents", {})
+    attrs = dict(one(exporter, "execute_tool list_agents").attributes or {})
+    assert "gen_ai.tool.call.id" not in attrs
+    assert attrs["gen_ai.tool.name"] == "list_agents"
+
+
+@pytest.mark.anyio
+async def test_tool_spans_inside_a_child_nest_under_it(exporter: InMemorySpanExporter) -> None:
+    async def parent(request: Request, ctx: RunContext) -> str:
+        toolset = build_tools(ctx.manager, ctx.session_id)
+        r = await toolset.call("spawn_agent", {"agent": "echo", "input": "inner"})
+        await toolset.call("wait_agent", {"task_ids": [r.details["task_id"]]})
+        return "ok"
+
+    async with SubagentManager([spec("echo"), spec("parent", parent)]) as m:
+        await m.spawn("parent", "x", session_id="conv-3").wait()
+    outer = one(exporter, "invoke_agent parent")
+    tool = one(exporter, "execute_tool spawn_agent")
+    inner = one(exporter, "invoke_agent echo")
+    assert parent_id(tool) == span_id(outer)
+    assert parent_id(inner) == span_id(tool)
+    assert dict(tool.attributes or {})["gen_ai.conversation.id"] == "conv-3"
+    assert dict(inner.attributes or {})["gen_ai.conversation.id"] == "conv-3"
 
 
 @pytest.mark.anyio
@@ -504,7 +663,10 @@ async def test_tool_successes_leave_their_span_unset(exporter: InMemorySpanExpor
 
 
 @pytest.mark.anyio
-async def test_metrics(exporter: InMemorySpanExporter) -> None:
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_metrics_count_durations_queue_waits_and_watchdog_fires(
+    exporter: InMemorySpanExporter,
+) -> None:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
 
@@ -547,6 +709,7 @@ def test_no_sdk_installed_nothing_breaks() -> None:
         """
         import anyio
         from subagents import AgentSpec, SubagentManager, Result, Usage
+        from subagents._handle import record_of
         from subagents._tracing import tool_span
 
         async def runner(request, ctx):
@@ -562,9 +725,11 @@ def test_no_sdk_installed_nothing_breaks() -> None:
 
         async def main():
             async with SubagentManager([AgentSpec(name="a", description="d", runner=runner)]) as m:
+                # private: no public view of the manager's telemetry or a child's tracing
+                # state; with no SDK provider installed neither is made.
                 assert not m._telemetry.active
                 h = m.spawn("a", "outer")
-                assert h._trace is None
+                assert record_of(h).trace is None
                 assert (await h.wait()).status == "completed"
                 assert (await m.execute("a", "outer")).status == "completed"
             with tool_span("wait_agent") as span:
@@ -613,6 +778,42 @@ def test_no_sdk_installed_nothing_breaks() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_without_the_sdk_installed_the_runtime_and_tools_work() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry.sdk"] = None  # as if the SDK were not installed
+        import anyio
+        from subagents import AgentSpec, SubagentManager
+        from subagents.tools import build_tools
+
+        async def ok(request, ctx):
+            return "ok " + request.input
+
+        async def main():
+            async with SubagentManager([AgentSpec(name="ok", runner=ok)]) as m:
+                env = await m.spawn("ok", "x").wait()
+                assert env.output == "ok x", env
+                tools = build_tools(m, "root")
+                r = await tools.call("delegate_to_agent", {"agent": "ok", "input": "y"})
+                assert not r.is_error, r.content
+            print("fine")
+
+        anyio.run(main)
+        anyio.run(main, backend="trio")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["fine", "fine"]
 
 
 class _Exploding(SpanProcessor):
@@ -682,8 +883,8 @@ async def test_a_given_tracer_provider_receives_the_spans(
 async def test_managers_with_their_own_providers_keep_their_spans_and_links_apart(
     exporter: InMemorySpanExporter,
 ) -> None:
-    """Each manager's tool span links only to its own children's spans, which went to its
-    own provider."""
+    """The host's tool calls go to the provider of the manager the tools act on, with the
+    children they spawn; each tool span links only to its own manager's children."""
     provider_a, own_a = _own_provider()
     provider_b, own_b = _own_provider()
     manager_a = SubagentManager([spec("a")], config=SubagentConfig(tracer_provider=provider_a))
@@ -696,12 +897,31 @@ async def test_managers_with_their_own_providers_keep_their_spans_and_links_apar
         task_a, task_b = spawned_a.details["task_id"], spawned_b.details["task_id"]
         await tools_a.call("wait_agent", {"task_ids": [task_a], "timeout_ms": 5000})
         await tools_b.call("wait_agent", {"task_ids": [task_b], "timeout_ms": 5000})
-    (span_a,) = own_a.get_finished_spans()
-    (span_b,) = own_b.get_finished_spans()
-    assert (span_a.name, span_b.name) == ("invoke_agent a", "invoke_agent b")
-    waits = spans_named(exporter, "execute_tool wait_agent")
-    linked = [[link.context.span_id for link in w.links] for w in waits]
-    assert linked == [[span_id(span_a)], [span_id(span_b)]]
+    for own, agent in ((own_a, "a"), (own_b, "b")):
+        by_name = {s.name: s for s in own.get_finished_spans()}
+        assert sorted(by_name) == [
+            "execute_tool spawn_agent",
+            "execute_tool wait_agent",
+            f"invoke_agent {agent}",
+        ]
+        child = by_name[f"invoke_agent {agent}"]
+        assert parent_id(child) == span_id(by_name["execute_tool spawn_agent"])
+        linked = [link.context.span_id for link in by_name["execute_tool wait_agent"].links]
+        assert linked == [span_id(child)]
+    assert not [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
+
+
+@pytest.mark.anyio
+async def test_the_host_tool_calls_of_an_untraced_manager_make_no_spans(
+    exporter: InMemorySpanExporter,
+) -> None:
+    config = SubagentConfig(tracing=False)
+    async with SubagentManager([spec("general")], config=config) as manager:
+        tools = build_tools(manager, "root")
+        spawned = await tools.call("spawn_agent", {"agent": "general", "input": "x"})
+        await tools.call("wait_agent", {"task_ids": [spawned.details["task_id"]]})
+        await tools.call("no_such_tool", {})
+    assert exporter.get_finished_spans() == ()
 
 
 @pytest.mark.anyio
@@ -754,7 +974,8 @@ async def test_a_broken_provider_leaves_the_manager_untraced(
     async with SubagentManager([spec("general")], config=config) as manager:
         handle = manager.spawn("general")
         assert (await handle.wait()).status == "completed"
-        assert handle._trace is None  # untraced: no tracing state was made for it
+        # private: no public view of a child's tracing state; untraced, none was made.
+        assert record_of(handle).trace is None
     assert "provider bug" in caplog.text
 
 
@@ -778,3 +999,34 @@ async def test_names_a_model_sends_are_bounded_in_tool_spans(
         assert len(span.name) < 200
         for key, value in (span.attributes or {}).items():
             assert len(str(value)) <= 4_096, key
+
+
+@pytest.mark.anyio
+async def test_tools_trace_with_the_managers_providers_resolved_once() -> None:
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    asked: list[str] = []
+
+    class Counting:
+        def get_tracer(self, name: str, *args: object) -> trace.Tracer:
+            asked.append("tracer")
+            return provider.get_tracer(name)
+
+        def get_meter(self, name: str, *args: object) -> object:
+            asked.append("meter")
+            return meter_provider.get_meter(name)
+
+    counting = Counting()
+    config = SubagentConfig(tracer_provider=counting, meter_provider=counting)
+    spec = AgentSpec(name="general", description="d", runner=_echo)
+    async with SubagentManager([spec], config=config) as manager:
+        for session in ("a", "b", "c"):
+            await build_tools(manager, session).call("list_agents", {})
+    assert asked == ["tracer", "meter"]
+    assert [s.name for s in exported.get_finished_spans()].count("execute_tool list_agents") == 3
+
+
+async def _echo(request: Request, ctx: RunContext) -> str:
+    return request.input

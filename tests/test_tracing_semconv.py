@@ -2,18 +2,20 @@
 ``opentelemetry-semantic-conventions`` package: a name is either one of its constants or in
 the ``subagents.`` namespace; the Required GenAI attributes are always there.
 
-The SDK providers here are private to each test (the manager's telemetry is replaced and
-the tools' global tracer is patched), so nothing depends on the global providers.
+The SDK providers here are private to each test (the manager's telemetry is replaced; the
+tools trace with their manager's), so nothing depends on the global providers.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -31,10 +33,11 @@ from subagents import (
     SubagentConfig,
     SubagentManager,
     Usage,
-    _tracing,
+    _semconv,
 )
-from subagents._tracing import TOOL_CONTENT_LIMIT, Telemetry
+from subagents._semconv import MESSAGE_CONTENT_LIMIT, TOOL_CONTENT_LIMIT
 from subagents.tools import build_tools
+from tests.helpers import clock_backends
 
 pytestmark = pytest.mark.anyio
 
@@ -79,12 +82,11 @@ class Otel:
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
 
     def install(self, manager: SubagentManager) -> SubagentManager:
-        manager._telemetry = Telemetry(
-            capture_content=manager.config.capture_content,
-            tracer_provider=self.tracer_provider,
-            meter_provider=self.meter_provider,
+        """The same manager (agents and config), given these providers."""
+        config = attrs.evolve(
+            manager.config, tracer_provider=self.tracer_provider, meter_provider=self.meter_provider
         )
-        return manager
+        return SubagentManager(manager.agents.values(), config=config)
 
     def finished(self) -> list[ReadableSpan]:
         return list(self.spans.get_finished_spans())
@@ -102,10 +104,8 @@ class Otel:
 
 
 @pytest.fixture
-def otel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Otel]:
+def otel() -> Iterator[Otel]:
     setup = Otel()
-    tracer = setup.tracer_provider.get_tracer(_tracing.INSTRUMENTATION)
-    monkeypatch.setattr(_tracing, "_global_tracer", lambda: tracer)
     yield setup
     setup.tracer_provider.shutdown()
     setup.meter_provider.shutdown()
@@ -185,6 +185,7 @@ def _emitted(otel: Otel) -> tuple[set[str], set[str], set[str]]:
     return attributes, set(metrics), metric_attributes
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_every_emitted_name_is_semconv_or_ours(otel: Otel) -> None:
     config = SubagentConfig(capture_content=True)
     async with otel.install(SubagentManager(SPECS, config=config)) as manager:
@@ -218,6 +219,7 @@ async def test_every_emitted_name_is_semconv_or_ours(otel: Otel) -> None:
     assert gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE in metric_names
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_required_genai_attributes_are_always_set(otel: Otel) -> None:
     async with otel.install(SubagentManager(SPECS)) as manager:
         await _exercise(manager)
@@ -293,3 +295,75 @@ async def test_capture_content_records_tool_arguments_and_results(otel: Otel) ->
     assert "gen_ai.tool.call.result" not in error
     assert refused.is_error
     assert unknown["gen_ai.tool.call.arguments"] == '{"a": 1}'
+
+
+MESSAGES = ("gen_ai.system_instructions", "gen_ai.input.messages", "gen_ai.output.messages")
+
+
+def _content(attribute: str, value: object) -> str:
+    """The text inside a captured message attribute, which must be valid JSON."""
+    assert isinstance(value, str)
+    parsed = json.loads(value)
+    if attribute == "gen_ai.system_instructions":
+        return str(parsed[0]["content"])
+    return str(parsed[0]["parts"][0]["content"])
+
+
+async def test_captured_messages_are_bounded_and_stay_valid_json(otel: Otel) -> None:
+    # Quotes and control characters grow when escaped: the bound is on the JSON text.
+    huge = ('"\x01' + "y" * 50) * 2_000
+
+    async def loud(request: Request, ctx: RunContext) -> str:
+        return request.input + request.input
+
+    config = SubagentConfig(capture_content=True)
+    spec = AgentSpec(name="loud", description="Repeats.", runner=loud, prompt=huge)
+    async with otel.install(SubagentManager([spec], config=config)) as manager:
+        await manager.spawn("loud", huge).wait()
+    (span,) = otel.finished()
+    attrs = dict(span.attributes or {})
+    for attribute in MESSAGES:
+        value = attrs[attribute]
+        assert isinstance(value, str)
+        assert len(value) <= MESSAGE_CONTENT_LIMIT, attribute
+        text = _content(attribute, value)
+        assert text.endswith("…")
+        assert huge.startswith(text[:-1])
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "short", "y" * MESSAGE_CONTENT_LIMIT, "\x00" * MESSAGE_CONTENT_LIMIT, '"é\n' * 3000],
+)
+def test_a_message_attribute_keeps_as_much_text_as_fits(text: str) -> None:
+    attrs = _semconv.input_attributes(text, text)
+    for attribute in ("gen_ai.system_instructions", "gen_ai.input.messages"):
+        if not text and attribute == "gen_ai.system_instructions":
+            assert attribute not in attrs  # no prompt, no instructions
+            continue
+        value = attrs[attribute]
+        assert isinstance(value, str)
+        assert len(value) <= MESSAGE_CONTENT_LIMIT
+        kept = _content(attribute, value)
+        if kept == text:
+            continue
+        assert kept.endswith("…")
+        assert text.startswith(kept[:-1])
+        # One more character would not have fitted: that text is cut in its turn.
+        longer = text[: len(kept)] + "…"
+        attribute = _semconv.input_attributes(None, longer)["gen_ai.input.messages"]
+        assert _content("gen_ai.input.messages", attribute) != longer
+
+
+async def test_a_prompt_that_is_not_valid_unicode_is_still_traced(otel: Otel) -> None:
+    async def quiet(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    config = SubagentConfig(capture_content=True)
+    spec = AgentSpec(name="quiet", description="Quiet.", runner=quiet, prompt="p \udc80")
+    async with otel.install(SubagentManager([spec], config=config)) as manager:
+        await manager.spawn("quiet", "a lone surrogate: \udc80").wait()
+    (span,) = otel.finished()
+    attrs = dict(span.attributes or {})
+    assert _content("gen_ai.input.messages", attrs["gen_ai.input.messages"]).startswith("a lone")
+    assert _content("gen_ai.system_instructions", attrs["gen_ai.system_instructions"])

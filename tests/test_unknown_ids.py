@@ -92,6 +92,28 @@ async def test_wait_agent_with_many_made_up_ids_among_many_records_names_each() 
 
 
 @pytest.mark.anyio
+async def test_wait_result_and_result_of_an_unknown_id_raise_naming_it() -> None:
+    async with manager_with(spec("echo", echo)) as m:
+        h = m.spawn("echo", "x")
+        await h.wait()
+        assert m.result(h.task_id) is not None
+        with pytest.raises(UnknownTask) as info:
+            await m.wait_result("no-such-task", timeout=0.01)
+        assert "no-such-task" in str(info.value)
+        with pytest.raises(UnknownTask):
+            m.result("no-such-task")
+
+
+@pytest.mark.anyio
+async def test_wait_result_of_another_sessions_task_names_that_session() -> None:
+    async with manager_with(spec("echo", echo)) as m:
+        h = m.spawn("echo", "x", session_id="s2")
+        await h.wait()
+        with pytest.raises(UnknownTask, match="s2"):
+            await m.wait_result(h.task_id, session_id="root")
+
+
+@pytest.mark.anyio
 async def test_an_unknown_id_lists_the_sessions_unfinished_tasks_only() -> None:
     async with manager_with(spec("echo", echo)) as manager:
         for handle in [manager.spawn("echo", str(i)) for i in range(20)]:

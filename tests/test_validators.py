@@ -19,6 +19,8 @@ from subagents import (
     RunContext,
     SpawnOptions,
     SubagentConfig,
+    SubagentsError,
+    UnknownTask,
 )
 from subagents.tools import build_tools
 from tests.helpers import echo, manager_with, spec
@@ -248,3 +250,19 @@ async def test_options_that_are_not_spawn_options_are_refused() -> None:
     async with manager_with(spec("echo", echo)) as manager:
         with pytest.raises(ConfigError, match="options"):
             manager.spawn("echo", options={"timeout": 3})  # type: ignore[arg-type]
+
+
+async def test_bad_spawn_arguments_are_clear_errors() -> None:
+    async with manager_with(spec("echo", echo)) as m:
+        for bad in (-1, 0, float("nan")):
+            with pytest.raises(ConfigError, match="timeout"):
+                m.spawn("echo", "x", timeout=bad)
+        for inp in (123, b"\xff\xfe", None):
+            with pytest.raises(SubagentsError, match="input"):
+                m.spawn("echo", inp)  # type: ignore[arg-type]
+        with pytest.raises((SubagentsError, ValueError), match="bad name"):
+            m.spawn("echo", "x", name="bad name")
+        with pytest.raises(ConfigError):
+            await m.wait_result(m.spawn("echo", "x").task_id, timeout=-1)
+        with pytest.raises(UnknownTask):
+            m.cancel("no-such-task")

@@ -6,11 +6,8 @@ still wake; workers started one by one still fill every slot.
 
 from __future__ import annotations
 
-import time
-
 import anyio
 import pytest
-from trio.testing import MockClock
 
 from subagents import (
     AgentSpec,
@@ -20,6 +17,7 @@ from subagents import (
     SubagentConfig,
     SubagentManager,
 )
+from tests.helpers import clock_backends, pass_time_without_a_checkpoint
 
 pytestmark = pytest.mark.anyio
 
@@ -53,9 +51,7 @@ def _manager(limit: int = 1, **config: object) -> tuple[SubagentManager, Gate]:
 
     async def busy(request: Request, ctx: RunContext) -> str:
         # Runs past its deadline without a single checkpoint, then returns a result.
-        end = time.monotonic() + float(request.input)
-        while time.monotonic() < end:
-            pass
+        pass_time_without_a_checkpoint(float(request.input))
         return "too late"
 
     async def stubborn(request: Request, ctx: RunContext) -> str:
@@ -110,6 +106,7 @@ async def test_child_ignoring_cancellation_is_cancelled_and_next_child_runs() ->
         assert (await b.wait()).status is Status.COMPLETED
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_watchdog_fires_then_next_child_in_worker_completes() -> None:
     manager, _ = _manager(limit=1)
     with anyio.fail_after(5):
@@ -121,6 +118,7 @@ async def test_watchdog_fires_then_next_child_in_worker_completes() -> None:
             assert (await b.wait()).status is Status.COMPLETED
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_deadline_of_a_finished_child_does_not_reach_the_next() -> None:
     # a: short watchdog, finishes at once; b: no watchdog, outlives a's deadline.
     manager, _ = _manager(limit=1)
@@ -133,6 +131,7 @@ async def test_deadline_of_a_finished_child_does_not_reach_the_next() -> None:
         assert (await c.wait()).status is Status.COMPLETED
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_result_after_the_deadline_is_a_timeout_and_next_child_is_fine() -> None:
     manager, _ = _manager(limit=1)
     async with manager:
@@ -142,6 +141,7 @@ async def test_result_after_the_deadline_is_a_timeout_and_next_child_is_fine() -
         assert (await b.wait()).status is Status.COMPLETED
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_exactly_one_envelope_per_spawn_in_a_mixed_batch() -> None:
     manager, _ = _manager(limit=3, mailbox_capacity=1000)
     seen: list[str] = []
@@ -254,8 +254,10 @@ async def test_parent_end_cancels_its_children_reused_worker() -> None:
 async def test_execute_caller_cancelled_still_records_one_envelope() -> None:
     manager, _ = _manager(limit=1)
     async with manager:
-        with anyio.move_on_after(0.02):
-            await manager.execute("forever", timeout=None)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: manager.execute("forever", timeout=None))
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()  # the caller of execute is cancelled
         (handle,) = manager.tasks()
         assert handle.result is not None
         assert handle.result.status is Status.CANCELLED
@@ -295,6 +297,7 @@ async def test_workers_started_one_by_one_still_fill_every_slot() -> None:
     assert manager.statistics().high_water == 12
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_a_shorter_watchdog_started_later_still_fires_on_time() -> None:
     manager, _ = _manager(limit=2)
     with anyio.fail_after(3):
@@ -308,6 +311,7 @@ async def test_a_shorter_watchdog_started_later_still_fires_on_time() -> None:
             assert (await slow.wait()).status is Status.CANCELLED
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_watchdog_rearms_after_the_child_it_waited_for_finished() -> None:
     manager, _ = _manager(limit=1)
     with anyio.fail_after(3):
@@ -320,10 +324,21 @@ async def test_watchdog_rearms_after_the_child_it_waited_for_finished() -> None:
             assert envelope.error_type == "timeout"
 
 
-@pytest.mark.parametrize(
-    "anyio_backend",
-    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock")],
-)
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_a_deadline_after_the_watchdog_went_idle_still_fires() -> None:
+    """Once every watched deadline has passed the watchdog idles with no deadline but keeps
+    running; a child started then must wake it with its own deadline, not only store it."""
+    manager, _ = _manager(limit=1)
+    async with manager:
+        with anyio.fail_after(5):
+            first = manager.spawn("forever", timeout=0.02)
+            assert (await first.wait()).status is Status.TIMEOUT
+            await anyio.wait_all_tasks_blocked()
+            second = manager.spawn("forever", timeout=0.02)
+            assert (await second.wait()).status is Status.TIMEOUT
+
+
+@pytest.mark.parametrize("anyio_backend", clock_backends()[1:])  # trio's mock clock only
 async def test_watchdog_follows_the_event_loop_clock() -> None:
     manager, _ = _manager(limit=2)
     start = anyio.current_time()

@@ -16,7 +16,8 @@ import attrs
 from .._envelope import bound_text
 from .._errors import ConfigError
 from .._json import JSONValue
-from .._tracing import ToolSpan
+from .._manager import telemetry_of
+from .._tracing import Telemetry, ToolSpan
 from .._validators import seconds
 from ._handlers import build_session_tools
 from ._tool import Tool, ToolLimits, ToolResult, arguments_text, traced
@@ -55,8 +56,10 @@ class Toolset:
         manager: SubagentManager,
         session_id: str,
         limits: ToolLimits,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._tools = {tool.name: tool for tool in tools}
+        self._telemetry = telemetry
         self.manager = manager
         """The manager the tools act on."""
         self.session_id = session_id
@@ -110,6 +113,7 @@ class Toolset:
                 + ", ".join(self._tools),
                 details={"error": "unknown_tool", "tools": list(self._tools)},
                 is_error=True,
+                content_limit=self.limits.truncate_chars,
             )
 
             async def answer(span: ToolSpan) -> ToolResult:
@@ -123,6 +127,7 @@ class Toolset:
                 answer,
                 capture=capture,
                 arguments=arguments_text(args, None) if capture else None,
+                telemetry=self._telemetry,
             )
         return await tool.execute(args, call_id=call_id)
 
@@ -248,7 +253,13 @@ def build_tools(
         truncate_chars=chars,
         return_mode="string" if return_mode == "string" else "envelope",
     )
-    tools = build_session_tools(manager, session_id, limits)
-    if manager.config.capture_content:
-        tools = [attrs.evolve(tool, capture_content=True) for tool in tools]
-    return Toolset(tools, manager=manager, session_id=session_id, limits=limits)
+    # The calls are traced with the manager's own telemetry (its providers, resolved once).
+    telemetry = telemetry_of(manager)
+    capture = manager.config.capture_content
+    tools = [
+        attrs.evolve(tool, capture_content=capture, telemetry=telemetry)
+        for tool in build_session_tools(manager, session_id, limits)
+    ]
+    return Toolset(
+        tools, manager=manager, session_id=session_id, limits=limits, telemetry=telemetry
+    )

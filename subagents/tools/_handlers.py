@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from .._envelope import _cut_middle, bound_text
+from .._envelope import bound_text, cut_middle
+from .._errors import UnknownTask
+from .._handle import record_of
 from .._json import JSONValue
 from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
 from .._tracing import ToolSpan
@@ -15,6 +17,7 @@ from ._tool import Tool, ToolLimits, ToolResult, make_tool
 from ._wait import WaitAgent, int_arg, ms, status_of
 
 if TYPE_CHECKING:
+    from .._handle import SpawnHandle
     from .._manager import SubagentManager
 
 __all__ = ["build_session_tools"]
@@ -47,11 +50,17 @@ class SessionTools(WaitAgent):
         self.limits = limits
         # The child owning the session, if any: once its record is forgotten (retention)
         # its id reads as an unused session, so its own handle says whether it has ended.
-        self._owner = manager._tasks.get(session_id)
+        try:
+            self._owner: SpawnHandle | None = manager.handle(session_id)
+        except UnknownTask:
+            self._owner = None
 
     def _check_open(self) -> None:
+        # The owner's own record says whether its runner still runs: before any argument
+        # is checked, and also once its record is forgotten (the manager would then take
+        # the id for a new root session).
         if self._owner is not None:
-            self._owner._check_can_delegate()
+            record_of(self._owner).check_can_delegate()
 
     # ------------------------------------------------------------------ spawn_agent
 
@@ -132,7 +141,7 @@ class SessionTools(WaitAgent):
             if envelope.ok:
                 text = envelope.output
                 if len(text) > limit:
-                    text = _cut_middle(text, limit)
+                    text = cut_middle(text, limit)
                 return ToolResult(content=text, details=details)
             details["error"] = "agent_failed"
             details["error_type"] = envelope.error_type or envelope.status.value
@@ -174,7 +183,7 @@ class SessionTools(WaitAgent):
                 f"task {handle.task_id} had already ended ({previous}); nothing to cancel."
                 + ("" if handle.collected else " Its result is waiting: call wait_agent.")
             )
-        elif handle._cancel_requested is None:
+        elif not handle.cancel_called:
             # The runner has returned (its outcome is decided) and the child is settling
             # its own children: it is finishing, not being cancelled.
             content = (
@@ -197,7 +206,7 @@ class SessionTools(WaitAgent):
 
     async def list_agents(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
         manager = self.manager
-        limit = 2 * self.limits.truncate_chars
+        limit = list_limit(self.limits)
         agents = manager.agents
         lines = ["agent types (use with spawn_agent / delegate_to_agent):"]
         agent_details: list[JSONValue] = []
@@ -253,6 +262,11 @@ _TIMEOUT_SPAWN = Param(
 )
 
 
+def list_limit(limits: ToolLimits) -> int:
+    """The bound of ``list_agents``' text: twice the others', as it lists every agent type."""
+    return 2 * limits.truncate_chars
+
+
 def _hints(
     *, read_only: bool, destructive: bool, idempotent: bool, open_world: bool
 ) -> dict[str, bool]:
@@ -306,6 +320,7 @@ def build_session_tools(
                 read_only=False, destructive=False, idempotent=False, open_world=True
             ),
             engine_timeout=engine["spawn_agent"],
+            content_limit=limits.truncate_chars,
             transfers=True,
         ),
         make_tool(
@@ -354,6 +369,7 @@ def build_session_tools(
                 read_only=False, destructive=False, idempotent=False, open_world=False
             ),
             engine_timeout=engine["wait_agent"],
+            content_limit=limits.truncate_chars,
         ),
         make_tool(
             name="delegate_to_agent",
@@ -373,6 +389,7 @@ def build_session_tools(
                 read_only=False, destructive=False, idempotent=False, open_world=True
             ),
             engine_timeout=engine["delegate_to_agent"],
+            content_limit=limits.truncate_chars,
             transfers=True,
         ),
         make_tool(
@@ -400,6 +417,7 @@ def build_session_tools(
                 read_only=False, destructive=True, idempotent=True, open_world=False
             ),
             engine_timeout=engine["cancel_agent"],
+            content_limit=limits.truncate_chars,
         ),
         make_tool(
             name="list_agents",
@@ -416,5 +434,6 @@ def build_session_tools(
                 read_only=True, destructive=False, idempotent=True, open_world=False
             ),
             engine_timeout=engine["list_agents"],
+            content_limit=list_limit(limits),
         ),
     ]

@@ -152,8 +152,27 @@ def parse_args(tool: str, params: Sequence[Param], args: object) -> dict[str, ob
     Raises:
         ArgumentError: the first problem found, named for a model.
     """
+    fields = _as_object(tool, args)
+    by_name = {p.name: p for p in params}
+    for key in fields:
+        if not isinstance(key, str) or key not in by_name:
+            raise _unknown_field(tool, key, list(by_name))
+    out: dict[str, object] = {}
+    for p in params:
+        value = fields.get(p.name)
+        if value is None:
+            if p.required:
+                raise ArgumentError(f"{p.name} is required: {p.description}", p.name)
+            continue
+        out[p.name] = _check(p, value)
+    return out
+
+
+def _as_object(tool: str, args: object) -> Mapping[object, object]:
+    """``args`` as a mapping: ``None`` as ``{}``, UTF-8 bytes and JSON text parsed (blank
+    text as ``{}``)."""
     if args is None:
-        args = {}
+        return {}
     if isinstance(args, (bytes, bytearray)):
         try:
             args = args.decode("utf-8")
@@ -168,30 +187,23 @@ def parse_args(tool: str, params: Sequence[Param], args: object) -> dict[str, ob
             ) from None
     if not isinstance(args, Mapping):
         raise ArgumentError(f"{tool} arguments must be a JSON object, got {show(args)}")
-    by_name = {p.name: p for p in params}
-    allowed = ", ".join(by_name) if by_name else "(none: call it with {})"
-    for key in args:
-        if not isinstance(key, str) or key not in by_name:
-            hint = ""
-            if isinstance(key, str):
-                close = difflib.get_close_matches(key, list(by_name), n=1, cutoff=0.6)
-                if close:
-                    hint = f" (did you mean {close[0]!r}?)"
-            shown = repr(key[:_SHOW_CHARS]) if isinstance(key, str) else show(key)
-            # The field goes into JSON details: bounded, and a lone surrogate escaped.
-            field = str(key)[:_SHOW_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
-            raise ArgumentError(
-                f"unknown field {shown} for {tool}{hint}; allowed fields: {allowed}", field
-            )
-    out: dict[str, object] = {}
-    for p in params:
-        value = args.get(p.name)
-        if value is None:
-            if p.required:
-                raise ArgumentError(f"{p.name} is required: {p.description}", p.name)
-            continue
-        out[p.name] = _check(p, value)
-    return out
+    return args
+
+
+def _unknown_field(tool: str, key: object, names: list[str]) -> ArgumentError:
+    """The error for a field ``key`` that is none of ``names``, with the closest name."""
+    allowed = ", ".join(names) if names else "(none: call it with {})"
+    hint = ""
+    if isinstance(key, str):
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+        if close:
+            hint = f" (did you mean {close[0]!r}?)"
+    shown = repr(key[:_SHOW_CHARS]) if isinstance(key, str) else show(key)
+    # The field goes into JSON details: bounded, and a lone surrogate escaped.
+    field = str(key)[:_SHOW_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
+    return ArgumentError(
+        f"unknown field {shown} for {tool}{hint}; allowed fields: {allowed}", field
+    )
 
 
 def _check(p: Param, value: object) -> object:

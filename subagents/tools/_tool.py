@@ -27,9 +27,10 @@ from .._errors import (
     UnknownTask,
 )
 from .._json import JSONValue, dumps_str
-from .._tracing import ToolSpan, tool_span
+from .._tracing import Telemetry, ToolSpan, tool_span
 from ._export import to_anthropic, to_mcp, to_openai_chat, to_openai_responses
 from ._schema import ArgumentError, Param, parse_args, schema_for
+from ._structured import bounded_details
 
 __all__ = [
     "Handler",
@@ -58,6 +59,9 @@ class ToolResult:
     """Structured, JSON-serialisable data for the host (may hold full envelopes)."""
     is_error: bool = False
     """True when the call failed (bad arguments, unknown id, refusal)."""
+    content_limit: int | None = None
+    """The bound (characters) :attr:`content` was cut to, set by the tool that answered;
+    :meth:`to_mcp` keeps ``structuredContent`` within it too (``None``: no bound)."""
 
     def to_dict(self) -> dict[str, JSONValue]:
         """``{"content", "details", "is_error"}``."""
@@ -83,13 +87,18 @@ class ToolResult:
     def to_mcp(self) -> dict[str, JSONValue]:
         """An MCP ``tools/call`` result, valid on protocol 2026-07-28 and 2025-11-25.
 
-        ``content`` is one text block (the text a model reads), ``structuredContent`` the
-        :attr:`details` (they match the tool's ``outputSchema``), ``isError`` the flag and
+        ``content`` is one text block (the text a model reads), ``structuredContent`` a
+        copy of :attr:`details` cut to :attr:`content_limit` like the text (it matches the
+        tool's ``outputSchema``; see ``_structured``), ``isError`` the flag and
         ``resultType`` ``"complete"``: 2026-07-28 requires it and earlier peers ignore it.
         """
+        if self.content_limit is None:
+            structured = copy.deepcopy(self.details)
+        else:
+            structured = bounded_details(self.details, self.content_limit)
         return {
             "content": [{"type": "text", "text": self.content}],
-            "structuredContent": copy.deepcopy(self.details),
+            "structuredContent": structured,
             "isError": self.is_error,
             "resultType": "complete",
         }
@@ -126,6 +135,10 @@ class Tool:
     _handler: Handler = attrs.field(alias="handler", repr=False, eq=False)
     _transfers: bool = attrs.field(alias="transfers", default=False, repr=False)
     _capture_content: bool = attrs.field(alias="capture_content", default=False, repr=False)
+    _telemetry: Telemetry | None = attrs.field(
+        alias="telemetry", default=None, repr=False, eq=False
+    )
+    _content_limit: int | None = attrs.field(alias="content_limit", default=None, repr=False)
 
     async def execute(self, args: object, *, call_id: str | None = None) -> ToolResult:
         """Validate ``args`` (an object or its JSON text) and run the tool.
@@ -158,7 +171,7 @@ class Tool:
                 return error_result(exc, self.name)
 
         captured = arguments_text(args, parsed) if self._capture_content else None
-        return await traced(
+        result = await traced(
             self.name,
             call_id,
             target,
@@ -166,7 +179,11 @@ class Tool:
             description=self.description,
             capture=self._capture_content,
             arguments=captured,
+            telemetry=self._telemetry,
         )
+        if self._content_limit is None:
+            return result
+        return attrs.evolve(result, content_limit=self._content_limit)
 
     def to_openai_chat(self, *, strict: bool = False) -> dict[str, JSONValue]:
         """This tool as an OpenAI Chat Completions function tool."""
@@ -194,10 +211,12 @@ async def traced(
     description: str | None = None,
     capture: bool = False,
     arguments: str | None = None,
+    telemetry: Telemetry | None = None,
 ) -> ToolResult:
-    """``run`` inside the ``execute_tool`` span of ``tool``; a tracer that fails to open or
-    close the span is logged and never breaks the call (``run`` itself must not raise).
-    With ``capture``, a successful call's content is recorded as its result.
+    """``run`` inside the ``execute_tool`` span of ``tool``, traced by ``telemetry`` (the
+    tool's manager's; see :func:`tool_span`); a tracer that fails to open or close the
+    span is logged and never breaks the call (``run`` itself must not raise). With
+    ``capture``, a successful call's content is recorded as its result.
 
     Every call is a checkpoint (it yields once before ``run``, where cancelling it changes
     nothing): a host polling ``wait_agent`` with ``timeout_ms: 0`` in a loop lets the
@@ -214,6 +233,7 @@ async def traced(
                         transfer_target=target,
                         description=description,
                         arguments=arguments,
+                        telemetry=telemetry,
                     )
                 )
             except Exception:
@@ -271,9 +291,11 @@ def make_tool(
     handler: Handler,
     annotations: Mapping[str, bool],
     engine_timeout: float | None,
+    content_limit: int | None = None,
     transfers: bool = False,
 ) -> Tool:
-    """Build a :class:`Tool` whose schema is derived from ``params``."""
+    """Build a :class:`Tool` whose schema is derived from ``params``; its results carry
+    ``content_limit`` (the bound its handler cuts their text to)."""
     return Tool(
         name=name,
         title=title,
@@ -285,6 +307,7 @@ def make_tool(
         params=tuple(params),
         handler=handler,
         transfers=transfers,
+        content_limit=content_limit,
     )
 
 

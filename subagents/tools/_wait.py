@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
-from .._completions import WaitMode, session_signal, wait_handles
+from .._completions import WaitMode
 from .._envelope import DelegateResult, bound_text
-from .._handle import QUEUED, SpawnHandle
+from .._handle import SpawnHandle
 from .._json import JSONValue
+from .._record import QUEUED
 from .._tracing import ToolSpan
+from ._structured import water_fill
 from ._tool import ToolLimits, ToolResult, error_result
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ def status_of(handle: SpawnHandle) -> str:
     envelope = handle.result
     if envelope is not None:
         return envelope.status.value
-    if handle._cancel_requested:
+    if handle.cancel_called:
         return "cancelling"
     return handle.state
 
@@ -89,13 +91,11 @@ class WaitAgent:
         requested = None if args.get("timeout_ms") is None else int_arg(args["timeout_ms"])
         timeout_ms, clamped = self._wait_ms(requested)
         waited_from = anyio.current_time()
-        with session_signal(manager, self.session_id) as closed:
-            if timeout_ms > 0 and not closed.is_set():
-                # A child's own agent loop waits here: it lends its slot (its children may
-                # need it), and taking it back never outlasts the timeout.
-                with anyio.move_on_after(timeout_ms / 1000):
-                    async with manager.lend_slot():
-                        await wait_handles(handles, mode, closed)
+        # A child's own agent loop waits here: it lends its slot (its children may need
+        # it), and taking it back never outlasts the timeout.
+        await manager.completions(self.session_id).wait_for(
+            handles, mode, timeout=timeout_ms / 1000
+        )
         waited_ms = ms(anyio.current_time() - waited_from)
         # Read the record after the deadline: a result that landed at the deadline counts.
         finished = [h for h in handles if h.result is not None]
@@ -189,7 +189,7 @@ class WaitAgent:
             tail = [*notes, f"{len(pending)} still pending; keep working and wait again later."]
             tail_text = "\n".join(tail)
             exact = limit - len(head_text) - len(tail_text) - 2
-        shares = _water_fill([len(t) + 2 for t in texts_full[:count]], max(exact, count * 3))
+        shares = water_fill([len(t) + 2 for t in texts_full[:count]], max(exact, count * 3))
         blocks: list[str] = []
         results: list[JSONValue] = []
         for handle, share in zip(delivered, shares, strict=True):
@@ -254,15 +254,3 @@ def _envelope(handle: SpawnHandle) -> DelegateResult:
     envelope = handle.result
     assert envelope is not None
     return envelope
-
-
-def _water_fill(needs: list[int], budget: int) -> list[int]:
-    """Share ``budget`` among items needing ``needs``: short ones get all they need, the
-    rest split what is left evenly."""
-    shares = [0] * len(needs)
-    left = budget
-    for rank, i in enumerate(sorted(range(len(needs)), key=lambda j: needs[j])):
-        share = left // (len(needs) - rank)
-        shares[i] = min(needs[i], share)
-        left -= shares[i]
-    return shares

@@ -49,6 +49,7 @@ from subagents import (
     Usage,
 )
 from subagents._events import COMPLETED, SPAWNED, STARTED
+from subagents._handle import record_of
 
 # The spawned plan whose slot the current task runs on (executed children share it).
 _SLOT_PLAN: ContextVar[object | None] = ContextVar("chaos_slot_plan", default=None)
@@ -507,7 +508,9 @@ class Chaos:
             handle = plan.handle
             # A child whose runner already returned keeps the outcome it had (it is only
             # waiting for its own children to settle): the close comes too late for it.
-            if handle is not None and handle.result is None and not handle._ending:
+            # private: no public way to tell a child that is settling its children from
+            # one whose runner runs (both are "running"; the runner may be retried).
+            if handle is not None and handle.result is None and not record_of(handle).ending:
                 plan.must_cancel = True
                 plan.cancel_reasons.add(SESSION_CLOSED)
         self.ops[kind] += 1

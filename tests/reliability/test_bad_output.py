@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from subagents import DelegateResult, Mailbox, Request, Result, RunContext, Status, Usage
-from subagents._child_run import MAX_OUTPUT_CHARS
+from subagents._progress import MAX_OUTPUT_CHARS
 
 from .support import completed_events, make_manager, recorded
 

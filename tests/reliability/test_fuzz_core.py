@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from subagents import DelegateResult, Request, RunContext, Status, SubagentsError
+from tests.helpers import clock_backends
 
 from .support import make_manager, recorded
 
@@ -75,6 +76,7 @@ async def test_fuzzed_spawn_arguments(args: dict[str, object]) -> None:
     ), args
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 @SETTINGS
 @given(task_id=ANY_SCALAR, timeout=ANY_SCALAR, session_id=st.one_of(st.none(), ANY_SCALAR))
 async def test_fuzzed_wait_and_cancel_arguments(

@@ -9,25 +9,23 @@ children that ignore cancellation while others lend or wait to resume.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import anyio
 import anyio.lowlevel
 import pytest
 
 from subagents import DelegateResult, Event, Request, RunContext, SpawnHandle, SubagentManager
+from tests.helpers import clock_backends, on_mock_clock
 
-from .support import completed_events, make_manager, recorded
+from .support import (
+    completed_events,
+    holds_no_slot,
+    make_manager,
+    recorded,
+    records,
+    waiting_to_resume,
+)
 
 pytestmark = pytest.mark.anyio
-
-
-async def _until(predicate: Callable[[], bool]) -> None:
-    with anyio.fail_after(5):
-        while not predicate():
-            await anyio.wait_all_tasks_blocked()
-            if not predicate():
-                await anyio.sleep(0.001)
 
 
 def _check_accounting(manager: SubagentManager, samples: list[int]) -> None:
@@ -38,15 +36,16 @@ def _check_accounting(manager: SubagentManager, samples: list[int]) -> None:
     assert stats.high_water <= stats.limit
     assert stats.running == 0
     assert stats.settled == stats.spawned
-    assert not manager._resumers
+    assert waiting_to_resume(manager) == 0
 
 
 def _check_one_envelope_each(manager: SubagentManager, events: list[Event]) -> None:
-    for handle in manager._tasks.values():
+    handles = records(manager)
+    assert len(handles) == manager.statistics().spawned
+    for handle in handles:
         assert handle.result is not None, handle
         assert len(completed_events(events, handle.task_id)) == 1, handle
-        assert handle._lends == 0
-        assert not handle._holds_slot
+        assert holds_no_slot(handle), handle
 
 
 # ------------------------------------------------------------------ 1. sibling waits
@@ -104,6 +103,7 @@ async def test_a_wait_starting_while_its_sibling_waits_for_the_slot_lends_too() 
     behind its own parent's slot forever."""
     samples: list[int] = []
     hold = anyio.Event()
+    blocking = anyio.Event()
     b_go = anyio.Event()
 
     async def leaf(request: Request, ctx: RunContext) -> str:
@@ -112,6 +112,7 @@ async def test_a_wait_starting_while_its_sibling_waits_for_the_slot_lends_too() 
 
     async def blocker(request: Request, ctx: RunContext) -> str:
         samples.append(ctx.manager.statistics().running)
+        blocking.set()
         await hold.wait()
         return "blocker"
 
@@ -143,7 +144,10 @@ async def test_a_wait_starting_while_its_sibling_waits_for_the_slot_lends_too() 
     async with manager:
         with recorded(manager) as events:
             handle = manager.spawn("parent")
-            await _until(lambda: len(manager._resumers) == 1)  # A waits to take a slot back
+            with anyio.fail_after(5):
+                await blocking.wait()  # g1 has ended: A's wait is over
+            await anyio.wait_all_tasks_blocked()
+            assert waiting_to_resume(manager) == 1  # A waits to take a slot back
             b_go.set()
             await anyio.wait_all_tasks_blocked()  # B is waiting on g2 (queued)
             hold.set()
@@ -156,11 +160,6 @@ async def test_a_wait_starting_while_its_sibling_waits_for_the_slot_lends_too() 
 
 
 # ------------------------------------------------------------------ 2. execute() cancelled
-
-
-async def _forever(request: Request, ctx: RunContext) -> str:
-    await anyio.sleep_forever()
-    raise AssertionError("unreachable")
 
 
 @pytest.mark.parametrize("how", ["cancel", "deadline", "task group"])
@@ -184,8 +183,11 @@ async def test_execute_cancelled_by_its_callers_scope_cancels_its_lending_subtre
 
     async def grandchild(request: Request, ctx: RunContext) -> str:
         samples.append(ctx.manager.statistics().running)
+        running_grandchild.set()
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
+
+    running_grandchild = anyio.Event()
 
     async def delegate(request: Request, ctx: RunContext) -> str:
         first = ctx.spawn("grandchild")
@@ -220,10 +222,12 @@ async def test_execute_cancelled_by_its_callers_scope_cancels_its_lending_subtre
         with recorded(manager) as events:
             other = manager.spawn("unrelated")
             handle = manager.spawn("parent")
-            await _until(lambda: manager.statistics().spawned == 5 and samples != [])
+            with anyio.fail_after(5):
+                await running_grandchild.wait()
             await anyio.wait_all_tasks_blocked()
+            assert manager.statistics().spawned == 5
             assert manager.statistics().running == 2  # the unrelated child and a grandchild
-            assert handle._lends == 1
+            assert handle.state == "running"  # alive but holding neither slot: it lends its own
             (scope,) = scopes
             if how == "deadline":
                 scope.deadline = anyio.current_time()
@@ -257,6 +261,7 @@ async def test_a_delegates_given_up_wait_runs_on_a_borrowed_slot() -> None:
     on at once on a borrowed slot instead of waiting for it; the grandchild keeps running,
     the borrow shows in the statistics and is repaid when the grandchild's slot frees."""
     stop_waiting: list[anyio.CancelScope] = []
+    waiting = anyio.Event()
     gave_up = anyio.Event()
     gate = anyio.Event()
     grandchild_done = anyio.Event()
@@ -271,6 +276,7 @@ async def test_a_delegates_given_up_wait_runs_on_a_borrowed_slot() -> None:
         spawned.append(child)
         with anyio.CancelScope() as scope:
             stop_waiting.append(scope)
+            waiting.set()
             await child.wait()
         gave_up.set()
         assert child.result is None  # it holds the only slot and is still running
@@ -285,8 +291,10 @@ async def test_a_delegates_given_up_wait_runs_on_a_borrowed_slot() -> None:
     )
     async with manager:
         handle = manager.spawn("parent")
-        await _until(lambda: manager.statistics().spawned == 3 and stop_waiting != [])
+        with anyio.fail_after(5):
+            await waiting.wait()
         await anyio.wait_all_tasks_blocked()
+        assert manager.statistics().spawned == 3
         stop_waiting[0].cancel()
         with anyio.fail_after(5):
             await gave_up.wait()
@@ -313,10 +321,16 @@ async def test_a_scope_between_two_nested_delegates_cancels_only_the_inner_ones_
     delegate's own spawned child runs on and completes."""
     scopes: list[anyio.CancelScope] = []
     gate = anyio.Event()
+    running_grandchild = anyio.Event()
 
     async def gated(request: Request, ctx: RunContext) -> str:
         await gate.wait()
         return "gated"
+
+    async def grandchild(request: Request, ctx: RunContext) -> str:
+        running_grandchild.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
 
     async def inner(request: Request, ctx: RunContext) -> str:
         await ctx.spawn("grandchild").wait()
@@ -337,7 +351,7 @@ async def test_a_scope_between_two_nested_delegates_cancels_only_the_inner_ones_
     manager = make_manager(
         {
             "gated": gated,
-            "grandchild": _forever,
+            "grandchild": grandchild,
             "inner": inner,
             "outer": outer,
             "parent": parent,
@@ -349,14 +363,17 @@ async def test_a_scope_between_two_nested_delegates_cancels_only_the_inner_ones_
     )
     async with manager:
         handle = manager.spawn("parent")
-        await _until(lambda: manager.statistics().spawned == 5 and handle._lends == 1)
+        with anyio.fail_after(5):
+            await running_grandchild.wait()
         await anyio.wait_all_tasks_blocked()
+        assert manager.statistics().spawned == 5
         assert manager.statistics().running == 2  # the gated child and the grandchild
+        assert handle.state == "running"  # alive but holding neither slot: it lends its own
         scopes[0].cancel()
         with anyio.fail_after(5):
             envelope = await handle.wait()
         assert envelope.output == "completed"
-        statuses = {h.agent: h.result.status for h in manager._tasks.values() if h.result}
+        statuses = {h.agent: h.result.status for h in records(manager) if h.result}
         assert statuses == {
             "gated": "completed",
             "grandchild": "cancelled",
@@ -371,16 +388,24 @@ async def test_a_scope_between_two_nested_delegates_cancels_only_the_inner_ones_
 # ------------------------------------------------------------------ 3. aclose
 
 
-async def test_aclose_is_bounded_with_cancellation_catchers_lenders_and_resumers() -> None:
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_aclose_is_bounded_with_cancellation_catchers_lenders_and_resumers(
+    anyio_backend: object,
+) -> None:
     """At aclose, runners that catch the cancellation and sleep on hold both slots, one
     parent lends its slot to such a child and another waits in the resumer queue. aclose
     still finishes near settle_timeout (cancellation is level-triggered: the sleep after
     the catch is cancelled too), every child ends in one envelope, no slot is left held."""
     entered = anyio.Event()
+    both_entered = anyio.Event()
+    catching: list[str] = []
 
     async def catcher(request: Request, ctx: RunContext) -> str:
         try:
+            catching.append(ctx.task_id)
             entered.set()
+            if len(catching) == 2:
+                both_entered.set()
             await anyio.sleep_forever()
         except anyio.get_cancelled_exc_class():
             await anyio.sleep(30)  # ignores the cancellation... for one checkpoint
@@ -410,16 +435,20 @@ async def test_aclose_is_bounded_with_cancellation_catchers_lenders_and_resumers
             manager.spawn("lender")
             await entered.wait()
             manager.spawn("resumer")
-            await _until(lambda: len(manager._resumers) == 1)
+            await both_entered.wait()  # the resumer's leaf has ended: its wait is over
+            await anyio.wait_all_tasks_blocked()
+            assert waiting_to_resume(manager) == 1
             assert manager.statistics().running == 2
             started = anyio.current_time()
-        assert anyio.current_time() - started < 2  # aclose, on leaving the block
+        closing_took = anyio.current_time() - started  # aclose, on leaving the block
+    if on_mock_clock(anyio_backend):
+        assert closing_took < 1  # about settle_timeout, not the catchers' 30 s
     stats = manager.statistics()
     assert stats.running == 0
     assert stats.settled == stats.spawned == 5
-    assert not manager._resumers
+    assert waiting_to_resume(manager) == 0
     _check_one_envelope_each(manager, events)
-    statuses = {h.agent: h.result.status for h in manager._tasks.values() if h.result}
+    statuses = {h.agent: h.result.status for h in records(manager) if h.result}
     assert statuses == {
         "catcher": "cancelled",
         "leaf": "completed",
@@ -428,7 +457,10 @@ async def test_aclose_is_bounded_with_cancellation_catchers_lenders_and_resumers
     }
 
 
-async def test_aclose_waits_for_a_shielded_child_but_not_for_a_resumer_behind_it() -> None:
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_aclose_waits_for_a_shielded_child_but_not_for_a_resumer_behind_it(
+    anyio_backend: object,
+) -> None:
     """A child shielding itself from cancellation cannot be cut off (structured concurrency:
     aclose waits for it, a documented limit), but a parent waiting in the resumer queue for
     the slot that child holds adds nothing: aclose returns as soon as the shield lifts."""
@@ -454,16 +486,16 @@ async def test_aclose_waits_for_a_shielded_child_but_not_for_a_resumer_behind_it
     manager = make_manager(
         {"shielded": shielded, "leaf": leaf, "resumer": resumer}, limit=1, settle_timeout=0.05
     )
-    closing_for: list[float] = []
+    closing = anyio.Event()
+    lifted: list[float] = []
+    closed: list[float] = []
 
     async def lift_the_shield_later() -> None:
-        await _until(lambda: manager._state == "closing")
+        await closing.wait()
         await anyio.sleep(0.2)  # well past settle_timeout
-        assert manager._state == "closing"  # the shielded child still holds aclose
-        lifted = anyio.current_time()
+        assert closed == []  # the shielded child still holds aclose
+        lifted.append(anyio.current_time())
         release_shield.set()
-        await _until(lambda: manager._state == "closed")
-        closing_for.append(anyio.current_time() - lifted)
 
     with recorded(manager) as events:
         async with anyio.create_task_group() as tg:
@@ -471,11 +503,15 @@ async def test_aclose_waits_for_a_shielded_child_but_not_for_a_resumer_behind_it
             with anyio.fail_after(5):
                 async with manager:
                     handle = manager.spawn("resumer")
-                    await entered.wait()
-                    await _until(lambda: len(manager._resumers) == 1)
+                    await entered.wait()  # the resumer's leaf has ended: its wait is over
+                    await anyio.wait_all_tasks_blocked()
+                    assert waiting_to_resume(manager) == 1
+                    closing.set()  # aclose starts as the block is left
+                closed.append(anyio.current_time())
                 # aclose (the entering task's) returned once the shield lifted
-    assert len(closing_for) == 1
-    assert closing_for[0] < 1  # the resumer behind it added no wait
+    assert len(lifted) == len(closed) == 1
+    if on_mock_clock(anyio_backend):
+        assert closed[0] - lifted[0] < 0.05  # the resumer behind it added no wait
     assert handle.result is not None
     assert handle.result.status == "cancelled"
     stats = manager.statistics()

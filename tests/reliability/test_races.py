@@ -1,14 +1,15 @@
 """Named races: each test builds one interleaving on purpose and would fail on the naive code.
 
 Time is used only where the race is about a deadline; the interleaving itself is built with
-events, ``wait_all_tasks_blocked`` and blocking ``time.sleep`` (which lets a deadline pass
-while no other task can run, so "at the same instant" is exact, not probabilistic).
+events, ``wait_all_tasks_blocked`` and ``pass_time_without_a_checkpoint`` (which lets a
+deadline pass while no other task can run, so "at the same instant" is exact, not
+probabilistic). Those tests run on asyncio in real time and on trio's mock clock, where the
+deadline passes by jumping the clock and takes no wall time.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import anyio
@@ -29,6 +30,7 @@ from subagents import (
     SubagentManager,
     TransientError,
 )
+from tests.helpers import clock_backends, on_mock_clock, pass_time_without_a_checkpoint
 
 from .support import completed_events, make_manager, recorded
 
@@ -43,6 +45,7 @@ async def _forever(request: Request, ctx: RunContext) -> str:
 # ---------------------------------------------------------------- result vs wait timeout
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 @pytest.mark.parametrize("via", ["wait_result", "mailbox"])
 async def test_result_landing_as_the_wait_times_out_counts_as_completed(via: str) -> None:
     """The runner returns while the loop is blocked past the waiter's deadline: both the
@@ -51,7 +54,7 @@ async def test_result_landing_as_the_wait_times_out_counts_as_completed(via: str
 
     async def late(request: Request, ctx: RunContext) -> str:
         await go.wait()
-        time.sleep(0.3)  # noqa: ASYNC251 - the waiter's 0.2 s deadline passes; nobody else can run
+        pass_time_without_a_checkpoint(0.3)  # the waiter's 0.2 s deadline passes meanwhile
         return "landed"
 
     got: list[DelegateResult | None] = []
@@ -74,6 +77,7 @@ async def test_result_landing_as_the_wait_times_out_counts_as_completed(via: str
     assert got[0].status is Status.COMPLETED
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 @pytest.mark.parametrize("via", ["wait_result", "mailbox"])
 async def test_envelope_landing_between_the_timeout_and_the_waiters_wakeup_is_returned(
     via: str,
@@ -103,7 +107,7 @@ async def test_envelope_landing_between_the_timeout_and_the_waiters_wakeup_is_re
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(waiter)
                     await anyio.wait_all_tasks_blocked()
-                    time.sleep(0.02)  # noqa: ASYNC251 - the deadline passes, nobody runs
+                    pass_time_without_a_checkpoint(0.02)  # the deadline passes, nobody runs
                     await anyio.lowlevel.checkpoint()  # the deadline is processed
                     assert manager.cancel(queued.task_id)  # the envelope lands now
             ((got, present),) = seen
@@ -178,6 +182,7 @@ async def test_close_session_while_a_spawner_keeps_admitting() -> None:
         assert manager.statistics().running == 0
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_close_child_session_rejects_the_childs_later_spawns() -> None:
     """close_session on a running agent's session (its task id) cancels its children and
     rejects what it spawns or executes afterwards, as for any closed session."""
@@ -286,12 +291,13 @@ async def _quick(request: Request, ctx: RunContext) -> str:
 # ---------------------------------------------------------------- watchdog vs success
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_watchdog_firing_while_the_runner_returns_a_success_stays_timeout() -> None:
     """The deadline passes inside a stretch with no checkpoint (or a shielded one) and the
     runner then returns a success: the verdict is timeout, with exactly one envelope."""
 
     async def blocking(request: Request, ctx: RunContext) -> str:
-        time.sleep(0.12)  # noqa: ASYNC251 - no checkpoint while the deadline passes
+        pass_time_without_a_checkpoint(0.12)  # no checkpoint while the deadline passes
         return "too late"
 
     async def shielded(request: Request, ctx: RunContext) -> Result:
@@ -310,16 +316,21 @@ async def test_watchdog_firing_while_the_runner_returns_a_success_stays_timeout(
         assert len(completed_events(events, env.task_id)) == 1
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_success_returned_before_the_deadline_stays_completed() -> None:
     """The converse: a runner that returned in time stays completed even when settling its
     children (which ignore cancellation for a while) runs past its deadline."""
+    deadline: list[float | None] = []
+    settled_at: list[float] = []
 
     async def stubborn(request: Request, ctx: RunContext) -> str:
         with anyio.CancelScope(shield=True):
             await anyio.sleep(0.4)
+        settled_at.append(anyio.current_time())
         return "stubborn"
 
     async def parent(request: Request, ctx: RunContext) -> str:
+        deadline.append(ctx.deadline)
         ctx.spawn("stubborn", timeout=None)
         await anyio.wait_all_tasks_blocked()  # the child is inside its shielded sleep
         return "in time"
@@ -329,7 +340,9 @@ async def test_success_returned_before_the_deadline_stays_completed() -> None:
             env = await manager.spawn("parent", timeout=0.2).wait()
     assert env.status is Status.COMPLETED
     assert env.output == "in time"
-    assert env.duration_ms >= 200  # it did settle past the deadline
+    (parent_deadline,) = deadline
+    assert parent_deadline is not None
+    assert settled_at[0] > parent_deadline  # it did settle past the deadline
 
 
 # ---------------------------------------------------------------- mailbox subscribers
@@ -391,6 +404,7 @@ def test_subscriber_that_reenters_the_mailbox() -> None:
     assert drained == [first, None]  # drop woke the re-registered subscriber; nothing left
 
 
+@pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_wait_with_a_draining_subscriber_times_out_cleanly() -> None:
     """A subscriber consumes the entry a blocked ``wait`` was woken for: the waiter goes
     back to waiting, times out with None and leaves no registration behind."""
@@ -493,7 +507,10 @@ async def test_mailbox_at_capacity_when_many_children_finish_together() -> None:
 # ---------------------------------------------------------------- sibling isolation
 
 
-async def test_failing_and_hanging_siblings_never_cancel_or_delay_the_others() -> None:
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_failing_and_hanging_siblings_never_cancel_or_delay_the_others(
+    anyio_backend: object,
+) -> None:
     async def boom(request: Request, ctx: RunContext) -> str:
         raise RuntimeError("sibling failed")
 
@@ -506,7 +523,7 @@ async def test_failing_and_hanging_siblings_never_cancel_or_delay_the_others() -
         slow = manager.spawn("forever", session_id="s", timeout=30)  # hangs past nothing yet
         bad = [manager.spawn(n, session_id="s") for n in ("boom", "garbage")]
         good = [manager.spawn("quick", str(i), session_id="s") for i in range(4)]
-        started = time.monotonic()
+        started = anyio.current_time()
         with anyio.fail_after(5):
             for handle in good:
                 env = await manager.wait_result(handle.task_id, timeout=5)
@@ -516,7 +533,8 @@ async def test_failing_and_hanging_siblings_never_cancel_or_delay_the_others() -
                 env = await manager.wait_result(handle.task_id, timeout=5)
                 assert env is not None
                 assert env.status is Status.ERROR
-        assert time.monotonic() - started < 2
+        if on_mock_clock(anyio_backend):
+            assert anyio.current_time() == started  # nobody waited for any deadline
         assert hanger.state == "running"
         assert slow.state == "running"
         hanger.cancel()
@@ -568,7 +586,10 @@ async def test_limiter_resizes_admit_at_once_and_never_overshoot() -> None:
 # ---------------------------------------------------------------- bounded settling
 
 
-async def test_close_session_is_bounded_by_settle_timeout_for_a_stubborn_child() -> None:
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_close_session_is_bounded_by_settle_timeout_for_a_stubborn_child(
+    anyio_backend: object,
+) -> None:
     """A child that ignores cancellation for a while does not hold close_session past
     ``settle_timeout``; it still ends in exactly one (cancelled) envelope when it stops."""
 
@@ -581,10 +602,11 @@ async def test_close_session_is_bounded_by_settle_timeout_for_a_stubborn_child()
         with recorded(manager) as events:
             handle = manager.spawn("stubborn", session_id="s", timeout=None)
             await anyio.wait_all_tasks_blocked()
-            started = time.monotonic()
+            started = anyio.current_time()
             await manager.close_session("s")
-            assert time.monotonic() - started < 0.4
-            assert handle.result is None  # still running, its cancel pending
+            if on_mock_clock(anyio_backend):
+                assert anyio.current_time() - started == pytest.approx(0.05)  # settle_timeout
+            assert handle.result is None  # close returned while the child still runs
             with anyio.fail_after(5):
                 env = await handle.wait()
         assert env.status is Status.CANCELLED
@@ -600,8 +622,15 @@ async def test_cancelled_execute_caller_still_records_one_envelope() -> None:
             manager.events.subscribe(
                 lambda e: ids.append(e.task_id) if e.type == "subagent.spawned" else None
             )
-            with anyio.move_on_after(0.05) as scope:
-                await manager.execute("forever", timeout=None)
+
+            async def cancel_once_blocked(scope: anyio.CancelScope) -> None:
+                await anyio.wait_all_tasks_blocked()
+                scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                with anyio.CancelScope() as scope:
+                    tg.start_soon(cancel_once_blocked, scope)
+                    await manager.execute("forever", timeout=None)
             assert scope.cancelled_caught
             (task_id,) = ids
             env = manager.result(task_id)
@@ -664,7 +693,10 @@ async def test_aclose_with_queued_running_nested_and_blocked_waiters() -> None:
 # ---------------------------------------------------------------- retries
 
 
-async def test_retries_under_warnings_as_errors_cancel_and_watchdog() -> None:
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_retries_under_warnings_as_errors_cancel_and_watchdog(
+    anyio_backend: object,
+) -> None:
     """Transient failures are retried (no library warning escapes under -W error); a cancel
     during a backoff ends the child at once; a backoff never outlives the watchdog."""
     attempts: list[int] = []
@@ -697,7 +729,8 @@ async def test_retries_under_warnings_as_errors_cancel_and_watchdog() -> None:
             assert handle.cancel()
             assert (await handle.wait()).status is Status.CANCELLED
             # A 30 s backoff would pass the 0.2 s watchdog: not slept, the error ends it.
-            started = time.monotonic()
+            started = anyio.current_time()
             env = await manager.spawn("slow", "always", timeout=0.2).wait()
-            assert time.monotonic() - started < 5
+            if on_mock_clock(anyio_backend):
+                assert anyio.current_time() - started <= 0.2
             assert env.status in (Status.ERROR, Status.TIMEOUT)

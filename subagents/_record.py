@@ -1,0 +1,155 @@
+"""ChildRecord: the runtime's mutable record of one child, shared by the engine's parts.
+
+Callers never see it: :class:`~subagents.SpawnHandle` is a read-only view of one. Who
+writes what: the limiter the slot fields (``holds_slot``, ``lends``); the child runner the
+run fields (``state``, ``scope``, ``ending``, ``envelope``, ``done``), with the runner's
+:class:`~subagents.RunContext` writing what ``ctx.report`` records (``progress``,
+``usage``, ``iterations``); the sessions part the index fields (``collected``,
+``owns_session``; ``view`` is made by ``handle_of`` and let go when the record is
+forgotten); the manager the ``trace`` it starts. Everything else is set
+when the record is made and never changes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final, Literal
+
+import anyio
+
+from ._envelope import DelegateResult, Usage
+from ._errors import SpawnRejected
+
+if TYPE_CHECKING:
+    from ._paths import AgentPath
+    from ._permissions import Ruleset
+    from ._progress import Progress
+    from ._spec import AgentSpec, Request
+
+__all__ = ["QUEUED", "RUNNING", "SETTLED", "ChildRecord", "TaskState"]
+
+TaskState = Literal["queued", "running", "done"]
+QUEUED: Final = "queued"
+RUNNING: Final = "running"
+SETTLED: Final = "done"
+
+_NO_USAGE: Final = Usage()
+
+
+class ChildRecord:
+    """Everything the runtime keeps about one child, from spawn to forgetting.
+
+    A queued spawn is only this record (and its handle): no task exists for it until a
+    concurrency slot frees.
+    """
+
+    __slots__ = (
+        "_done",
+        "agent_path",
+        "cancel_reason",
+        "collected",
+        "delivered",
+        "ending",
+        "envelope",
+        "holds_slot",
+        "iterations",
+        "lends",
+        "owns_session",
+        "parent_path",
+        "permissions",
+        "progress",
+        "queue_position",
+        "request",
+        "root_session",
+        "scope",
+        "session_id",
+        "spawned_at",
+        "spec",
+        "started_at",
+        "state",
+        "sync",
+        "task_id",
+        "timeout",
+        "trace",
+        "traceback",
+        "usage",
+        "view",
+    )
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        session_id: str,
+        root_session: str,
+        spec: AgentSpec,
+        request: Request,
+        agent_path: AgentPath,
+        parent_path: AgentPath,
+        timeout: float | None,
+        permissions: Ruleset,
+        spawned_at: float,
+        sync: bool,
+    ) -> None:
+        self.task_id = task_id
+        self.session_id = session_id
+        self.root_session = root_session  # the root session its tree hangs from
+        self.spec = spec
+        self.request = request
+        self.agent_path = agent_path
+        self.parent_path = parent_path
+        self.timeout = timeout
+        self.permissions = permissions
+        self.spawned_at = spawned_at
+        self.sync = sync  # an execute() delegation: run in its caller's task, no slot
+        self.state: TaskState = QUEUED
+        self.queue_position = 0
+        self.started_at: float | None = None
+        # Run fields (the child runner's).
+        self.scope: anyio.CancelScope | None = None  # set while the runner may be cancelled
+        self.cancel_reason: str | None = None  # set once a cancellation was requested
+        self.ending = False  # the outcome is decided; cleanup (its own children) remains
+        self.envelope: DelegateResult | None = None
+        self.delivered = False  # the envelope went to the mailbox and the events
+        self._done: anyio.Event | None = None
+        self.progress: Progress | None = None  # what ctx.report recorded, once it did
+        self.usage = _NO_USAGE
+        self.iterations = 0
+        self.trace: object = None  # the tracing state, when a tracer records
+        self.traceback: str | None = None  # until the completed event has carried it
+        # Slot fields (the limiter's).
+        self.holds_slot = False
+        self.lends = 0  # its tasks inside a lend of its slot
+        # Index fields (the sessions').
+        self.collected = False
+        self.owns_session = False  # its own session has state to release as it ends
+        self.view: object = None  # its SpawnHandle, made on first request
+
+    @property
+    def done(self) -> anyio.Event:
+        """Set once the child has ended and its envelope has been delivered."""
+        if self._done is None:
+            self._done = anyio.Event()
+            if self.delivered:  # not merely ended: first read during delivery stays unset
+                self._done.set()
+        return self._done
+
+    def mark_delivered(self) -> None:
+        """The envelope is delivered: wake the waiters, then drop the event they hold (later
+        reads of :attr:`done` get a new, already set one), so an ended child keeps no event
+        alive."""
+        self.delivered = True
+        if self._done is not None:
+            self._done.set()
+            self._done = None
+
+    def check_can_delegate(self) -> None:
+        """Raise :class:`SpawnRejected` unless this child's runner still runs.
+
+        Every way into its session asks this record, not the sessions' index: once the
+        record is forgotten, the index would take the id for a new root session.
+        """
+        if self.state != RUNNING or self.scope is None:
+            raise SpawnRejected(
+                "session_closed",
+                f"session {self.task_id!r} has ended; its agent can no longer delegate",
+            )

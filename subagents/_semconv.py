@@ -1,0 +1,258 @@
+"""The names the library writes to OpenTelemetry, and the attribute dicts of its spans.
+
+Pure: names, bounds and dicts of plain values; :mod:`._tracing` hands them to
+OpenTelemetry (it is the only module that imports it). The conventions are the
+OpenTelemetry GenAI agent spans (``invoke_agent {agent}``, ``execute_tool {tool}``,
+``gen_ai.agent.*``, ``gen_ai.usage.*``); what they do not define is named under
+``subagents.``, and the deprecated ``gen_ai.system`` is never written. The metric names
+are in :mod:`._metrics`. See ``design/observability.md``.
+
+Every text that can grow with what a runner or a model sends (names, ids, prompts,
+outputs, tool arguments and results) is bounded here, so no span grows with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, TypeAlias
+
+from ._envelope import DelegateResult, Status, bound_text, clean_text
+from ._json import JSONValue, dumps_str
+
+__all__ = [
+    "BAGGAGE_AGENT_PATH",
+    "BAGGAGE_CONVERSATION_ID",
+    "BAGGAGE_TASK_ID",
+    "DEFAULT_PROVIDER",
+    "EVENT_EXCEPTION",
+    "EVENT_QUEUED",
+    "EVENT_STARTED",
+    "EVENT_WATCHDOG",
+    "INSTRUMENTATION",
+    "MESSAGE_CONTENT_LIMIT",
+    "NAME_LIMIT",
+    "TOOL_CONTENT_LIMIT",
+    "AttributeValue",
+    "Attributes",
+    "bounded_content",
+    "bounded_name",
+    "end_attributes",
+    "error_type",
+    "exception_attributes",
+    "input_attributes",
+    "invoke_agent_attributes",
+    "provider_name",
+    "qualified_name",
+    "tool_attributes",
+]
+
+AttributeValue: TypeAlias = str | bool | int | float
+Attributes: TypeAlias = dict[str, AttributeValue]
+
+INSTRUMENTATION: Final = "subagents"
+"""The instrumentation scope name of the tracer and the meter."""
+
+BAGGAGE_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+"""Baggage key: the root session id shared by the whole delegation tree."""
+BAGGAGE_AGENT_PATH: Final = "subagents.agent_path"
+"""Baggage key: the running child's agent path."""
+BAGGAGE_TASK_ID: Final = "subagents.task_id"
+"""Baggage key: the running child's task id."""
+
+DEFAULT_PROVIDER: Final = "subagents"
+"""``gen_ai.provider.name`` when ``AgentSpec.provider`` is not given. The attribute is
+Required on ``invoke_agent`` and its metrics; its well-known values name model vendors, and a
+custom value is allowed when none applies: a runner may be any callable, so what the library
+knows for certain is that the subagents runtime invoked the agent."""
+
+TOOL_CONTENT_LIMIT: Final = 4096
+"""Bound (characters) of ``gen_ai.tool.call.arguments`` / ``.result``; a cut value ends in
+an ellipsis (and is no longer valid JSON)."""
+MESSAGE_CONTENT_LIMIT: Final = 4096
+"""Bound (characters) of each captured message attribute (``gen_ai.input.messages``,
+``gen_ai.system_instructions``, ``gen_ai.output.messages``): the text inside is cut, ending
+in an ellipsis, so the attribute stays valid JSON."""
+NAME_LIMIT: Final = 128
+"""Bound (characters) of a tool, agent or call id name in a span name or attribute."""
+
+# The events of an invoke_agent span: a spawn was queued, its runner started, its
+# watchdog fired, it ended in an exception.
+EVENT_QUEUED: Final = "queued"
+EVENT_STARTED: Final = "started"
+EVENT_WATCHDOG: Final = "watchdog.fired"
+EVENT_EXCEPTION: Final = "exception"
+
+
+def provider_name(provider: str | None) -> str:
+    """``gen_ai.provider.name``: ``AgentSpec.provider``, else :data:`DEFAULT_PROVIDER`."""
+    return provider or DEFAULT_PROVIDER
+
+
+def error_type(envelope: DelegateResult) -> str | None:
+    """``error.type`` of a child that did not complete (``None`` if it did)."""
+    if envelope.status is Status.COMPLETED:
+        return None
+    return envelope.error_type or envelope.status.value
+
+
+# ------------------------------------------------------------------ invoke_agent
+
+
+def invoke_agent_attributes(
+    *,
+    agent: str,
+    description: str,
+    provider: str | None,
+    model: str | None,
+    task_id: str,
+    agent_path: str,
+    parent_path: str,
+    session_id: str,
+    conversation_id: str,
+    sync: bool,
+) -> Attributes:
+    """The attributes an ``invoke_agent {agent}`` span starts with."""
+    attributes: Attributes = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": agent,
+        "gen_ai.agent.id": task_id,
+        "gen_ai.agent.description": description,
+        "gen_ai.conversation.id": conversation_id,
+        "subagents.task_id": task_id,
+        "subagents.agent_path": agent_path,
+        "subagents.parent_path": parent_path,
+        "subagents.session_id": session_id,
+        "subagents.mode": "execute" if sync else "spawn",
+        "gen_ai.provider.name": provider_name(provider),
+    }
+    if model:
+        attributes["gen_ai.request.model"] = model
+    return attributes
+
+
+def input_attributes(prompt: str | None, text: str) -> Attributes:
+    """The request as GenAI message JSON (only under ``capture_content``), bounded."""
+    attributes: Attributes = {}
+    if prompt:
+        attributes["gen_ai.system_instructions"] = _messages(_instructions, prompt)
+    attributes["gen_ai.input.messages"] = _messages(_user_message, text)
+    return attributes
+
+
+def end_attributes(envelope: DelegateResult, *, capture_content: bool) -> Attributes:
+    """The attributes set on an ``invoke_agent`` span when its envelope exists."""
+    usage = envelope.usage
+    attributes: Attributes = {
+        "gen_ai.usage.input_tokens": usage.input_tokens,
+        "gen_ai.usage.output_tokens": usage.output_tokens,
+        "subagents.status": envelope.status.value,
+        "subagents.iterations": envelope.iterations,
+        "subagents.queue_ms": envelope.queue_ms,
+    }
+    if envelope.attempts != 1:
+        attributes["subagents.attempts"] = envelope.attempts
+    failure = error_type(envelope)
+    if failure is not None:
+        attributes["error.type"] = failure
+    if capture_content and envelope.output:
+        attributes["gen_ai.output.messages"] = _messages(_assistant_message, envelope.output)
+    return attributes
+
+
+def exception_attributes(envelope: DelegateResult) -> Attributes:
+    """The ``exception`` span event of a child that ended in an error."""
+    return {
+        "exception.type": error_type(envelope) or "",
+        "exception.message": envelope.error,
+    }
+
+
+def _instructions(text: str) -> JSONValue:
+    return [{"type": "text", "content": text}]
+
+
+def _user_message(text: str) -> JSONValue:
+    return [{"role": "user", "parts": [{"type": "text", "content": text}]}]
+
+
+def _assistant_message(text: str) -> JSONValue:
+    return [{"role": "assistant", "parts": [{"type": "text", "content": text}]}]
+
+
+def _messages(wrap: Callable[[str], JSONValue], text: str) -> str:
+    """``wrap(text)`` as JSON of at most :data:`MESSAGE_CONTENT_LIMIT` characters: when it
+    is longer, the longest start of ``text`` (ending in an ellipsis) whose JSON fits, so
+    the JSON around it stays whole and valid. A lone surrogate (a request's text is not
+    checked) is replaced, as JSON cannot carry it."""
+    text = clean_text(bound_text(text, MESSAGE_CONTENT_LIMIT))  # more never fits
+    encoded = dumps_str(wrap(text))
+    if len(encoded) <= MESSAGE_CONTENT_LIMIT:
+        return encoded
+    # Escapes make the JSON of a character 1 to 6 characters long, so search for the cut:
+    # a longer cut never has shorter JSON, and the ellipsis alone always fits.
+    low, high = 1, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(dumps_str(wrap(bound_text(text, middle)))) <= MESSAGE_CONTENT_LIMIT:
+            low = middle
+        else:
+            high = middle - 1
+    return dumps_str(wrap(bound_text(text, low)))
+
+
+# ------------------------------------------------------------------ execute_tool
+
+
+def tool_attributes(
+    tool: str,
+    *,
+    call_id: str | None,
+    description: str | None,
+    arguments: str | None,
+    transfer_target: str | None,
+    conversation_id: str | None,
+) -> Attributes:
+    """The attributes an ``execute_tool {tool}`` span starts with (``tool`` bounded by the
+    caller, as it also names the span).
+
+    Names and ids may come from a model (an unknown tool, a made-up agent): they are
+    bounded, so a span's attributes never grow with what a model sends.
+    """
+    attributes: Attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.type": "function",
+    }
+    if call_id:
+        attributes["gen_ai.tool.call.id"] = bounded_name(call_id)
+    if description:
+        attributes["gen_ai.tool.description"] = description
+    if arguments is not None:
+        attributes["gen_ai.tool.call.arguments"] = bounded_content(arguments)
+    if transfer_target:
+        # The GenAI conventions' transfer attributes (gen_ai.transfer.*) exist only in an
+        # in-development refinement of execute_tool, so these stay in our namespace.
+        attributes["subagents.transfer.mode"] = "return_to_caller"
+        attributes["subagents.transfer.target.name"] = bounded_name(transfer_target)
+        attributes["subagents.transfer.target.type"] = "agent"
+    if conversation_id is not None:
+        attributes["gen_ai.conversation.id"] = conversation_id
+    return attributes
+
+
+def bounded_name(name: str) -> str:
+    """``name`` cut to :data:`NAME_LIMIT` characters (ending in an ellipsis when cut)."""
+    return bound_text(name, NAME_LIMIT)
+
+
+def bounded_content(text: str) -> str:
+    """``text`` cut to :data:`TOOL_CONTENT_LIMIT` characters (ending in an ellipsis)."""
+    return bound_text(text, TOOL_CONTENT_LIMIT)
+
+
+def qualified_name(exc: BaseException) -> str:
+    """``error.type`` of an exception: its class, qualified unless a builtin."""
+    cls = type(exc)
+    if cls.__module__ in ("builtins", "__main__"):
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"

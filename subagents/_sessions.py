@@ -1,0 +1,411 @@
+"""Sessions: the index of child records, each session's mailbox, names and closing, and
+the retention of collected records.
+
+A session is where children report: a root session (``"root"`` or any name a caller
+picks) or a running child's own session (its task id). Every operation here is O(1) or
+bounded (unknown-id help reads at most a bucket of ids and ten live ones), whatever the
+number of records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Callable, Container
+from contextlib import AbstractAsyncContextManager
+from typing import Final
+
+from ._envelope import DelegateResult
+from ._errors import SpawnRejected, UnknownTask
+from ._lookup import IdIndex, live_ids_sentence
+from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
+from ._paths import NameAllocator
+from ._record import SETTLED, ChildRecord
+
+__all__ = ["CLOSED_MEMORY", "Sessions"]
+
+logger = logging.getLogger("subagents")
+
+CLOSED_MEMORY: Final = 1024
+"""Closed root sessions with no record left that are still remembered as closed."""
+
+MailboxFactory = Callable[[str], BaseMailbox]
+
+
+class Sessions:
+    """Records by task id and by session; mailboxes, names and the closed set.
+
+    Args:
+        new_mailbox: builds the mailbox of a session on first use.
+        lend_slot: what a child waiting on a mailbox enters (its slot is lent meanwhile).
+        retain: collected records kept (the newest); ``None`` keeps every record.
+    """
+
+    def __init__(
+        self,
+        new_mailbox: MailboxFactory,
+        lend_slot: Callable[[], AbstractAsyncContextManager[None]],
+        retain: int | None,
+    ) -> None:
+        self._new_mailbox = new_mailbox
+        self._lend_slot = lend_slot
+        self._retain = retain
+        self.accepting = False
+        """Deliveries may open a session's mailbox (the owner runs)."""
+        self.shut = False
+        """The owner has closed: every mailbox reads as dropped."""
+        self._tasks: dict[str, ChildRecord] = {}
+        self._ids = IdIndex()  # what an unknown id was probably meant to be
+        self._live: dict[str, dict[ChildRecord, None]] = {}
+        # Every recorded child by session, oldest first (a dict: forgetting one is O(1)).
+        self._by_session: dict[str, dict[ChildRecord, None]] = {}
+        self._mailboxes: dict[str, BaseMailbox] = {}
+        self._names: dict[str, NameAllocator] = {}
+        self._closed: set[str] = set()
+        # Closed root sessions with no record left, oldest first: remembered (so spawns into
+        # them stay refused) up to CLOSED_MEMORY of them, so closing sessions stays bounded.
+        self._closed_idle: dict[str, None] = {}
+        self._retained: dict[ChildRecord, None] = {}  # collected, oldest first
+        self._forgot = False  # any record forgotten yet (unknown-id messages say so)
+        # Sessions of forgotten children that still list children of their own: closed
+        # until their listing empties (a late grandchild must not reopen them).
+        self._orphaned: set[str] = set()
+        self._watchers: dict[str, dict[int, Callable[[], object]]] = {}
+        self._tokens = itertools.count()
+
+    # ------------------------------------------------------------------ records
+
+    def add(self, record: ChildRecord) -> None:
+        self._tasks[record.task_id] = record
+        self._ids.add(record.task_id)
+        session = record.session_id
+        live = self._live.get(session)
+        if live is None:
+            live = self._live[session] = {}
+        live[record] = None
+        listing = self._by_session.get(session)
+        if listing is None:
+            listing = self._by_session[session] = {}
+        listing[record] = None
+
+    def get(self, task_id: str) -> ChildRecord | None:
+        return self._tasks.get(task_id)
+
+    def new_task_id(self) -> str:
+        """A task id no record has: 12 random hex digits, 48 bits from the OS."""
+        task_id = os.urandom(6).hex()
+        while task_id in self._tasks:  # pragma: no cover - 48 random bits
+            task_id = os.urandom(6).hex()
+        return task_id
+
+    def require(self, task_id: str, session_id: str | None = None) -> ChildRecord:
+        """The record of ``task_id``; raises :class:`UnknownTask` naming the ids probably
+        meant (or, with ``session_id``, saying whose it is)."""
+        record = self._tasks.get(task_id) if isinstance(task_id, str) else None
+        if record is None:
+            detail = live_ids_sentence(session_id, self._live.get(session_id or "", {}))
+            if self._retain is not None or self._forgot:
+                detail = f"{self._forgotten_sentence()} {detail}".rstrip()
+            raise UnknownTask(str(task_id), self._similar_ids(str(task_id), session_id), detail)
+        if session_id is not None and record.session_id != session_id:
+            raise UnknownTask(
+                task_id,
+                (),
+                f"It belongs to another session ({record.session_id!r}), not {session_id!r}; "
+                "only the session that spawned a task can collect it. "
+                + live_ids_sentence(session_id, self._live.get(session_id or "", {})),
+            )
+        return record
+
+    def _forgotten_sentence(self) -> str:
+        if self._retain is None:
+            return "Records are forgotten on request (forget), so a forgotten id is unknown."
+        return (
+            f"Collected results are forgotten (retain_collected={self._retain}), so an id "
+            "already collected may be unknown."
+        )
+
+    def _similar_ids(self, task_id: str, session_id: str | None) -> list[str]:
+        tasks = self._tasks
+
+        def in_session(candidate: str) -> bool:
+            record = tasks.get(candidate)
+            return record is not None and record.session_id == session_id
+
+        return self._ids.similar(task_id, tasks.__contains__, in_session)
+
+    def listing(self, session_id: str) -> list[ChildRecord]:
+        """Every record of ``session_id`` not forgotten, oldest first."""
+        return list(self._by_session.get(session_id, ()))
+
+    def live(self, session_id: str) -> dict[ChildRecord, None] | None:
+        """The unfinished children of ``session_id`` (the dict itself; do not keep it)."""
+        return self._live.get(session_id)
+
+    def all_live(self) -> list[ChildRecord]:
+        return [r for live in self._live.values() for r in live]
+
+    def ended(self, record: ChildRecord) -> None:
+        """``record`` has its envelope: it is no longer among its session's unfinished."""
+        live = self._live.get(record.session_id)
+        if live is not None:
+            live.pop(record, None)
+
+    def delivered(self, record: ChildRecord) -> None:
+        """``record``'s envelope has been delivered."""
+        if record.session_id in self._orphaned:
+            # Its parent's record is gone (it outlived settle_timeout): nobody can collect
+            # it through the parent, so it goes as its ended siblings went.
+            self._drop(record)
+
+    # ------------------------------------------------------------------ closing
+
+    def is_closed(self, session_id: str) -> bool:
+        if session_id in self._closed:
+            return True
+        owner = self._tasks.get(session_id)
+        return owner is not None and owner.state == SETTLED
+
+    def check_open(self, session_id: str) -> ChildRecord | None:
+        """Raise :class:`SpawnRejected` if ``session_id`` takes no more children; return
+        the record of the child that owns it, if any (marked as owning a session)."""
+        if session_id in self._closed:  # a root session or a running agent's
+            raise SpawnRejected(
+                "session_closed",
+                f"session {session_id!r} is closed (close_session, or its agent ended)",
+            )
+        parent = self._tasks.get(session_id)
+        if parent is not None:
+            parent.check_can_delegate()
+            parent.owns_session = True  # its names and live children, released as it ends
+        return parent
+
+    def start_closing(self, session_id: str) -> list[ChildRecord]:
+        """Close ``session_id`` to new children, wake its close watchers, and return its
+        unfinished children (for the caller to cancel and await)."""
+        self._closed.add(session_id)
+        self.fire_watchers(session_id)
+        return list(self._live.pop(session_id, {}))
+
+    def finish_closing(self, session_id: str) -> None:
+        """Release a closed session's mailbox and names; remember it among the recently
+        emptied closed sessions if no record of it is left."""
+        self.release(session_id)
+        if not self._by_session.get(session_id):
+            self._by_session.pop(session_id, None)
+            self._emptied(session_id)
+
+    def end_session_of(self, record: ChildRecord) -> dict[ChildRecord, None] | None:
+        """A child's runner is over: release its session (mailbox, names) unless it has
+        unfinished children, which it returns so the caller cancels and awaits them."""
+        if not record.owns_session:  # most children: no mailbox, names or children
+            return None
+        live = self._live.pop(record.task_id, None)
+        if live:
+            return live
+        self.release(record.task_id)
+        return None
+
+    def release(self, session_id: str) -> None:
+        mailbox = self._mailboxes.pop(session_id, None)
+        if mailbox is not None:
+            release(mailbox)
+        self._names.pop(session_id, None)
+
+    def held(self, session_id: str) -> list[str]:
+        """Which per-session stores still hold ``session_id`` (``mailbox``, ``names``,
+        ``live``): what a session whose agent has ended must not leave behind."""
+        stores: dict[str, Container[str]] = {
+            "mailbox": self._mailboxes,
+            "names": self._names,
+            "live": self._live,
+        }
+        return [name for name, store in stores.items() if session_id in store]
+
+    def has_listing(self, session_id: str) -> bool:
+        """Whether a (possibly empty) listing of ``session_id``'s children is kept."""
+        return session_id in self._by_session
+
+    @property
+    def watching(self) -> int:
+        """Sessions with close watchers registered."""
+        return len(self._watchers)
+
+    def release_all(self) -> None:
+        for mailbox in self._mailboxes.values():
+            release(mailbox)
+        self._mailboxes.clear()
+
+    def watch_close(self, session_id: str, callback: Callable[[], object]) -> int:
+        """Run ``callback()`` once when ``session_id`` starts closing (before its children
+        have settled). Returns a token for :meth:`unwatch_close`."""
+        token = next(self._tokens)
+        self._watchers.setdefault(session_id, {})[token] = callback
+        return token
+
+    def unwatch_close(self, session_id: str, token: int) -> None:
+        watchers = self._watchers.get(session_id)
+        if watchers is not None:
+            watchers.pop(token, None)
+            if not watchers:
+                del self._watchers[session_id]
+
+    def fire_watchers(self, session_id: str | None = None) -> None:
+        """Run the close watchers of ``session_id`` (of every session when ``None``)."""
+        sessions = list(self._watchers) if session_id is None else [session_id]
+        for session in sessions:
+            for callback in self._watchers.pop(session, {}).values():
+                try:
+                    callback()
+                except Exception:
+                    logger.exception("a close watcher of session %r raised; ignored", session)
+
+    # ------------------------------------------------------------------ names, mailboxes
+
+    def allocate_name(self, session_id: str, wanted: str) -> str:
+        allocator = self._names.get(session_id)
+        if allocator is None:
+            allocator = self._names[session_id] = NameAllocator()
+        return allocator.allocate(wanted)
+
+    def mailbox(self, session_id: str) -> BaseMailbox:
+        """The mailbox of ``session_id``, created on first use; a dropped one once closed."""
+        mailbox = self._mailboxes.get(session_id)
+        if mailbox is None:
+            if self.is_closed(session_id) or self.shut:
+                return closed_mailbox()
+            mailbox = self._new_mailbox(session_id)
+            if mailbox.blocking is None:
+                mailbox.blocking = self._lend_slot  # a child waiting here lends its slot
+            if mailbox.consumed is None:
+                mailbox.consumed = self._consumed  # a drained envelope is collected
+            self._mailboxes[session_id] = mailbox
+            owner = self._tasks.get(session_id)
+            if owner is not None:
+                owner.owns_session = True  # released as it ends
+        return mailbox
+
+    def existing_mailbox(self, session_id: str) -> BaseMailbox | None:
+        return self._mailboxes.get(session_id)
+
+    def delivery_mailbox(self, session_id: str) -> BaseMailbox | None:
+        """Where a result for ``session_id`` goes: its mailbox, opened if the session is
+        open and the owner runs, else ``None`` (the record and the event keep it)."""
+        mailbox = self._mailboxes.get(session_id)
+        if mailbox is not None:
+            return mailbox
+        if not self.accepting or self.is_closed(session_id):
+            return None
+        return self.mailbox(session_id)
+
+    def full_capacity(self, session_id: str, default: int) -> int:
+        """The capacity of the session mailbox that was just found full."""
+        mailbox = self._mailboxes.get(session_id)
+        return default if mailbox is None else mailbox.statistics().capacity
+
+    def _consumed(self, envelope: DelegateResult) -> None:
+        """A session mailbox handed ``envelope`` out: its child counts as collected."""
+        record = self._tasks.get(envelope.task_id)
+        if record is not None and not record.collected and record.envelope is not None:
+            self._collected(record)
+
+    # ------------------------------------------------------------------ retention
+
+    def collect(self, record: ChildRecord) -> None:
+        """Consume an ended child's envelope: out of its mailbox, marked collected, and
+        its record kept among the ``retain`` newest collected ones."""
+        # An execute()'s envelope never goes to a mailbox (it is returned to its caller).
+        mailbox = None if record.sync else self._mailboxes.get(record.session_id)
+        if mailbox is not None:
+            mailbox.drain(record.task_id)  # if it is there, the hook marks it collected
+        if not record.collected:  # not in the mailbox (full, dropped, or read already)
+            self._collected(record)
+
+    def _collected(self, record: ChildRecord) -> None:
+        record.collected = True
+        retain = self._retain
+        if retain is None:
+            return
+        if retain == 0:
+            self._drop(record)
+            return
+        if self._tasks.get(record.task_id) is not record:
+            return  # forgotten already (with its parent): it takes no place among the kept
+        retained = self._retained
+        retained[record] = None
+        if len(retained) > retain:
+            self._drop(next(iter(retained)))
+
+    def forget(self, record: ChildRecord) -> None:
+        """Drop an ended child's record, consuming its envelope from the mailbox first."""
+        mailbox = self._mailboxes.get(record.session_id)
+        if mailbox is not None:
+            collected = record.collected
+            record.collected = True  # so the mailbox hook does not count a collection
+            try:
+                mailbox.drain(record.task_id)
+            except BaseException:
+                record.collected = collected  # a backend that failed: nothing forgotten
+                raise
+        record.collected = True
+        self._drop(record)
+
+    def _drop(self, record: ChildRecord) -> None:
+        """Forget ``record``: out of the task index and its session's listing. O(1)."""
+        task_id = record.task_id
+        if self._tasks.get(task_id) is not record:
+            return  # forgotten already
+        del self._tasks[task_id]
+        record.view = None  # the handle keeps its record; the record lets go of the handle
+        self._ids.discard(task_id)
+        self._retained.pop(record, None)
+        self._forgot = True
+        session = record.session_id
+        listing = self._by_session.get(session)
+        if listing is not None:
+            listing.pop(record, None)
+            if not listing and self.is_closed(session):
+                del self._by_session[session]
+                self._emptied(session)
+        children = self._by_session.get(task_id)
+        if children is not None:
+            self._drop_children(task_id, children)
+
+    def _drop_children(self, session: str, children: dict[ChildRecord, None]) -> None:
+        # The ended children go with their parent, collected or not: their session is over
+        # and nobody holds their ids but through its record. Unfinished ones (past
+        # settle_timeout) stay until they end, and keep its session closed meanwhile.
+        for child in [c for c in children if c.envelope is not None]:
+            self._drop(child)
+        if children:
+            self._orphaned.add(session)
+            self._closed.add(session)
+        elif session in self._by_session:
+            del self._by_session[session]
+
+    def _emptied(self, session: str) -> None:
+        """The last record of the closed ``session`` is gone. A forgotten child's session
+        (a task id, never reused) is forgotten at once; a closed root session is kept among
+        the most recent :data:`CLOSED_MEMORY`, the oldest beyond them forgotten."""
+        if session in self._orphaned:
+            self._orphaned.discard(session)
+            self._closed.discard(session)
+            return
+        if session not in self._closed:
+            return  # the session of a child that ended: closed by its owner's record
+        idle = self._closed_idle
+        idle[session] = None
+        if len(idle) > CLOSED_MEMORY:
+            oldest = next(iter(idle))
+            del idle[oldest]
+            self._closed.discard(oldest)
+
+
+def default_mailbox_factory(capacity: int, ttl: float | None) -> MailboxFactory:
+    """The in-memory :class:`Mailbox` of the configured capacity and TTL, per session."""
+
+    def factory(session_id: str) -> BaseMailbox:
+        return Mailbox(capacity=capacity, ttl=ttl)
+
+    return factory

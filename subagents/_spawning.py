@@ -1,0 +1,149 @@
+"""A spawn's arguments checked and made into its record: the agent, the session, the
+depth limit, options given once, the timeout that applies, the child's name and path,
+its request and its permissions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from time import perf_counter
+from typing import Final
+
+from ._errors import ConfigError, SpawnRejected, UnknownAgent
+from ._events import SPAWNED, EventBus
+from ._paths import AgentPath, child_path
+from ._record import ChildRecord
+from ._sessions import Sessions
+from ._spec import UNSET, AgentSpec, Request, SpawnOptions, SubagentConfig, _Unset
+from ._validators import seconds
+
+__all__ = ["Spawner", "publish_spawned"]
+
+_ROOT: Final = AgentPath.root()
+
+_NO_OPTIONS: Final = SpawnOptions()
+
+
+class Spawner:
+    """Makes the records of new children of the registered ``specs`` into ``sessions``."""
+
+    def __init__(
+        self, specs: Mapping[str, AgentSpec], sessions: Sessions, config: SubagentConfig
+    ) -> None:
+        self._specs = specs
+        self._sessions = sessions
+        self._config = config
+
+    def new_record(
+        self,
+        agent: str,
+        input: str,
+        session_id: str,
+        name: str | None,
+        timeout: float | _Unset | None,
+        options: SpawnOptions | None,
+        sync: bool,
+    ) -> tuple[ChildRecord, ChildRecord | None]:
+        """The record of a new child of ``session_id`` (and the record of the child owning
+        that session, if any), checked in this order: the agent, the input and session
+        types, the session open, the depth, the options, the timeout, the name. Raises the
+        first problem found, before anything is recorded."""
+        spec = self._specs.get(agent)
+        if spec is None:
+            raise UnknownAgent(agent, self._specs)
+        if not isinstance(input, str):
+            raise ConfigError("input", "a string", input)
+        if not isinstance(session_id, str):
+            raise ConfigError("session_id", "a string", session_id)
+        parent = self._sessions.check_open(session_id)
+        parent_path = _ROOT if parent is None else parent.agent_path
+        if (1 if parent is None else parent_path.depth + 1) > self._config.max_depth:
+            raise _depth_error(parent_path, self._config.max_depth)
+        options = _NO_OPTIONS if options is None else _spawn_options(options, timeout, name)
+        default = self._config.execute_timeout if sync else self._config.spawn_timeout
+        timeout = _spawn_timeout(timeout, options, spec, default)
+        segment = self._sessions.allocate_name(
+            session_id, name if name is not None else options.name or spec.name
+        )
+        record = ChildRecord(
+            task_id=self._sessions.new_task_id(),
+            session_id=session_id,
+            root_session=session_id if parent is None else parent.root_session,
+            spec=spec,
+            request=Request(
+                agent=spec.name,
+                input=input,
+                prompt=options.prompt if options.prompt is not None else spec.prompt,
+                files=options.files,
+                model=options.model if options.model is not None else spec.model,
+            ),
+            agent_path=child_path(parent_path, segment),
+            parent_path=parent_path,
+            timeout=timeout,
+            permissions=spec.permissions.intersect(
+                self._config.permissions if parent is None else parent.permissions
+            ),
+            spawned_at=perf_counter(),
+            sync=sync,
+        )
+        self._sessions.add(record)
+        return record, parent
+
+
+def _spawn_options(
+    options: SpawnOptions, timeout: float | _Unset | None, name: str | None
+) -> SpawnOptions:
+    """``options`` checked: a :class:`SpawnOptions` (or none), and no setting given both
+    as an argument and in it (neither may silently win over the other)."""
+    if not isinstance(options, SpawnOptions):
+        raise ConfigError("options", "a SpawnOptions or None", options)
+    if timeout is not UNSET and options.timeout is not None:
+        raise ConfigError(
+            "timeout",
+            f"given once: as timeout= or as options.timeout (here {options.timeout!r}), not both",
+            timeout,
+        )
+    if name is not None and options.name is not None:
+        raise ConfigError(
+            "name",
+            f"given once: as name= or as options.name (here {options.name!r}), not both",
+            name,
+        )
+    return options
+
+
+def _spawn_timeout(
+    timeout: float | _Unset | None, options: SpawnOptions, spec: AgentSpec, default: float | None
+) -> float | None:
+    """The watchdog seconds that apply: the argument, else the option, else the agent's,
+    else ``default``; ``None`` disables the watchdog."""
+    if timeout is UNSET:
+        if options.timeout is not None:
+            return options.timeout
+        return spec.timeout if spec.timeout is not None else default
+    return None if timeout is None else seconds("timeout", timeout, none_ok=False, zero_ok=False)
+
+
+def _depth_error(parent_path: AgentPath, max_depth: int) -> SpawnRejected:
+    """The error for a child of ``parent_path`` that would be deeper than ``max_depth``
+    (``/root`` is at depth 0)."""
+    return SpawnRejected(
+        "depth",
+        f"delegation depth limit reached: {parent_path} is at depth "
+        f"{parent_path.depth} and max_depth is {max_depth}, so it cannot have children",
+    )
+
+
+def publish_spawned(events: EventBus, record: ChildRecord) -> None:
+    """Publish ``subagent.spawned`` for a new child."""
+    events.publish(
+        SPAWNED,
+        session_id=record.session_id,
+        task_id=record.task_id,
+        agent_path=record.agent_path,
+        data={
+            "agent": record.spec.name,
+            "parent_path": record.parent_path,
+            "mode": "execute" if record.sync else "spawn",
+            "timeout_s": record.timeout,
+        },
+    )

@@ -1,0 +1,257 @@
+"""The SQL of a mailbox's delivery rows: put, look, count, take.
+
+A delivery is one (envelope, recipient) row; a session's mailbox is its recipient ``''``.
+Its ``state`` only moves forward, from ``stored`` to one final state (a trigger refuses
+anything else): ``read`` (taken by a consumer), ``expired`` (its TTL passed unread) or
+``replaced`` (a put of the same task id overwrote it unread). An entry is *live* while
+``stored`` and not past ``expires_at``; at most one live row exists per task id (a partial
+unique index). Rows are marked ``expired`` lazily, by the writes that meet them; reads
+filter on ``expires_at`` themselves.
+
+The planner, without statistics, would count and take through the arrival index (every
+row the session ever had); ``INDEXED BY`` keeps those on the live rows' own index.
+
+``now`` is the mailbox clock (float seconds, that of ``expires_at``); ``ms`` is unix
+milliseconds, for the ``*_ms`` columns.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+from .._json import dumps_str
+
+__all__ = [
+    "Entry",
+    "claim",
+    "claim_all",
+    "count_live",
+    "find",
+    "has_stored",
+    "insert",
+    "last_id",
+    "live_among",
+    "puts_since",
+]
+
+_LIVE: Final = "state = 'stored' AND (expires_at IS NULL OR expires_at > :now)"
+_KEY: Final = "session = :session AND recipient = :recipient"
+_EXPIRED_OR: Final = "CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN 'expired' ELSE"
+
+_INSERT_ENVELOPE: Final = (
+    "INSERT INTO envelopes (id, session, task_id, body, created_ms) VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_DELIVERY: Final = (
+    "INSERT INTO deliveries (envelope_id, session, recipient, task_id, state, stored_at, "
+    "expires_at, origin, consumer, changed_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+class Entry(Protocol):
+    """One put, as :func:`insert` writes it."""
+
+    session: str
+    recipient: str
+    task_id: str
+    body: bytes
+    stored_at: float
+    """The mailbox clock when it was put."""
+    expires_at: float | None
+    origin: str
+    claimed: bool
+    """Consumed (by ``origin``) before it was written: it arrives ``read``."""
+
+
+def insert(conn: sqlite3.Connection, entries: Sequence[Entry], ms: int) -> None:
+    """Put envelopes, in order: each arrives ``stored`` (or already ``read``), and the
+    schema's ``deliveries_overwrite`` trigger retires the unread row of the same key. Two
+    statements for the whole list (``executemany``); call inside ``BEGIN IMMEDIATE``,
+    which makes the envelope ids taken here (after the largest) free to use."""
+    ((largest,),) = conn.execute("SELECT coalesce(max(id), 0) FROM envelopes").fetchall()
+    ids = range(int(largest) + 1, int(largest) + 1 + len(entries))
+    conn.executemany(
+        _INSERT_ENVELOPE,
+        [(i, e.session, e.task_id, e.body, ms) for i, e in zip(ids, entries, strict=True)],
+    )
+    conn.executemany(
+        _INSERT_DELIVERY,
+        [
+            (
+                i,
+                e.session,
+                e.recipient,
+                e.task_id,
+                "read" if e.claimed else "stored",
+                e.stored_at,
+                e.expires_at,
+                e.origin,
+                e.origin if e.claimed else None,
+                ms,
+            )
+            for i, e in zip(ids, entries, strict=True)
+        ],
+    )
+
+
+def find(
+    conn: sqlite3.Connection, session: str, recipient: str, task_id: str, now: float
+) -> bytes | None:
+    """The body of ``task_id``'s live entry, or ``None``."""
+    rows = conn.execute(
+        "SELECT e.body FROM deliveries d JOIN envelopes e ON e.id = d.envelope_id "
+        "WHERE d.session = :session AND d.recipient = :recipient AND d.task_id = :task_id "
+        "AND d.state = 'stored' AND (d.expires_at IS NULL OR d.expires_at > :now)",
+        {"session": session, "recipient": recipient, "task_id": task_id, "now": now},
+    ).fetchall()
+    return bytes(rows[0][0]) if rows else None
+
+
+def count_live(
+    conn: sqlite3.Connection,
+    session: str,
+    recipient: str,
+    now: float,
+    *,
+    limit: int = -1,
+    excluding: list[str] | None = None,
+) -> int:
+    """Live entries, at most ``limit`` of them (-1: no limit), not counting the task ids
+    in ``excluding``."""
+    extra = " AND task_id NOT IN (SELECT value FROM json_each(:excluding))" if excluding else ""
+    rows = conn.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM deliveries INDEXED BY deliveries_live "
+        f"WHERE {_KEY} AND {_LIVE}{extra} "
+        "LIMIT :limit)",
+        {
+            "session": session,
+            "recipient": recipient,
+            "now": now,
+            "limit": limit,
+            "excluding": dumps_str(excluding) if excluding else None,
+        },
+    ).fetchall()
+    return int(rows[0][0])
+
+
+def has_stored(conn: sqlite3.Connection, session: str, recipient: str) -> bool:
+    """Whether any row is ``stored`` (live, or past its TTL and not yet marked)."""
+    rows = conn.execute(
+        "SELECT 1 FROM deliveries INDEXED BY deliveries_live "
+        f"WHERE {_KEY} AND state = 'stored' LIMIT 1",
+        {"session": session, "recipient": recipient},
+    ).fetchall()
+    return bool(rows)
+
+
+def live_among(
+    conn: sqlite3.Connection, session: str, recipient: str, task_ids: list[str], now: float
+) -> list[str]:
+    """Which of ``task_ids`` have a live entry."""
+    rows = conn.execute(
+        f"SELECT task_id FROM deliveries WHERE {_KEY} AND {_LIVE} "
+        "AND task_id IN (SELECT value FROM json_each(:ids))",
+        {"session": session, "recipient": recipient, "now": now, "ids": dumps_str(task_ids)},
+    ).fetchall()
+    return [str(task_id) for (task_id,) in rows]
+
+
+def last_id(conn: sqlite3.Connection) -> int:
+    """The newest delivery id of the whole store (ids are never reused), 0 if none."""
+    rows = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'deliveries'").fetchall()
+    return int(rows[0][0]) if rows else 0
+
+
+def puts_since(
+    conn: sqlite3.Connection, session: str, recipient: str, after: int, origin: str
+) -> tuple[int, int]:
+    """``(newest id, puts by others)`` among the mailbox's rows after id ``after`` (a range
+    of the primary key: only the rows added since)."""
+    rows = conn.execute(
+        "SELECT max(id), count(*) FILTER (WHERE origin <> :origin) FROM deliveries "
+        f"WHERE id > :after AND {_KEY}",
+        {"session": session, "recipient": recipient, "after": after, "origin": origin},
+    ).fetchall()
+    newest, foreign = rows[0]
+    return int(newest or after), int(foreign)
+
+
+def claim(
+    conn: sqlite3.Connection,
+    session: str,
+    recipient: str,
+    task_id: str,
+    *,
+    consumer: str,
+    now: float,
+    ms: int,
+) -> bytes | None:
+    """Take ``task_id``'s live entry (it becomes ``read``) and return its body; an entry
+    past its TTL becomes ``expired`` instead. Call inside ``BEGIN IMMEDIATE``: the one
+    ``UPDATE … RETURNING`` is what makes a take exactly-once across processes."""
+    params = {
+        "session": session,
+        "recipient": recipient,
+        "task_id": task_id,
+        "consumer": consumer,
+        "now": now,
+        "ms": ms,
+    }
+    rows = conn.execute(
+        f"UPDATE deliveries SET state = {_EXPIRED_OR} 'read' END, "
+        "consumer = CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN NULL "
+        "ELSE :consumer END, changed_ms = :ms "
+        f"WHERE {_KEY} AND task_id = :task_id AND state = 'stored' "
+        "RETURNING state, envelope_id",
+        params,
+    ).fetchall()
+    if not rows or rows[0][0] != "read":
+        return None
+    body = conn.execute("SELECT body FROM envelopes WHERE id = ?", (rows[0][1],)).fetchall()
+    return bytes(body[0][0])
+
+
+def claim_all(
+    conn: sqlite3.Connection,
+    session: str,
+    recipient: str,
+    *,
+    consumer: str,
+    now: float,
+    ms: int,
+    excluding: list[str] | None = None,
+) -> list[tuple[str, bytes]]:
+    """Take every live entry but those of the task ids in ``excluding``, in arrival order,
+    as ``(task_id, body)``; entries past their TTL become ``expired``. Call inside
+    ``BEGIN IMMEDIATE``."""
+    params = {
+        "session": session,
+        "recipient": recipient,
+        "consumer": consumer,
+        "now": now,
+        "excluding": dumps_str(excluding or []),
+    }
+    conn.execute(
+        "UPDATE deliveries INDEXED BY deliveries_live SET state = 'expired', changed_ms = :ms "
+        f"WHERE {_KEY} "
+        "AND state = 'stored' AND expires_at IS NOT NULL AND expires_at <= :now",
+        {**params, "ms": ms},
+    )
+    taken = conn.execute(
+        "UPDATE deliveries INDEXED BY deliveries_live SET state = 'read', consumer = :consumer, "
+        f"changed_ms = :ms WHERE {_KEY} AND state = 'stored' "
+        "AND task_id NOT IN (SELECT value FROM json_each(:excluding)) "
+        "RETURNING id, task_id, envelope_id",
+        {**params, "ms": ms},
+    ).fetchall()
+    if not taken:
+        return []
+    taken.sort()
+    bodies = dict(
+        conn.execute(
+            "SELECT id, body FROM envelopes WHERE id IN (SELECT value FROM json_each(?))",
+            (dumps_str([envelope_id for _, _, envelope_id in taken]),),
+        ).fetchall()
+    )
+    return [(str(task_id), bytes(bodies[envelope_id])) for _, task_id, envelope_id in taken]

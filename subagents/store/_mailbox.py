@@ -1,0 +1,361 @@
+"""The durable mailbox: a session's envelopes as delivery rows in the store.
+
+A put is queued for the writer thread (group commit) and kept here, in ``_pending``, until
+its batch commits, so this process reads its own puts at once, as the interface promises.
+Other processes see a put once it commits. Three rules keep every envelope taken once:
+
+- A pending put the writer has not taken yet is consumed here alone (``claimed``): its row
+  is then written as ``read`` in the first place, and no other process ever sees it unread.
+- Anything else is taken in the database, by one ``UPDATE … RETURNING`` inside
+  ``BEGIN IMMEDIATE`` (:func:`._deliveries.claim`), after waiting, through the writer's
+  gate, for the writer's transaction in flight: a put the writer has taken is committed
+  by the time the take looks for it.
+- Whether the writer has taken a put is decided under the writer's lock, on both sides.
+
+Blocking: ``put``, ``peek``, ``__len__`` and the subscriptions run a few indexed SQLite
+reads on the event loop (tens of microseconds each); ``drain`` and ``drain_all`` of an
+entry already committed take the write lock for one short transaction (committed without
+an fsync of its own: see "Durability" in ``design/store.md``), waiting first for a write
+transaction in flight, this process's or another's, for up to the store's ``busy_timeout``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sqlite3
+from collections.abc import Awaitable, Callable
+
+from .._envelope import DelegateResult, now_ms
+from .._errors import MailboxFull
+from .._json import loads
+from .._mailbox import BaseMailbox, MailboxStatistics, Signal
+from . import _deliveries as rows
+from ._errors import StoreError
+from ._pending import Pending, Put
+from ._sqlite import Connection
+from ._subscriptions import Subscriptions, fire
+from ._writer import Writer
+
+__all__ = ["SqliteMailbox"]
+
+logger = logging.getLogger("subagents.mailbox")
+_instances = itertools.count(1)
+
+
+class SqliteMailbox(BaseMailbox):
+    """A session's mailbox kept in a :class:`~subagents.store.SqliteStore`.
+
+    Made by :meth:`SqliteStore.mailbox`; it implements :class:`~subagents.BaseMailbox`
+    (and passes ``check_mailbox``), shared by every process that opens the same store and
+    session: a put in one is readable, waitable and consumable in all, and each envelope is
+    consumed by exactly one of them. Use it from the event loop that opened the store.
+
+    ``committed``, like ``consumed`` a hook attribute, is called on the event loop with each
+    envelope this mailbox put once the transaction holding it has committed (so a caller can
+    hand an envelope on only once it is durable, with no task waiting per envelope). A put
+    overwritten before the writer took it is never written, and not reported; one consumed
+    here before it was written is written as ``read``, and reported. A hook that raises is
+    logged and ignored.
+
+    Across processes, ``capacity`` counts committed entries and this process's pending
+    ones: processes putting new ids at the same moment may together exceed it by what the
+    others have not committed yet. Expiry reads ``clock`` (default: unix time), so every
+    process sharing a session with a TTL must use the same clock.
+    """
+
+    committed: Callable[[DelegateResult], object] | None = None
+
+    def __init__(
+        self,
+        session: str,
+        *,
+        conn: Connection,
+        writer: Writer,
+        origin: str,
+        watch: Callable[[SqliteMailbox, bool], object],
+        wait_committed: Callable[[int], Awaitable[None]],
+        capacity: int,
+        ttl: float | None,
+        clock: Callable[[], float],
+        recipient: str = "",
+    ) -> None:
+        self.session = session
+        """The session id: the mailbox's key in the store."""
+        self.recipient = recipient
+        self.origin = f"{origin}.{next(_instances)}"
+        """Who this mailbox is in the ``origin`` and ``consumer`` columns."""
+        self._conn = conn
+        self._writer = writer
+        self._wait_committed = wait_committed
+        self._capacity = capacity
+        self._ttl = ttl
+        self._clock = clock
+        self._pending = Pending(writer.lock, expiring=ttl is not None)
+        self._subs = Subscriptions(lambda active: watch(self, active))
+        self._closed = False
+        self._last_seq = 0
+        self._seen = 0  # the newest delivery id looked at for other processes' puts
+
+    @property
+    def capacity(self) -> int:
+        """Maximum distinct unread task ids."""
+        return self._capacity
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------ reading
+
+    def _decode(self, body: bytes) -> DelegateResult:
+        try:
+            data = loads(body)
+            if not isinstance(data, dict):
+                raise ValueError(f"an envelope is a JSON object, not {type(data).__name__}")
+            return DelegateResult.from_dict(data)
+        except ValueError as exc:
+            raise StoreError(self._conn.path, "corrupt", f"an unreadable envelope: {exc}") from exc
+
+    def _count(self, now: float, limit: int = -1) -> int:
+        """Live entries (at most ``limit``): committed ones not pending, plus pending."""
+        pending = self._pending.live(now)
+        excluding = self._pending.task_ids() if pending else None
+        session, recipient = self.session, self.recipient
+        return pending + self._conn.read(
+            lambda raw: rows.count_live(
+                raw, session, recipient, now, limit=limit, excluding=excluding
+            )
+        )
+
+    def _full(self, now: float) -> bool:
+        """At least ``capacity`` live entries? One bounded count, mostly: a pending put
+        may also be committed already, so the sum of both counts only says "not full"."""
+        capacity = self._capacity
+        pending = self._pending.live(now)
+        if pending >= capacity:
+            return True
+        session, recipient = self.session, self.recipient
+        committed = self._conn.read(
+            lambda raw: rows.count_live(raw, session, recipient, now, limit=capacity)
+        )
+        if committed + pending < capacity:
+            return False
+        return not pending or self._count(now, limit=capacity) >= capacity
+
+    def _find(self, task_id: str, now: float) -> bytes | None:
+        session, recipient = self.session, self.recipient
+        return self._conn.read(lambda raw: rows.find(raw, session, recipient, task_id, now))
+
+    def peek(self, task_id: str) -> DelegateResult | None:
+        if self._closed:
+            return None
+        now = self._clock()
+        put = self._pending.get(task_id)
+        if put is not None:
+            return put.envelope if put.live(now) else None
+        body = self._find(task_id, now)
+        return None if body is None else self._decode(body)
+
+    def __len__(self) -> int:
+        return 0 if self._closed else self._count(self._clock())
+
+    def statistics(self) -> MailboxStatistics:
+        return MailboxStatistics(
+            entries=len(self),
+            capacity=self._capacity,
+            task_subscribers=self._subs.task_count,
+            all_subscribers=self._subs.all_count,
+            closed=self._closed,
+        )
+
+    # ------------------------------------------------------------ putting
+
+    def put(self, task_id: str, envelope: DelegateResult) -> bool:
+        """Store ``envelope`` under ``task_id``: readable here at once, committed by the
+        writer thread soon after (:meth:`wait_committed`), then readable everywhere.
+
+        Raises:
+            MailboxFull: see :meth:`BaseMailbox.put`.
+            StoreError: the store failed earlier and takes no more writes.
+        """
+        if self._closed:
+            return False
+        now = self._clock()
+        if (
+            self._full(now)
+            and self._pending.get(task_id) is None
+            and self._find(task_id, now) is None
+        ):
+            raise MailboxFull(self._capacity, task_id)
+        put = Put(
+            session=self.session,
+            recipient=self.recipient,
+            origin=self.origin,
+            task_id=task_id,
+            envelope=envelope,
+            stored_at=now,
+            expires_at=None if self._ttl is None else now + self._ttl,
+            on_written=self._written,
+        )
+        self._last_seq = self._writer.submit(put)
+        self._pending.add(put)  # after the submit: a refused one replaces nothing
+        self._subs.fire_tasks((task_id,))
+        self._subs.fire_all()
+        return True
+
+    def _written(self, put: Put) -> None:
+        """The writer committed ``put``: from now on the database has it."""
+        self._pending.discard(put)
+        hook = self.committed
+        if hook is not None:
+            try:
+                hook(put.envelope)
+            except Exception:
+                logger.exception("mailbox committed hook %r raised; ignored", hook)
+
+    async def wait_committed(self) -> None:
+        """Block until every put this mailbox accepted so far is committed (durable as
+        the store's ``synchronous`` setting makes commits).
+
+        Cancellation stops the wait, not the writes. Returns at once if nothing is pending.
+
+        Raises:
+            StoreError: the store failed before committing them.
+        """
+        await self._wait_committed(self._last_seq)
+
+    # ------------------------------------------------------------ consuming
+
+    def _consumed(self, envelopes: list[DelegateResult]) -> list[DelegateResult]:
+        hook = self.consumed
+        if hook is not None:
+            for envelope in envelopes:
+                try:
+                    hook(envelope)
+                except Exception:
+                    logger.exception("mailbox consumed hook %r raised; ignored", hook)
+        return envelopes
+
+    def drain(self, task_id: str) -> DelegateResult | None:
+        if self._closed:
+            return None
+        now = self._clock()
+        put = self._pending.get(task_id)
+        if put is not None:
+            if not put.live(now):
+                self._pending.discard(put)
+                return None
+            if self._pending.claim(put):
+                return self._consumed([put.envelope])[0]
+        session, recipient, consumer = self.session, self.recipient, self.origin
+
+        def exists(raw: sqlite3.Connection) -> bool:
+            return rows.find(raw, session, recipient, task_id, now) is not None
+
+        body = self._conn.write(
+            lambda raw: rows.claim(
+                raw, session, recipient, task_id, consumer=consumer, now=now, ms=now_ms()
+            ),
+            # A put the writer has taken is waited for (through the gate), not looked up.
+            precheck=exists if put is None else None,
+        )
+        if put is not None and self._pending.get(task_id) is put:
+            if body is None and self._pending.claim(put):  # handed back by a failed store
+                return self._consumed([put.envelope])[0]
+            self._pending.discard(put)
+        return None if body is None else self._consumed([self._decode(body)])[0]
+
+    def drain_all(self) -> list[DelegateResult]:
+        if self._closed:
+            return []
+        now = self._clock()
+        self._pending.live(now)
+        session, recipient, consumer = self.session, self.recipient, self.origin
+        here: list[Put] = []
+
+        def body(raw: sqlite3.Connection) -> list[tuple[str, bytes]]:
+            # The gate is held, so the writer takes no put meanwhile: the ones it took are
+            # committed (and taken below, unless another process took them), the rest are
+            # consumed here, and their task ids' older rows are left for them to replace.
+            here.extend(self._pending.claim_untaken())
+            newer = [put.task_id for put in here]
+            return rows.claim_all(
+                raw, session, recipient, consumer=consumer, now=now, ms=now_ms(), excluding=newer
+            )
+
+        def undo() -> None:  # the transaction rolled back; the gate is still held
+            self._pending.unclaim(here)
+            here.clear()
+
+        def anything(raw: sqlite3.Connection) -> bool:  # to take, or to mark expired
+            return rows.has_stored(raw, session, recipient)
+
+        # With puts pending, always through the gate: one may be in the writer's hands.
+        taken = self._conn.write(body, precheck=None if self._pending else anything, undo=undo)
+        self._pending.clear()
+        envelopes = [self._decode(data) for _, data in taken or ()]
+        envelopes.extend(put.envelope for put in here)
+        return self._consumed(envelopes)
+
+    # ------------------------------------------------------------ subscriptions and drop
+
+    def _present(self, task_id: str) -> bool:
+        """Whether ``task_id`` has a live entry (``peek`` without decoding it)."""
+        now = self._clock()
+        put = self._pending.get(task_id)
+        if put is not None:
+            return put.live(now)
+        return self._find(task_id, now) is not None
+
+    def subscribe_once(self, task_id: str, callback: Signal) -> str | None:
+        if self._closed or self._present(task_id):
+            fire((callback,))
+            return None
+        return self._subs.add_once(task_id, callback)
+
+    def subscribe_all(self, callback: Signal) -> str:
+        if self._closed:
+            fire((callback,))  # the drop signal, as subscribe_once gives it
+            return self._subs.new_id()
+        if not self._subs.all_count:  # signal other processes' puts from now on
+            self._seen = self._conn.read(rows.last_id)
+        return self._subs.add_all(callback)
+
+    def unsubscribe(self, subscription_id: str | None) -> None:
+        self._subs.remove(subscription_id)
+
+    def _look_again(self) -> None:
+        """The database changed (another connection committed): fire the subscriptions
+        whose entries arrived, and the all-puts ones if another mailbox put."""
+        if self._closed:
+            return
+        session, recipient, origin = self.session, self.recipient, self.origin
+        task_ids = self._subs.task_ids()
+        if task_ids:
+            now = self._clock()
+            arrived = self._conn.read(
+                lambda raw: rows.live_among(raw, session, recipient, task_ids, now)
+            )
+            self._subs.fire_tasks(arrived)
+        if self._subs.all_count:
+            after = self._seen
+            self._seen, foreign = self._conn.read(
+                lambda raw: rows.puts_since(raw, session, recipient, after, origin)
+            )
+            if foreign:
+                self._subs.fire_all()
+
+    def drop(self) -> None:
+        """Release this mailbox object: later calls see it closed and its waiters wake with
+        ``None``. The rows stay: other processes may share the session, and puts already
+        accepted still commit."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending.clear()
+        self._subs.fire_drop()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._pending.task_ids())} pending"
+        return f"<SqliteMailbox {self.session!r} {state}>"

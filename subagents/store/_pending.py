@@ -1,0 +1,163 @@
+"""A mailbox's puts not yet committed: readable in this process at once, and who gets
+each one decided under the writer's lock.
+
+A :class:`Put` goes to the writer thread's queue and into the mailbox's :class:`Pending`
+at the same time. Until the writer takes it (``picked``), this process alone may consume
+it (``claimed``: its row is then written as ``read``) or overwrite it (``superseded``: it
+is never written). Once taken, the database decides: a take waits for the writer's
+transaction through the gate and finds the row committed.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+
+from .._envelope import DelegateResult, now_ms
+from . import _deliveries as rows
+from ._writer import Write
+
+__all__ = ["Pending", "Put"]
+
+
+class Put(Write):
+    """One put on its way to the database. ``picked``, ``claimed`` and ``superseded``
+    change only under the writer's lock."""
+
+    __slots__ = (
+        "body",
+        "claimed",
+        "envelope",
+        "expires_at",
+        "on_written",
+        "origin",
+        "picked",
+        "recipient",
+        "session",
+        "stored_at",
+        "superseded",
+        "task_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        session: str,
+        recipient: str,
+        origin: str,
+        task_id: str,
+        envelope: DelegateResult,
+        stored_at: float,
+        expires_at: float | None,
+        on_written: Callable[[Put], object],
+    ) -> None:
+        super().__init__()
+        self.session = session
+        self.recipient = recipient
+        self.origin = origin
+        self.task_id = task_id
+        self.envelope = envelope
+        self.body = envelope.to_json()
+        self.stored_at = stored_at
+        self.expires_at = expires_at
+        self.on_written = on_written
+        self.picked = False
+        """The writer has taken it: it is in a transaction in flight, or committed."""
+        self.claimed = False
+        """Consumed in this process before the writer took it: written as ``read``."""
+        self.superseded = False
+        """Overwritten by a later put before the writer took it: never written."""
+
+    def live(self, now: float) -> bool:
+        return self.expires_at is None or self.expires_at > now
+
+    def take(self) -> bool:
+        if self.superseded:
+            return False
+        self.picked = True
+        return True
+
+    def release(self) -> None:
+        self.picked = False
+
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Put]) -> None:
+        rows.insert(conn, writes, now_ms())
+
+    def done(self) -> None:
+        self.on_written(self)
+
+
+class Pending:
+    """The puts of one mailbox not yet committed, by task id, in arrival order (the
+    latest per id). Used from the event loop; ``lock`` is the writer's."""
+
+    def __init__(self, lock: threading.Lock, *, expiring: bool) -> None:
+        self._lock = lock
+        self._expiring = expiring
+        self._puts: dict[str, Put] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._puts)
+
+    def get(self, task_id: str) -> Put | None:
+        return self._puts.get(task_id)
+
+    def task_ids(self) -> list[str]:
+        return list(self._puts)
+
+    def add(self, put: Put) -> None:
+        """``put`` (already submitted) becomes the newest arrival of its task id; an older
+        pending put of the id that the writer has not taken is never written."""
+        old = self._puts.pop(put.task_id, None)
+        if old is not None:
+            with self._lock:
+                if not old.picked:
+                    old.superseded = True
+        self._puts[put.task_id] = put
+
+    def live(self, now: float) -> int:
+        """How many are live; the expired ones (the oldest first) are let go."""
+        puts = self._puts
+        if self._expiring:
+            while puts:
+                first = next(iter(puts.values()))
+                if first.live(now):
+                    break
+                del puts[first.task_id]
+        return len(puts)
+
+    def discard(self, put: Put) -> None:
+        """Forget ``put`` if it is still the pending one of its id."""
+        if self._puts.get(put.task_id) is put:
+            del self._puts[put.task_id]
+
+    def claim(self, put: Put) -> bool:
+        """Consume ``put`` here if the writer has not taken it yet (then it is forgotten
+        and will be written as ``read``)."""
+        with self._lock:
+            if put.picked:
+                return False
+            put.claimed = True
+        self.discard(put)
+        return True
+
+    def claim_untaken(self) -> list[Put]:
+        """Consume every put the writer has not taken, in arrival order; they stay here
+        until :meth:`clear` (or :meth:`unclaim`)."""
+        with self._lock:
+            untaken = [put for put in self._puts.values() if not put.picked]
+            for put in untaken:
+                put.claimed = True
+        return untaken
+
+    def unclaim(self, puts: list[Put]) -> None:
+        """Undo :meth:`claim_untaken` (their transaction rolled back; the writer, kept out
+        by the gate meanwhile, has taken none of them)."""
+        with self._lock:
+            for put in puts:
+                put.claimed = False
+
+    def clear(self) -> None:
+        self._puts.clear()

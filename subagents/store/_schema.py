@@ -1,0 +1,176 @@
+"""The store's tables, and the migrations that build them: version 1 is the whole schema.
+
+Every table the durable store needs is created now, the mailbox's and those the journal
+(spawns, names, idempotency) will fill once the engine writes to it, so wiring the journal
+in needs no migration. ``design/store.md`` explains each table and column.
+
+A migration is a list of statements applied inside the caller's ``BEGIN IMMEDIATE``
+transaction (not ``executescript``, which commits whatever transaction is open).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+import attrs
+
+from .._envelope import now_ms
+from ._errors import StoreError
+from ._files import APPLICATION_ID
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "current_version", "migrate"]
+
+
+@attrs.frozen(kw_only=True)
+class Migration:
+    """The statements that take a store from ``version - 1`` to ``version``."""
+
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+_V1: Final = (
+    """CREATE TABLE schema_version (
+        version     INTEGER PRIMARY KEY,
+        applied_ms  INTEGER NOT NULL,
+        description TEXT NOT NULL
+    )""",
+    # The journal of spawns (filled once the engine writes to it).
+    """CREATE TABLE tasks (
+        task_id         TEXT PRIMARY KEY,
+        session         TEXT NOT NULL,
+        parent_task     TEXT,
+        agent           TEXT NOT NULL,
+        agent_path      TEXT NOT NULL,
+        request         BLOB NOT NULL,
+        idempotency_key TEXT,
+        state           TEXT NOT NULL DEFAULT 'queued'
+                        CHECK (state IN ('queued', 'running', 'ended')),
+        attempts        INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+        owner           TEXT,
+        envelope_id     INTEGER REFERENCES envelopes (id),
+        created_ms      INTEGER NOT NULL,
+        updated_ms      INTEGER NOT NULL
+    )""",
+    """CREATE UNIQUE INDEX tasks_idempotency ON tasks (session, idempotency_key)
+        WHERE idempotency_key IS NOT NULL""",
+    "CREATE INDEX tasks_unfinished ON tasks (session) WHERE state <> 'ended'",
+    """CREATE TRIGGER tasks_ended_is_final BEFORE UPDATE OF state ON tasks
+        WHEN OLD.state = 'ended' AND NEW.state <> 'ended'
+        BEGIN SELECT RAISE(ABORT, 'an ended task stays ended'); END""",
+    # Every agent path a session handed out: naming goes on from them after a restart.
+    """CREATE TABLE names (
+        session    TEXT NOT NULL,
+        agent_path TEXT NOT NULL,
+        task_id    TEXT NOT NULL,
+        PRIMARY KEY (session, agent_path)
+    ) WITHOUT ROWID""",
+    # One row per envelope put: the body, written once.
+    """CREATE TABLE envelopes (
+        id         INTEGER PRIMARY KEY,
+        session    TEXT NOT NULL,
+        task_id    TEXT NOT NULL,
+        body       BLOB NOT NULL,
+        created_ms INTEGER NOT NULL
+    )""",
+    "CREATE INDEX envelopes_task ON envelopes (task_id)",
+    # One row per (envelope, recipient); ``id`` is the arrival order and never reused.
+    """CREATE TABLE deliveries (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        envelope_id INTEGER NOT NULL REFERENCES envelopes (id) ON DELETE CASCADE,
+        session     TEXT NOT NULL,
+        recipient   TEXT NOT NULL DEFAULT '',
+        task_id     TEXT NOT NULL,
+        state       TEXT NOT NULL DEFAULT 'stored'
+                    CHECK (state IN ('stored', 'read', 'expired', 'replaced')),
+        stored_at   REAL NOT NULL,
+        expires_at  REAL,
+        origin      TEXT NOT NULL,
+        consumer    TEXT,
+        changed_ms  INTEGER NOT NULL
+    )""",
+    """CREATE UNIQUE INDEX deliveries_unread ON deliveries (session, recipient, task_id)
+        WHERE state = 'stored'""",
+    # Counting live entries (a put's capacity check) reads this index alone.
+    """CREATE INDEX deliveries_live ON deliveries (session, recipient, expires_at)
+        WHERE state = 'stored'""",
+    "CREATE INDEX deliveries_envelope ON deliveries (envelope_id)",
+    # A put overwrites: the unread row of the same key becomes 'replaced' ('expired' if
+    # its TTL had passed when the new one was put), whoever inserts.
+    """CREATE TRIGGER deliveries_overwrite BEFORE INSERT ON deliveries
+        BEGIN UPDATE deliveries
+            SET state = CASE WHEN expires_at IS NOT NULL AND expires_at <= NEW.stored_at
+                        THEN 'expired' ELSE 'replaced' END,
+                changed_ms = NEW.changed_ms
+            WHERE session = NEW.session AND recipient = NEW.recipient
+            AND task_id = NEW.task_id AND state = 'stored'; END""",
+    """CREATE TRIGGER deliveries_forward_only BEFORE UPDATE OF state ON deliveries
+        WHEN OLD.state <> 'stored'
+        BEGIN SELECT RAISE(ABORT, 'a delivery state only moves forward'); END""",
+)
+
+MIGRATIONS: Final = (Migration(version=1, description="the whole schema", statements=_V1),)
+SCHEMA_VERSION: Final = MIGRATIONS[-1].version
+"""The schema version this code writes; a store with a higher one is refused."""
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    rows = conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'").fetchall()
+    return {str(name) for (name,) in rows}
+
+
+def current_version(conn: sqlite3.Connection, path: str) -> int:
+    """The schema version recorded in the store, 0 for an empty database.
+
+    Raises:
+        StoreError: ``not_a_store`` for a database with tables but another application id
+            or no version, ``newer_schema`` past :data:`SCHEMA_VERSION`.
+    """
+    tables = _tables(conn)
+    if not tables:
+        return 0
+    ((application_id,),) = conn.execute("PRAGMA application_id").fetchall()
+    if application_id != APPLICATION_ID:
+        raise StoreError(
+            path,
+            "not_a_store",
+            f"not a subagents store: its application_id is {application_id:#x}, "
+            f"a store's is {APPLICATION_ID:#x} (another program's database?)",
+        )
+    if "schema_version" not in tables:
+        raise StoreError(path, "not_a_store", "not a subagents store: it has no schema_version")
+    (version,) = conn.execute("SELECT max(version) FROM schema_version").fetchall()[0]
+    if version is None:
+        raise StoreError(path, "not_a_store", "not a subagents store: schema_version is empty")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            path,
+            "newer_schema",
+            f"the store has schema version {version}; this version of subagents reads up to "
+            f"{SCHEMA_VERSION}: upgrade subagents to open it",
+        )
+    return int(version)
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> int:
+    """Bring the store to :data:`SCHEMA_VERSION`; call inside ``BEGIN IMMEDIATE``.
+
+    Returns the version found before migrating (0 for a new store).
+    """
+    found = current_version(conn, path)
+    for migration in MIGRATIONS:
+        if migration.version <= found:
+            continue
+        for statement in migration.statements:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO schema_version (version, applied_ms, description) VALUES (?, ?, ?)",
+            (migration.version, now_ms(), migration.description),
+        )
+    if found < SCHEMA_VERSION:
+        # Header copies of the version, read by check_before_open without opening SQLite.
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return found

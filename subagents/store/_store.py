@@ -1,0 +1,363 @@
+"""``SqliteStore``: one SQLite file in WAL mode, its writer thread, its watcher, and the
+mailboxes kept in it.
+
+Three connections per store, each used by one thread: the writer's (group commit), the
+event loop's (reads, and the takes of ``drain``/``drain_all``), the watcher's (polling
+``PRAGMA data_version``). Opening (:mod:`._opening`) runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import secrets
+import sqlite3
+import time
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Final, Literal
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import attrs
+from anyio.lowlevel import current_token
+
+from .._errors import ConfigError
+from .._mailbox import DEFAULT_MAILBOX_CAPACITY
+from .._validators import count, seconds, text
+from ._errors import StoreError
+from ._mailbox import SqliteMailbox
+from ._opening import Connections, close_all, open_connections
+from ._sqlite import Connection, Synchronous
+from ._watch import Watcher
+from ._writer import Write, Writer
+
+__all__ = ["DEFAULT_BUSY_TIMEOUT", "DEFAULT_POLL_INTERVAL", "SqliteStore", "StoreStatistics"]
+
+logger = logging.getLogger("subagents.store")
+
+DEFAULT_BUSY_TIMEOUT: Final = 10.0
+DEFAULT_POLL_INTERVAL: Final = 0.005
+_LOOP_RETRIES: Final = 0.1
+"""Seconds the event loop's connection retries busy answers: SQLite's own wait (up to
+``busy_timeout``) comes first, and a loop must not block much longer."""
+_CLOSE_MARGIN: Final = 5.0
+"""Seconds ``aclose`` waits for the writer beyond ``busy_timeout`` before leaving it."""
+
+_State = Literal["new", "opening", "open", "closing", "closed"]
+
+
+@attrs.frozen(kw_only=True)
+class StoreStatistics:
+    """A snapshot of a store's counters."""
+
+    path: str
+    """The store's file."""
+    synchronous: str
+    """``FULL`` or ``NORMAL``."""
+    batches: int
+    """Transactions the writer thread committed."""
+    writes: int
+    """Writes committed in them (so ``writes / batches`` is the mean batch)."""
+    largest_batch: int
+    """The most writes one transaction held."""
+    queued: int
+    """Writes submitted, not yet taken by the writer."""
+    watching: int
+    """Mailboxes with subscriptions: the watcher polls while this is above 0."""
+    polls: int
+    """``PRAGMA data_version`` reads by the watcher."""
+    closed: bool
+    """True once :meth:`SqliteStore.aclose` has finished."""
+
+
+class SqliteStore:
+    """A durable store in one SQLite file, shared by the processes of one machine.
+
+    ``async with SqliteStore(path) as store:`` opens it (creating the file if needed) and
+    closes it on exit; :meth:`mailbox` makes the durable mailbox of a session, e.g.
+    ``SubagentManager(mailbox_factory=store.mailbox)``. Use a store from the event loop
+    that opened it (asyncio or trio).
+
+    Args:
+        path: the database file. Its directory must exist and be writable (WAL mode keeps
+            ``-wal`` and ``-shm`` files beside it); a local file system (WAL does not work
+            over NFS).
+        synchronous: how the writer thread commits puts. ``"FULL"`` (default): each
+            commit is fsynced, and a put acknowledged by ``wait_committed`` survives a
+            power loss. ``"NORMAL"``: it survives a crash of the process, but the last ones
+            may be lost in a power loss or OS crash (the database stays consistent). Takes
+            (``drain``) always commit as ``NORMAL``: after a power loss the last ones may
+            be undone, and their envelopes delivered again, never lost.
+        busy_timeout: seconds a connection waits for another's write lock before retrying
+            (and then failing, on the event loop, with ``StoreError(reason="locked")``).
+        poll_interval: seconds between two looks for other processes' commits, made only
+            while a mailbox of this store has subscriptions (a ``wait`` among them).
+
+    Raises:
+        ConfigError: an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> None:
+        try:
+            self._path = os.fspath(path)
+        except TypeError:
+            raise ConfigError("path", "a str or os.PathLike path", path) from None
+        if not isinstance(self._path, str) or not self._path:
+            raise ConfigError("path", "a non-empty str path", path)
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ConfigError("synchronous", "'FULL' or 'NORMAL'", synchronous)
+        self._synchronous: Synchronous = synchronous
+        self._busy_timeout = seconds("busy_timeout", busy_timeout, none_ok=False, zero_ok=False)
+        self._poll_interval = seconds("poll_interval", poll_interval, none_ok=False, zero_ok=False)
+        self._state: _State = "new"
+        self._origin = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._mailboxes: weakref.WeakSet[SqliteMailbox] = weakref.WeakSet()
+        self._watched: set[SqliteMailbox] = set()
+        self._committed = 0
+        self._failure: StoreError | None = None
+        self._waiters: list[tuple[int, int, anyio.Event]] = []
+        self._tiebreak = itertools.count()
+        self._stopped = anyio.Event()
+        self._closed = anyio.Event()
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def synchronous(self) -> Synchronous:
+        return self._synchronous
+
+    @property
+    def closed(self) -> bool:
+        return self._state == "closed"
+
+    def __repr__(self) -> str:
+        return f"<SqliteStore {self._path!r} {self._state}>"
+
+    # ------------------------------------------------------------ opening
+
+    async def __aenter__(self) -> SqliteStore:
+        """Open the store (in a worker thread: the checks, WAL mode, the migrations).
+
+        Raises:
+            StoreError: the file is not a store, has a newer schema, cannot be written, is
+                damaged or stays locked; the file was left as it was.
+            RuntimeError: the store was opened before.
+        """
+        if self._state != "new":
+            raise RuntimeError(f"a SqliteStore opens once; this one is {self._state}")
+        self._state = "opening"
+        token = current_token()
+        raws: tuple[sqlite3.Connection, ...] = ()
+        try:
+            # A cancellation arriving while the thread works waits for it (the thread is
+            # not abandoned), so its connections are in hand to be closed here.
+            raws = await anyio.to_thread.run_sync(self._open_files)
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except BaseException:
+            close_all(list(raws))
+            self._state = "closed"
+            self._closed.set()
+            raise
+        writer_raw, loop_raw, watch_raw = raws
+        self._writer = Writer(
+            writer_raw,
+            path=self._path,
+            busy_timeout=self._busy_timeout,
+            token=token,
+            on_batch=self._on_batch,
+            on_stopped=self._stopped.set,
+        )
+        self._conn = Connection(
+            loop_raw,
+            path=self._path,
+            busy_timeout=self._busy_timeout,
+            retry_timeout=min(self._busy_timeout, _LOOP_RETRIES),
+            gate=self._writer.gate,
+        )
+        self._watcher = Watcher(
+            watch_raw, token=token, interval=self._poll_interval, on_change=self._on_change
+        )
+        self._writer.start()
+        self._watcher.start()
+        self._state = "open"
+        return self
+
+    def _open_files(self) -> Connections:
+        """In a worker thread: check, create or migrate, and connect three times."""
+        return open_connections(
+            self._path, synchronous=self._synchronous, busy_timeout=self._busy_timeout
+        )
+
+    def _require_open(self) -> None:
+        if self._state != "open":
+            if self._state in ("closing", "closed"):
+                raise anyio.ClosedResourceError(f"the store {self._path!r} is closed")
+            raise RuntimeError(f"open the store first: async with SqliteStore({self._path!r})")
+
+    # ------------------------------------------------------------ mailboxes
+
+    def mailbox(
+        self,
+        session_id: str,
+        *,
+        capacity: int = DEFAULT_MAILBOX_CAPACITY,
+        ttl: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> SqliteMailbox:
+        """The durable mailbox of ``session_id``: a new object over the session's rows.
+
+        Usable as ``SubagentManager(mailbox_factory=store.mailbox)``. Every process (and
+        every object) opening the same session shares its entries.
+
+        Args:
+            session_id: the session whose envelopes it holds.
+            capacity: maximum distinct unread task ids (default 64).
+            ttl: seconds an entry stays readable; ``None`` keeps entries until read.
+            clock: the time source of ``ttl``, in seconds (default: unix time, which every
+                process on the machine shares).
+
+        Raises:
+            ConfigError: an argument is out of range.
+            anyio.ClosedResourceError: the store is closed.
+        """
+        self._require_open()
+        box = SqliteMailbox(
+            text("session_id", session_id),
+            conn=self._conn,
+            writer=self._writer,
+            origin=self._origin,
+            watch=self._watch,
+            wait_committed=self._wait_seq,
+            capacity=count("capacity", capacity, minimum=1),
+            ttl=seconds("ttl", ttl, none_ok=True, zero_ok=False),
+            clock=clock,
+        )
+        self._mailboxes.add(box)
+        return box
+
+    def _watch(self, box: SqliteMailbox, active: bool) -> None:
+        if active:
+            self._watched.add(box)
+        else:
+            self._watched.discard(box)
+        if self._state == "open":
+            self._watcher.watch(bool(self._watched))
+
+    def _on_change(self) -> None:
+        for box in list(self._watched):
+            try:
+                box._look_again()
+            except Exception:
+                logger.exception("looking for other processes' puts in %r failed", box)
+
+    # ------------------------------------------------------------ commits
+
+    def _on_batch(self, writes: list[Write], watermark: int, failure: StoreError | None) -> None:
+        if failure is None:
+            for write in writes:
+                write.done()
+            self._committed = max(self._committed, watermark)
+        else:
+            self._failure = failure
+        waiters = self._waiters
+        while waiters and (failure is not None or waiters[0][0] <= self._committed):
+            heapq.heappop(waiters)[2].set()
+
+    async def _wait_seq(self, seq: int) -> None:
+        if seq > self._committed and self._failure is None:
+            event = anyio.Event()
+            heapq.heappush(self._waiters, (seq, next(self._tiebreak), event))
+            await event.wait()
+        else:
+            await anyio.lowlevel.checkpoint()
+        if seq > self._committed and self._failure is not None:
+            raise StoreError(
+                self._path, self._failure.reason, f"the write failed: {self._failure.detail}"
+            )
+
+    async def wait_committed(self) -> None:
+        """Block until every write submitted to this store so far is committed.
+
+        Cancellation stops the wait, not the writes.
+
+        Raises:
+            StoreError: the store failed before committing them.
+            anyio.ClosedResourceError: the store is not open.
+        """
+        self._require_open()
+        await self._wait_seq(self._writer.submitted)
+
+    def statistics(self) -> StoreStatistics:
+        """A snapshot of the store's counters (zeros before it is open)."""
+        opened = self._state not in ("new", "opening")
+        writer = self._writer if opened else None
+        return StoreStatistics(
+            path=self._path,
+            synchronous=self._synchronous,
+            batches=writer.batches if writer else 0,
+            writes=writer.writes if writer else 0,
+            largest_batch=writer.largest_batch if writer else 0,
+            queued=writer.queued if writer else 0,
+            watching=len(self._watched),
+            polls=self._watcher.polls if opened else 0,
+            closed=self._state == "closed",
+        )
+
+    # ------------------------------------------------------------ closing
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Commit what is queued, drop every mailbox of this store, stop its threads and
+        close the file. Idempotent; a second caller waits for the first.
+
+        Blocks until the writer has committed its queue, shielded from cancellation for up
+        to ``busy_timeout`` + 5 s; past that (the database stays locked) it logs an error
+        and returns, and the writer thread goes on committing in the background.
+        """
+        if self._state in ("closing", "closed"):
+            await self._closed.wait()
+            return
+        if self._state != "open":
+            self._state = "closed"
+            self._closed.set()
+            return
+        self._state = "closing"
+        with anyio.CancelScope(shield=True):
+            for box in list(self._mailboxes):
+                box.drop()
+            self._writer.stop()
+            self._watcher.stop()
+            with anyio.move_on_after(self._busy_timeout + _CLOSE_MARGIN):
+                await self._stopped.wait()
+            if not self._stopped.is_set():
+                logger.error(
+                    "store %r: the writer did not finish within %.0f s; it goes on in the "
+                    "background",
+                    self._path,
+                    self._busy_timeout + _CLOSE_MARGIN,
+                )
+            await anyio.to_thread.run_sync(self._watcher.join, self._poll_interval + 1.0)
+            await anyio.to_thread.run_sync(self._conn.close)
+            self._state = "closed"
+            self._closed.set()

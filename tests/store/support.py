@@ -1,0 +1,72 @@
+"""Helpers of the store tests: envelopes, and worker processes opening the same store."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import anyio
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from subagents import DelegateResult, Status
+
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def env(task_id: str, output: str = "") -> DelegateResult:
+    return DelegateResult(
+        agent="worker",
+        task_id=task_id,
+        status=Status.COMPLETED,
+        output=output or f"output of {task_id}",
+        timestamp_ms=1,
+    )
+
+
+@contextmanager
+def sqlite(path: str | Path, **kwargs: object) -> Iterator[sqlite3.Connection]:
+    """A plain connection to ``path``, committed (or rolled back) and closed at the end
+    (``sqlite3.connect`` as a context manager does not close)."""
+    conn = sqlite3.connect(path, **kwargs)  # type: ignore[arg-type]
+    try:
+        with conn:
+            yield conn
+    finally:
+        conn.close()
+
+
+class Worker:
+    """A running ``worker.py``: read its lines, write to its stdin."""
+
+    def __init__(self, process: Process) -> None:
+        assert process.stdout is not None
+        self.process = process
+        self.killed = False
+        """Set by a test that killed it: any exit code is then expected."""
+        self._out = BufferedByteReceiveStream(process.stdout)
+
+    async def line(self) -> str:
+        return (await self._out.receive_until(b"\n", 1 << 26)).decode()
+
+    async def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send(line.encode() + b"\n")
+
+
+@asynccontextmanager
+async def worker(*args: str, backend: str = "asyncio") -> AsyncIterator[Worker]:
+    """Start ``worker.py *args``; on exit wait for it and require a clean exit."""
+    command = [sys.executable, str(WORKER), *args, "--backend", backend]
+    async with await anyio.open_process(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
+    ) as process:
+        running = Worker(process)
+        yield running
+        with anyio.fail_after(60):
+            code = await process.wait()
+    assert running.killed or code == 0, f"worker {args[0]} exited with {code}"

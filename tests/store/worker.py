@@ -1,0 +1,147 @@
+"""A process of its own that opens a store the tests share with it.
+
+    python tests/store/worker.py put PATH SESSION N PREFIX
+    python tests/store/worker.py drain PATH SESSION N SEED      # "ready", then "go" on stdin
+    python tests/store/worker.py wait PATH SESSION TASK_ID      # "waiting", then the output
+    python tests/store/worker.py count PATH INCREMENTS          # read-then-write in BEGIN IMMEDIATE
+    python tests/store/worker.py ack PATH SESSION SEED          # put forever, print the durable
+
+Every command takes ``--backend asyncio|trio``; lines on stdout are the protocol, anything
+unexpected goes to stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sqlite3
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import anyio
+
+from subagents import DelegateResult, Status
+from subagents._json import dumps_str
+from subagents.store import SqliteStore
+from subagents.store._sqlite import Connection, connect
+
+
+def envelope(task_id: str, output: str = "") -> DelegateResult:
+    return DelegateResult(
+        agent="worker",
+        task_id=task_id,
+        status=Status.COMPLETED,
+        output=output or f"output of {task_id}",
+        timestamp_ms=1,
+    )
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+async def put(path: str, session: str, n: int, prefix: str) -> None:
+    async with SqliteStore(path) as store:
+        box = store.mailbox(session, capacity=1_000_000)  # the session may be shared
+        for i in range(n):
+            box.put(f"{prefix}{i}", envelope(f"{prefix}{i}"))
+        await box.wait_committed()
+    say("done")
+
+
+async def drain(path: str, session: str, n: int, seed: int) -> None:
+    # NORMAL: taking exactly once is a matter of locking, not of fsync.
+    async with SqliteStore(path, synchronous="NORMAL") as store:
+        box = store.mailbox(session, capacity=max(n, 1))
+        ids = [f"t{i}" for i in range(n)]
+        random.Random(seed).shuffle(ids)
+        say("ready")
+        line = await anyio.to_thread.run_sync(sys.stdin.readline)
+        if line.strip() != "go":
+            raise SystemExit(f"expected 'go', got {line!r}")
+        taken = []
+        for task_id in ids:
+            got = box.drain(task_id)
+            if got is not None:
+                if got.task_id != task_id:
+                    raise SystemExit(f"drain({task_id!r}) returned {got.task_id!r}")
+                taken.append(task_id)
+            if len(taken) % 64 == 0:
+                await anyio.lowlevel.checkpoint()
+        taken.extend(e.task_id for e in box.drain_all())  # nothing should be left by now
+        say(dumps_str(taken))
+
+
+async def wait(path: str, session: str, task_id: str) -> None:
+    async with SqliteStore(path) as store:
+        box = store.mailbox(session)
+        got: list[DelegateResult | None] = []
+
+        async def waiter() -> None:
+            got.append(await box.wait(task_id, timeout=30))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            say("waiting")
+        say("none" if got[0] is None else got[0].output)
+
+
+async def ack(path: str, session: str, seed: int) -> None:
+    """Put envelopes in batches of 1 to 32, forever; after each commit print the ids it
+    made durable, one line each (the line is the acknowledgement)."""
+    rng = random.Random(seed)
+    async with SqliteStore(path) as store:
+        box = store.mailbox(session, capacity=1_000_000)
+        n = 0
+        while True:
+            batch = [f"{seed}-{n + i}" for i in range(rng.randint(1, 32))]
+            n += len(batch)
+            for task_id in batch:
+                box.put(task_id, envelope(task_id, "x" * rng.randint(0, 2000)))
+            await box.wait_committed()
+            sys.stdout.write("".join(f"{task_id}\n" for task_id in batch))
+            sys.stdout.flush()
+
+
+def count(path: str, increments: int) -> None:
+    """Increment a counter, each time reading it and writing it back in one transaction."""
+    raw = connect(path, synchronous="NORMAL", busy_timeout=0.05)  # short: retries do the rest
+    conn = Connection(raw, path=path, busy_timeout=30.0, retry_timeout=30.0)
+    raw.execute("PRAGMA journal_mode = WAL")
+    for _ in range(increments):
+
+        def bump(raw: sqlite3.Connection) -> None:
+            ((value,),) = raw.execute("SELECT value FROM counter").fetchall()
+            raw.execute("UPDATE counter SET value = ?", (value + 1,))
+
+        conn.write(bump)
+    conn.close()
+    say("ok")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command")
+    parser.add_argument("args", nargs="*")
+    parser.add_argument("--backend", default="asyncio")
+    ns = parser.parse_args()
+    args = ns.args
+    if ns.command == "put":
+        anyio.run(put, args[0], args[1], int(args[2]), args[3], backend=ns.backend)
+    elif ns.command == "drain":
+        anyio.run(drain, args[0], args[1], int(args[2]), int(args[3]), backend=ns.backend)
+    elif ns.command == "wait":
+        anyio.run(wait, args[0], args[1], args[2], backend=ns.backend)
+    elif ns.command == "ack":
+        anyio.run(ack, args[0], args[1], int(args[2]), backend=ns.backend)
+    elif ns.command == "count":
+        count(args[0], int(args[1]))
+    else:
+        raise SystemExit(f"unknown command {ns.command!r}")
+
+
+if __name__ == "__main__":
+    main()
