@@ -25,7 +25,7 @@ import anyio
 from ._cli_events import silence_stdout
 from ._context import RunContext
 from ._envelope import DelegateResult, Status, Usage
-from ._events import COMPLETED, Event
+from ._events import COMPLETED, STARTED, Event
 from ._json import dumps_str
 from ._jsonl import JsonlSink
 from ._manager import SubagentManager
@@ -191,7 +191,15 @@ async def _main(seed: int, as_json: bool, sink: JsonlSink | None = None) -> int:
         doomed = manager.spawn("slowpoke", "the attic", name="cancelled-scan")
         handles.append(doomed)
         handles.append(manager.spawn("lead", "the design notes"))
-        await anyio.sleep(0.3)
+        # Cancelled once it is running (it has reported its progress by then): the same
+        # envelope for a seed, however the children before it interleave.
+        scan_started = anyio.Event()
+        manager.events.subscribe(
+            lambda e: (
+                scan_started.set() if e.type == STARTED and e.task_id == doomed.task_id else None
+            )
+        )
+        await scan_started.wait()
         doomed.cancel()
         for handle in handles:
             await handle.wait()

@@ -116,7 +116,7 @@ def test_demo_same_seed_same_envelopes_however_the_children_interleave(
 
     async def reversed_steps(seconds: float) -> None:
         # The researchers' steps (20-80 ms) now wake in the opposite order; the demo's
-        # other waits (50 ms failure, 300 ms before the cancel, the 60 s scan) are kept.
+        # other waits (the 50 ms failure, the 60 s scan) are kept.
         await real_sleep(0.1 - seconds if 0 < seconds < 0.09 else seconds)
 
     monkeypatch.setattr(anyio, "sleep", reversed_steps)
