@@ -9,6 +9,7 @@ exactly one envelope per spawn, whatever races.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
@@ -22,6 +23,7 @@ from ._backend import Backend, awaitable, coerce_result, run_local
 from ._envelope import DelegateResult, Status
 from ._events import COMPLETED, MAILBOX_FULL, STARTED, EventBus
 from ._handle import NO_LEND
+from ._journal import NO_JOURNAL, Journal
 from ._json import JSONValue
 from ._limiter import SpawnLimiter
 from ._notifier import CompletionNotifier
@@ -39,6 +41,8 @@ __all__ = ["ChildRunner", "CompletionEvents", "ContextFactory"]
 
 ContextFactory = Callable[[ChildRecord, "float | None"], "RunContext"]
 """``make(record, deadline)``: the :class:`RunContext` a child's runner receives."""
+
+logger = logging.getLogger("subagents")
 
 _ENTERED: Final = nullcontext()  # a scope the caller has entered already
 
@@ -90,8 +94,10 @@ class ChildRunner:
         events: EventBus,
         telemetry: Telemetry,
         settle_timeout: float,
+        journal: Journal = NO_JOURNAL,
     ) -> None:
         self._backend = backend
+        self._journal = journal
         self._make_context = make_context
         self._sessions = sessions
         self._limiter = limiter
@@ -113,6 +119,8 @@ class ChildRunner:
         """
         record.state = RUNNING
         started = record.started_at = perf_counter()
+        if record.journaled:
+            self._journal_write(self._journal.started, record.task_id)
         if self._events.active:
             self._publish_started(record, started)
         timeout = record.timeout
@@ -279,11 +287,21 @@ class ChildRunner:
             self._completion_events(COMPLETED, record.session_id, envelope)
         else:
             self._notifier.notify(record.session_id, record.task_id, envelope)
+        if record.journaled:  # after the mailbox's put, whose envelope row it links
+            self._journal_write(self._journal.ended, record.task_id, record.session_id, envelope)
         record.traceback = None
         if record.trace is not None:
             self._telemetry.finish(record, envelope)
         record.mark_delivered()
         self._sessions.delivered(record)
+
+    def _journal_write(self, write: Callable[..., None], *args: object) -> None:
+        """A journal write; a failed store is logged, never a child's failure (its
+        ``journaled()`` and the mailbox's commits report it)."""
+        try:
+            write(*args)
+        except Exception:
+            logger.exception("journaling child %r failed", args[0])
 
 
 Check = Callable[[str, object], "Result | str"]

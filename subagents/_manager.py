@@ -26,6 +26,7 @@ from ._envelope import DelegateResult
 from ._errors import ConfigError, SpawnRejected, UnknownAgent
 from ._events import EventBus
 from ._handle import SpawnHandle, handle_of, record_of
+from ._journal import NO_JOURNAL, DurableStore, open_store
 from ._limiter import SpawnLimiter
 from ._mailbox import BaseMailbox
 from ._notifier import CompletionNotifier
@@ -63,6 +64,15 @@ class SubagentManager:
             ``subagent.completed`` on :attr:`events`.
         events: the lifecycle event bus (a new one by default).
         backend: the function that runs a child (default: the runner, in process).
+        store: a durable store, open (``subagents.store.SqliteStore``): the sessions'
+            mailboxes are its durable ones, every spawn is journaled in it, and entering
+            the manager recovers what an earlier process left unfinished (see
+            ``design/store.md``). ``config.store_path`` has the manager open and close
+            one itself.
+
+    Raises:
+        ConfigError: ``store`` with ``mailbox_factory`` (the store makes the mailboxes),
+            or with ``config.store_path``.
     """
 
     def __init__(
@@ -74,8 +84,22 @@ class SubagentManager:
         notifier: CompletionNotifier | None = None,
         events: EventBus | None = None,
         backend: Backend | None = None,
+        store: DurableStore | None = None,
     ) -> None:
         config = self.config = config if config is not None else SubagentConfig()
+        self._owns_store = False
+        if config.store_path is not None:
+            if store is not None:
+                raise ConfigError("store", "None when config.store_path is set", store)
+            store = open_store(config.store_path)
+            self._owns_store = True
+        if store is not None and mailbox_factory is not None:
+            raise ConfigError(
+                "mailbox_factory", "None when a store is used (it makes the mailboxes)", store
+            )
+        self._store = store
+        journal = NO_JOURNAL if store is None else store.journal()
+        self._journal = journal
         self.events = events if events is not None else EventBus()
         self._telemetry = Telemetry.from_config(config)
         self._specs: dict[str, AgentSpec] = {}
@@ -83,9 +107,16 @@ class SubagentManager:
             self.register(spec)
         self._watchdog = Watchdog()
         self._limiter = SpawnLimiter(config.max_concurrent_spawns)
-        if mailbox_factory is None:
+        if store is not None:
+            mailbox_factory = functools.partial(
+                _store_mailbox, store, config.mailbox_capacity, config.mailbox_ttl
+            )
+        elif mailbox_factory is None:
             mailbox_factory = default_mailbox_factory(config.mailbox_capacity, config.mailbox_ttl)
-        self._sessions = Sessions(mailbox_factory, self._limiter.lend_slot, config.retain_collected)
+        stored = None if store is None else journal  # the parts skip a journal of nothing
+        self._sessions = Sessions(
+            mailbox_factory, self._limiter.lend_slot, config.retain_collected, stored
+        )
         completion_events = CompletionEvents(self.events, self._sessions, config.mailbox_capacity)
         if notifier is None:
             deliver_to = self._sessions.delivery_mailbox
@@ -104,8 +135,11 @@ class SubagentManager:
             events=self.events,
             telemetry=self._telemetry,
             settle_timeout=config.settle_timeout,
+            journal=journal,
         )
-        self._spawner = Spawner(self._specs, self._sessions, config)
+        self._spawner = Spawner(self._specs, self._sessions, config, stored)
+        if store is not None:
+            self._sessions.restore = self._spawner.restore
         self._spawned = 0
         self._tg: TaskGroup | None = None
         self._state: Literal["new", "running", "closing", "closed"] = "new"
@@ -116,6 +150,7 @@ class SubagentManager:
         if self._state != "new":
             raise RuntimeError("a SubagentManager can be entered only once")
         self._telemetry.resolve()
+        await self._open_store()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -124,6 +159,23 @@ class SubagentManager:
         self._watchdog.start(tg)
         self._limiter.start(tg, self._children.run)
         return self
+
+    async def _open_store(self) -> None:
+        """Open the store if the manager owns it, then recover what earlier processes left
+        unfinished: each such spawn gets its one ``Interrupted`` envelope."""
+        store = self._store
+        if store is None:
+            return
+        if self._owns_store:
+            await store.__aenter__()
+        try:
+            await self._journal.recover()
+        except BaseException:
+            if self._owns_store:
+                with anyio.CancelScope(shield=True):
+                    await store.aclose()
+            self._state = "closed"
+            raise
 
     async def __aexit__(
         self,
@@ -168,6 +220,9 @@ class SubagentManager:
             self._state = "closed"
             self._sessions.shut = True
             self._sessions.release_all()
+            if self._owns_store:
+                assert self._store is not None
+                await self._store.aclose()  # commits what is queued first (shielded)
 
     @property
     def running(self) -> bool:
@@ -476,6 +531,16 @@ class SubagentManager:
         self._sessions.collect(record)
         return record.envelope
 
+    async def wait_journaled(self, handle: SpawnHandle) -> None:
+        """Block until ``handle``'s spawn is committed to the store (see
+        :meth:`SpawnHandle.journaled`); at once without a store."""
+        await self._journal.wait_journaled(record_of(handle).journaled)
+
+    @property
+    def store(self) -> DurableStore | None:
+        """The durable store (given, or opened from ``config.store_path``), or ``None``."""
+        return self._store
+
     def collect(self, handle: SpawnHandle) -> DelegateResult | None:
         """Mark an ended child's envelope as consumed and remove it from its mailbox (the
         record may then be forgotten, see ``config.retain_collected``)."""
@@ -497,3 +562,10 @@ class SubagentManager:
         Cancelling the waiter changes nothing. See :class:`~subagents.Completions`.
         """
         return Completions(self._sessions, self.lend_slot, lambda: self.running, session_id)
+
+
+def _store_mailbox(
+    store: DurableStore, capacity: int, ttl: float | None, session_id: str
+) -> BaseMailbox:
+    """A session's mailbox, made by the store with the configured capacity and TTL."""
+    return store.mailbox(session_id, capacity=capacity, ttl=ttl)
