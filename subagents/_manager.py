@@ -166,9 +166,9 @@ class SubagentManager:
         store = self._store
         if store is None:
             return
-        if self._owns_store:
-            await store.__aenter__()
         try:
+            if self._owns_store:
+                await store.__aenter__()
             await self._journal.recover()
         except BaseException:
             if self._owns_store:

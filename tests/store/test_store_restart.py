@@ -23,7 +23,7 @@ from subagents import (
     UnknownTask,
 )
 from subagents._journal import SpawnEntry
-from subagents.store import INTERRUPTED, SqliteMailbox, SqliteStore
+from subagents.store import INTERRUPTED, SqliteMailbox, SqliteStore, StoreError
 from tests.store.support import env, sqlite
 
 pytestmark = pytest.mark.anyio
@@ -113,6 +113,17 @@ async def test_store_path_is_opened_and_closed_by_the_manager(tmp_path: Path) ->
     with sqlite(tmp_path / "s.db") as conn:
         rows = conn.execute("SELECT task_id, state, attempts, envelope_id FROM tasks").fetchall()
     assert rows == [(handle.task_id, "ended", 1, 1)]
+
+
+async def test_a_store_path_that_is_no_store_fails_the_entry(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.db"
+    path.write_bytes(b"not a database at all" * 10)
+    manager = SubagentManager(AGENTS, config=SubagentConfig(store_path=path))
+    with pytest.raises(StoreError, match=r"not_sqlite|SQLite"):
+        async with manager:
+            pass  # pragma: no cover
+    assert not manager.running
+    assert path.read_bytes() == b"not a database at all" * 10  # left as it was
 
 
 async def test_journaled_returns_at_once_without_a_store() -> None:
