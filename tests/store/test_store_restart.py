@@ -264,6 +264,21 @@ async def test_old_ids_answer_after_a_restart_and_are_collected_once(tmp_path: P
         assert m.handle(unread.task_id).collected
 
 
+async def test_envelopes_never_read_stay_in_their_sessions_mailbox(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    config = SubagentConfig(store_path=path)
+    async with SubagentManager(AGENTS, config=config) as m:
+        handles = [m.spawn("echo", str(i), session_id="s") for i in range(3)]
+        for handle in handles:
+            await handle.done.wait()  # ended, never collected
+    async with SubagentManager(AGENTS, config=config) as m:
+        got = m.mailbox("s").drain_all()
+        assert [e.task_id for e in got] == [h.task_id for h in handles]  # arrival order
+        assert [e.output for e in got] == ["0", "1", "2"]
+    async with SubagentManager(AGENTS, config=config) as m:
+        assert m.mailbox("s").drain_all() == []  # read once
+
+
 async def test_names_go_on_from_the_names_in_the_store(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     config = SubagentConfig(store_path=path)
