@@ -26,10 +26,13 @@ import anyio.to_thread
 import attrs
 from anyio.lowlevel import current_token
 
+from .._envelope import DelegateResult
 from .._errors import ConfigError
+from .._json import loads
 from .._mailbox import DEFAULT_MAILBOX_CAPACITY
 from .._validators import count, seconds, text
 from ._errors import StoreError
+from ._journal import OPEN_ORIGINS, SqliteJournal
 from ._mailbox import SqliteMailbox
 from ._opening import Connections, close_all, open_connections
 from ._sqlite import Connection, Synchronous
@@ -194,6 +197,7 @@ class SqliteStore:
         self._writer.start()
         self._watcher.start()
         self._state = "open"
+        OPEN_ORIGINS.add(self._origin)
         return self
 
     def _open_files(self) -> Connections:
@@ -248,6 +252,37 @@ class SqliteStore:
         )
         self._mailboxes.add(box)
         return box
+
+    # ------------------------------------------------------------ the journal
+
+    def journal(self) -> SqliteJournal:
+        """The journal of spawns kept in this store (what ``SubagentManager(store=...)``
+        writes each spawn, start and end through). Usable before the store is open; its
+        calls need it open."""
+        return SqliteJournal(
+            origin=self._origin,
+            submit=self._submit,
+            read=self._read,
+            wait_committed=self._wait_seq,
+            decode=self._decode,
+        )
+
+    def _submit(self, write: Write) -> int:
+        self._require_open()
+        return self._writer.submit(write)
+
+    def _read(self, query: Callable[[sqlite3.Connection], object]) -> object:
+        self._require_open()
+        return self._conn.read(query)
+
+    def _decode(self, body: bytes) -> DelegateResult:
+        try:
+            data = loads(body)
+            if not isinstance(data, dict):
+                raise ValueError(f"an envelope is a JSON object, not {type(data).__name__}")
+            return DelegateResult.from_dict(data)
+        except ValueError as exc:
+            raise StoreError(self._path, "corrupt", f"an unreadable envelope: {exc}") from exc
 
     def _watch(self, box: SqliteMailbox, active: bool) -> None:
         if active:
@@ -343,6 +378,7 @@ class SqliteStore:
             self._closed.set()
             return
         self._state = "closing"
+        OPEN_ORIGINS.discard(self._origin)
         with anyio.CancelScope(shield=True):
             for box in list(self._mailboxes):
                 box.drop()
