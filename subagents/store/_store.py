@@ -182,7 +182,7 @@ class SqliteStore:
             busy_timeout=self._busy_timeout,
             token=token,
             on_batch=self._on_batch,
-            on_stopped=self._stopped.set,
+            on_stopped=self._writer_stopped,
         )
         self._conn = Connection(
             loop_raw,
@@ -362,6 +362,12 @@ class SqliteStore:
     ) -> None:
         await self.aclose()
 
+    def _writer_stopped(self) -> None:
+        """The writer has committed its queue and ended: only now may a recovery (in
+        this process) take this store's unfinished tasks for a dead process's."""
+        OPEN_ORIGINS.discard(self._origin)
+        self._stopped.set()
+
     async def aclose(self) -> None:
         """Commit what is queued, drop every mailbox of this store, stop its threads and
         close the file. Idempotent; a second caller waits for the first.
@@ -378,7 +384,6 @@ class SqliteStore:
             self._closed.set()
             return
         self._state = "closing"
-        OPEN_ORIGINS.discard(self._origin)
         with anyio.CancelScope(shield=True):
             for box in list(self._mailboxes):
                 box.drop()
