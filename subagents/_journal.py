@@ -162,7 +162,9 @@ def set_store_opener(opener: StoreOpener) -> None:
 def open_store(path: str | os.PathLike[str]) -> DurableStore:
     """A new (not yet opened) store for ``path``, made by the registered opener."""
     if not _opener:  # pragma: no cover - import subagents registers the SQLite store
-        raise ConfigError("store_path", "a store package imported (subagents.store)", path)
+        raise ConfigError(
+            "store_path", "None until a store opener is registered (import subagents.store)", path
+        )
     return _opener[0](os.fspath(path))
 
 
@@ -190,7 +192,9 @@ class Durability:
             self.owned = True
         if store is not None and mailbox_factory is not None:
             raise ConfigError(
-                "mailbox_factory", "None when a store is used (it makes the mailboxes)", store
+                "mailbox_factory",
+                "None when a store is used (the store makes the mailboxes)",
+                mailbox_factory,
             )
         self.store = store
         self.journal: Journal = NO_JOURNAL if store is None else store.journal()

@@ -274,7 +274,7 @@ class SubagentManager:
             SpawnRejected: the depth limit, a closed session, or a manager not running.
             ConfigError: a malformed timeout, or one given twice; InvalidName: a
                 malformed name.
-            StoreError: the manager's store has failed (it takes no more writes).
+            StoreError: its store has failed; anyio.ClosedResourceError: it was closed.
         """
         record = self._new_record(agent, input, session_id, name, timeout, options, sync=False)
         self._limiter.submit(record)

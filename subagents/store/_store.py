@@ -150,8 +150,6 @@ class SqliteStore:
     def __repr__(self) -> str:
         return f"<SqliteStore {self._path!r} {self._state}>"
 
-    # ------------------------------------------------------------ opening
-
     async def __aenter__(self) -> SqliteStore:
         """Open the store (in a worker thread: the checks, WAL mode, the migrations).
 
@@ -212,8 +210,6 @@ class SqliteStore:
                 raise anyio.ClosedResourceError(f"the store {self._path!r} is closed")
             raise RuntimeError(f"open the store first: async with SqliteStore({self._path!r})")
 
-    # ------------------------------------------------------------ mailboxes
-
     def mailbox(
         self,
         session_id: str,
@@ -252,8 +248,6 @@ class SqliteStore:
         )
         self._mailboxes.add(box)
         return box
-
-    # ------------------------------------------------------------ the journal
 
     def journal(self) -> SqliteJournal:
         """The journal of spawns kept in this store (what ``SubagentManager(store=...)``
@@ -298,8 +292,6 @@ class SqliteStore:
                 box._look_again()
             except Exception:
                 logger.exception("looking for other processes' puts in %r failed", box)
-
-    # ------------------------------------------------------------ commits
 
     def _on_batch(self, writes: list[Write], watermark: int, failure: StoreError | None) -> None:
         if failure is None:
@@ -351,8 +343,6 @@ class SqliteStore:
             polls=self._watcher.polls if opened else 0,
             closed=self._state == "closed",
         )
-
-    # ------------------------------------------------------------ closing
 
     async def __aexit__(
         self,

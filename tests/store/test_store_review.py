@@ -82,3 +82,29 @@ def _ids(*chunks: bytes) -> Iterator[bytes]:
     while True:
         yield b"\xcc" * 6
 
+
+async def test_spawn_on_a_closed_given_store_raises_closed_resource_error(
+    tmp_path: Path,
+) -> None:
+    """A given store closed under a running manager: spawn raises what its docstring says
+    (the store's closed convention, anyio.ClosedResourceError), not a failure."""
+    store = SqliteStore(tmp_path / "s.db")
+    async with store:
+        m = SubagentManager(AGENTS, store=store)
+        await m.__aenter__()
+    try:
+        with pytest.raises(anyio.ClosedResourceError):
+            m.spawn("echo", "x")
+    finally:
+        await m.aclose()
+
+
+def test_mailbox_factory_with_a_store_names_the_factory(tmp_path: Path) -> None:
+    from subagents import ConfigError
+
+    factory = lambda sid: None  # noqa: E731
+    store = SqliteStore(tmp_path / "s.db")
+    with pytest.raises(ConfigError) as info:
+        SubagentManager(AGENTS, store=store, mailbox_factory=factory)
+    assert (info.value.field, info.value.got) == ("mailbox_factory", factory)
+    assert "SqliteStore" not in str(info.value)
