@@ -85,12 +85,22 @@ class Journal(Protocol):
         """Queue: the child ended in ``envelope`` (the mailbox may have written it)."""
         ...
 
+    def forgotten(self, task_id: str) -> None:
+        """Queue: the ended task ``task_id`` was forgotten; :meth:`lookup` no longer finds
+        it."""
+        ...
+
+    def taken(self, task_id: str) -> bool:
+        """Whether the store holds ``task_id`` already (a new id must not clash)."""
+        ...
+
     async def wait_journaled(self, token: int) -> None:
         """Block until the row of :meth:`spawned`'s ``token`` is committed."""
         ...
 
     def lookup(self, task_id: str) -> StoredTask | None:
-        """The ended task ``task_id`` as stored, or ``None``. One indexed read."""
+        """The ended task ``task_id`` as stored by another process (or an earlier store),
+        or ``None``. One indexed read."""
         ...
 
     def names(self, session_id: str) -> list[str]:
@@ -114,6 +124,12 @@ class _NoJournal:
 
     def ended(self, task_id: str, session_id: str, envelope: DelegateResult) -> None:
         pass
+
+    def forgotten(self, task_id: str) -> None:
+        pass
+
+    def taken(self, task_id: str) -> bool:
+        return False
 
     async def wait_journaled(self, token: int) -> None:
         await anyio.lowlevel.checkpoint()

@@ -101,11 +101,17 @@ class Sessions:
         return self._tasks.get(task_id)
 
     def new_task_id(self) -> str:
-        """A task id no record has: 12 random hex digits, 48 bits from the OS."""
+        """A task id no record (and no store's row) has: 12 random hex digits, 48 bits from
+        the OS."""
         task_id = os.urandom(6).hex()
-        while task_id in self._tasks:  # pragma: no cover - 48 random bits
+        while self._taken(task_id):
             task_id = os.urandom(6).hex()
         return task_id
+
+    def _taken(self, task_id: str) -> bool:
+        if task_id in self._tasks:
+            return True
+        return self._journal is not None and self._journal.taken(task_id)
 
     def require(self, task_id: str, session_id: str | None = None) -> ChildRecord:
         """The record of ``task_id``; raises :class:`UnknownTask` naming the ids probably
@@ -371,8 +377,12 @@ class Sessions:
             self._drop(next(iter(retained)))
 
     def forget(self, record: ChildRecord) -> None:
-        """Drop an ended child's record, consuming its envelope from the mailbox first."""
+        """Drop an ended child's record, consuming its envelope from the mailbox first (a
+        restored one's from the store's mailbox, as :meth:`collect` does); a journaled or
+        restored one is forgotten by the store too, so no restart brings it back."""
         mailbox = self._mailboxes.get(record.session_id)
+        if mailbox is None and record.restored and not record.collected:
+            mailbox = self.mailbox(record.session_id)  # its entry is unread in the store
         if mailbox is not None:
             collected = record.collected
             record.collected = True  # so the mailbox hook does not count a collection
@@ -383,6 +393,8 @@ class Sessions:
                 raise
         record.collected = True
         self._drop(record)
+        if self._journal is not None and (record.journaled or record.restored):
+            self._journal.forgotten(record.task_id)
 
     def _drop(self, record: ChildRecord) -> None:
         """Forget ``record``: out of the task index and its session's listing. O(1)."""

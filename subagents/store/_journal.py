@@ -41,8 +41,10 @@ _INTERRUPTED_TEXT: Final = (
 OPEN_ORIGINS: set[str] = set()
 """The origins of the stores open in this process: their tasks are not recovered."""
 
+# A plain INSERT: an id the store holds already fails the batch loudly, never silently
+# (spawn checks the store first, so only a race with another process could clash).
 _INSERT_TASK: Final = (
-    "INSERT OR IGNORE INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
+    "INSERT INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
     "state, attempts, owner, created_ms, updated_ms) "
     "VALUES (?, ?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?)"
 )
@@ -160,6 +162,29 @@ class _EndWrite(Write):
             conn.execute(_END, (envelope_id, ms, w.task_id))
 
 
+class _ForgetWrite(Write):
+    """A forgotten task: ended, its envelope unlinked, so no lookup restores it."""
+
+    __slots__ = ("pending", "task_id")
+
+    def __init__(self, task_id: str, pending: set[str]) -> None:
+        super().__init__()
+        self.task_id = task_id
+        self.pending = pending  # forgotten, not yet committed: lookup answers None
+
+    def done(self) -> None:
+        self.pending.discard(self.task_id)
+
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
+        ms = now_ms()
+        conn.executemany(
+            "UPDATE tasks SET envelope_id = NULL, updated_ms = ? "
+            "WHERE task_id = ? AND state = 'ended'",
+            [(ms, w.task_id) for w in writes],
+        )
+
+
 @attrs.define(kw_only=True)
 class _Interrupted:
     """A recovered task's envelope, as :func:`._deliveries.insert` writes it."""
@@ -232,7 +257,12 @@ def _recover(conn: sqlite3.Connection, origin: str) -> int:
 
 _LOOKUP: Final = (
     "SELECT t.session, t.request, e.id, e.body FROM tasks t "
-    "JOIN envelopes e ON e.id = t.envelope_id WHERE t.task_id = ? AND t.state = 'ended'"
+    "JOIN envelopes e ON e.id = t.envelope_id WHERE t.task_id = ? AND t.state = 'ended' "
+    "AND t.owner IS NOT ?"
+)
+_TAKEN: Final = (
+    "SELECT 1 FROM tasks WHERE task_id = ? UNION ALL "
+    "SELECT 1 FROM envelopes INDEXED BY envelopes_task WHERE task_id = ? LIMIT 1"
 )
 _UNREAD: Final = "SELECT 1 FROM deliveries WHERE envelope_id = ? AND state = 'stored' LIMIT 1"
 
@@ -260,6 +290,7 @@ class SqliteJournal:
         self._read = read
         self._wait = wait_committed
         self._decode = decode
+        self._forgetting: set[str] = set()
 
     def spawned(self, entry: SpawnEntry) -> int:
         """Queue the spawn's ``tasks`` and ``names`` rows; returns the write's sequence
@@ -275,6 +306,21 @@ class SqliteJournal:
         if none did, to one written here). Never blocks."""
         self._submit(_EndWrite(task_id, session_id, envelope))
 
+    def forgotten(self, task_id: str) -> None:
+        """Queue: the ended task ``task_id`` was forgotten (its envelope is unlinked, so
+        :meth:`lookup` no longer finds it, in any process). Never blocks."""
+        self._submit(_ForgetWrite(task_id, self._forgetting))
+        self._forgetting.add(task_id)
+
+    def taken(self, task_id: str) -> bool:
+        """Whether the store holds a task or an envelope of ``task_id`` (one indexed read
+        each on the event loop's connection)."""
+
+        def query(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(_TAKEN, (task_id, task_id)).fetchall())
+
+        return bool(self._read(query))
+
     async def wait_journaled(self, token: int) -> None:
         """Block until the write ``token`` (and every one before it) is committed.
 
@@ -285,10 +331,14 @@ class SqliteJournal:
 
     def lookup(self, task_id: str) -> StoredTask | None:
         """The ended task ``task_id`` with its envelope, or ``None`` (two indexed reads on
-        the event loop's connection)."""
+        the event loop's connection). A task this store journaled itself is ``None``: its
+        record is this process's own (kept, or forgotten on purpose), never restored."""
+
+        if task_id in self._forgetting:
+            return None
 
         def query(conn: sqlite3.Connection) -> StoredTask | None:
-            found = conn.execute(_LOOKUP, (task_id,)).fetchall()
+            found = conn.execute(_LOOKUP, (task_id, self._origin)).fetchall()
             if not found:
                 return None
             ((session, request, envelope_id, body),) = found

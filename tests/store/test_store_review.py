@@ -23,6 +23,55 @@ async def _echo(request: Request, ctx: RunContext) -> str:
 AGENTS = [AgentSpec(name="echo", runner=_echo)]
 
 
+async def test_a_forgotten_id_is_not_restored_from_its_own_store(tmp_path: Path) -> None:
+    config = SubagentConfig(store_path=tmp_path / "s.db")
+    async with SubagentManager(AGENTS, config=config) as m:
+        h = m.spawn("echo", "x")
+        await h.wait()
+        assert m.forget(h.task_id) is not None
+        await m.store.wait_committed()  # type: ignore[union-attr]
+        with pytest.raises(UnknownTask):
+            m.result(h.task_id)  # the documented contract of forget
+
+
+async def test_an_evicted_id_is_not_restored_from_its_own_store(tmp_path: Path) -> None:
+    config = SubagentConfig(store_path=tmp_path / "s.db", retain_collected=0)
+    async with SubagentManager(AGENTS, config=config) as m:
+        h = m.spawn("echo", "x")
+        await h.wait()  # collected -> evicted at once
+        await m.store.wait_committed()  # type: ignore[union-attr]
+        with pytest.raises(UnknownTask):
+            m.result(h.task_id)
+
+
+async def test_forgetting_a_restored_id_consumes_its_unread_envelope(tmp_path: Path) -> None:
+    config = SubagentConfig(store_path=tmp_path / "s.db")
+    async with SubagentManager(AGENTS, config=config) as m:
+        h = m.spawn("echo", "x", session_id="s")
+        await h.done.wait()  # unread
+    async with SubagentManager(AGENTS, config=config) as m:
+        assert m.forget(h.task_id) is not None
+        # forget: "If the envelope is still in its session's mailbox it is consumed from
+        # there first": the store's mailbox, for a restored record
+        assert m.mailbox("s").drain_all() == []
+
+
+async def test_a_restored_id_forgotten_stays_unknown_now_and_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    config = SubagentConfig(store_path=tmp_path / "s.db")
+    async with SubagentManager(AGENTS, config=config) as m:
+        h = m.spawn("echo", "x")
+        await h.wait()
+    async with SubagentManager(AGENTS, config=config) as m:
+        m.forget(h.task_id)
+        with pytest.raises(UnknownTask):
+            m.forget(h.task_id)
+    async with SubagentManager(AGENTS, config=config) as m:
+        with pytest.raises(UnknownTask):  # the store forgot it too
+            m.result(h.task_id)
+
+
 async def _forever(request: Request, ctx: RunContext) -> str:
     await anyio.sleep_forever()
     raise AssertionError
@@ -81,6 +130,30 @@ def _ids(*chunks: bytes) -> Iterator[bytes]:
     yield from chunks
     while True:
         yield b"\xcc" * 6
+
+
+async def test_a_task_id_the_store_holds_is_drawn_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New ids are checked against the store, not only this process's records: an id an
+    earlier process used (48 random bits over a store's whole life) is drawn again, so
+    the acknowledged spawn has its own row."""
+    path = tmp_path / "s.db"
+    config = SubagentConfig(store_path=path)
+    draws = _ids(b"\xaa" * 6, b"\xaa" * 6, b"\xbb" * 6)
+    monkeypatch.setattr("subagents._sessions.os.urandom", lambda n: next(draws))
+    async with SubagentManager(AGENTS, config=config) as m:
+        first = m.spawn("echo", "first")
+        await first.wait()
+    async with SubagentManager(AGENTS, config=config) as m:
+        second = m.spawn("echo", "second")
+        await second.journaled()
+        await second.wait()
+    assert (first.task_id, second.task_id) == ("aaaaaaaaaaaa", "bbbbbbbbbbbb")
+    with sqlite(path) as conn:
+        rows = conn.execute("SELECT task_id, request FROM tasks ORDER BY task_id").fetchall()
+    assert [task_id for task_id, _ in rows] == ["aaaaaaaaaaaa", "bbbbbbbbbbbb"]
+    assert b'"second"' in bytes(rows[1][1])
 
 
 async def test_spawn_on_a_closed_given_store_raises_closed_resource_error(
