@@ -297,7 +297,10 @@ class ChildRunner:
         else:
             self._notifier.notify(record.session_id, record.task_id, envelope)
         if record.journaled:  # after the mailbox's put, whose envelope row it links
-            self._journal_write(self._journal.ended, record.task_id, record.session_id, envelope)
+            deliver = self._sessions.unclaimed(record.session_id)
+            self._journal_write(
+                self._journal.ended, record.task_id, record.session_id, envelope, deliver
+            )
         record.traceback = None
         if record.trace is not None:
             self._telemetry.finish(record, envelope)

@@ -81,8 +81,12 @@ class Journal(Protocol):
         """Queue: the child is running."""
         ...
 
-    def ended(self, task_id: str, session_id: str, envelope: DelegateResult) -> None:
-        """Queue: the child ended in ``envelope`` (the mailbox may have written it)."""
+    def ended(
+        self, task_id: str, session_id: str, envelope: DelegateResult, deliver: bool = False
+    ) -> None:
+        """Queue: the child ended in ``envelope`` (the mailbox may have written it). With
+        ``deliver``, an envelope no mailbox wrote goes to the session's durable mailbox
+        (its manager was closing, the session's mailbox never opened)."""
         ...
 
     def forgotten(self, task_id: str) -> None:
@@ -122,7 +126,9 @@ class _NoJournal:
     def started(self, task_id: str) -> None:
         pass
 
-    def ended(self, task_id: str, session_id: str, envelope: DelegateResult) -> None:
+    def ended(
+        self, task_id: str, session_id: str, envelope: DelegateResult, deliver: bool = False
+    ) -> None:
         pass
 
     def forgotten(self, task_id: str) -> None:

@@ -336,6 +336,17 @@ class Sessions:
             return None
         return self.mailbox(session_id)
 
+    def unclaimed(self, session_id: str) -> bool:
+        """Whether a result for ``session_id`` finds no mailbox only because the owner is
+        closing: the session is open but its mailbox was never opened (a store delivers
+        it durably, for a later process to read)."""
+        return not (
+            self.accepting
+            or self.shut
+            or session_id in self._mailboxes
+            or self.is_closed(session_id)
+        )
+
     def full_capacity(self, session_id: str, default: int) -> int:
         """The capacity of the session mailbox that was just found full."""
         mailbox = self._mailboxes.get(session_id)

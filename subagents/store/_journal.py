@@ -144,20 +144,26 @@ def _insert_envelope(conn: sqlite3.Connection, session: str, task_id: str, body:
 
 
 class _EndWrite(Write):
-    __slots__ = ("envelope", "session", "task_id")
+    __slots__ = ("deliver", "envelope", "origin", "session", "task_id")
 
-    def __init__(self, task_id: str, session: str, envelope: DelegateResult) -> None:
+    def __init__(
+        self, task_id: str, session: str, envelope: DelegateResult, deliver: bool, origin: str
+    ) -> None:
         super().__init__()
         self.task_id = task_id
         self.session = session
         self.envelope = envelope
+        self.deliver = deliver
+        self.origin = origin
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         ms = now_ms()
         for w in writes:
             ((envelope_id,),) = conn.execute(_LAST_ENVELOPE, (w.task_id,)).fetchall()
-            if envelope_id is None:  # its mailbox did not write it (full, closed, none)
+            if envelope_id is None and w.deliver:  # ended as its manager closed
+                envelope_id = _deliver(conn, w.session, w.task_id, w.envelope, w.origin, ms)
+            elif envelope_id is None:  # its mailbox did not write it (full, closed)
                 envelope_id = _insert_envelope(conn, w.session, w.task_id, w.envelope.to_json())
             conn.execute(_END, (envelope_id, ms, w.task_id))
 
@@ -186,8 +192,9 @@ class _ForgetWrite(Write):
 
 
 @attrs.define(kw_only=True)
-class _Interrupted:
-    """A recovered task's envelope, as :func:`._deliveries.insert` writes it."""
+class _Undelivered:
+    """An envelope no mailbox put (a recovered task's, or one ended as its manager closed),
+    as :func:`._deliveries.insert` writes it."""
 
     session: str
     task_id: str
@@ -211,6 +218,27 @@ def interrupted_envelope(task_id: str, agent: str, agent_path: str) -> DelegateR
         agent_path=agent_path,
         parent_path=parent_path,
     )
+
+
+def _deliver(
+    conn: sqlite3.Connection,
+    session: str,
+    task_id: str,
+    envelope: DelegateResult,
+    origin: str,
+    ms: int,
+) -> int:
+    """Put ``envelope`` unread in ``session``'s durable mailbox; returns its row's id."""
+    entry = _Undelivered(
+        session=session,
+        task_id=task_id,
+        body=envelope.to_json(),
+        stored_at=time.time(),
+        origin=origin,
+    )
+    rows.insert(conn, [entry], ms)
+    ((envelope_id,),) = conn.execute(_LAST_ENVELOPE, (task_id,)).fetchall()
+    return int(envelope_id)
 
 
 class _RecoverWrite(Write):
@@ -241,15 +269,7 @@ def _recover(conn: sqlite3.Connection, origin: str) -> int:
         ((envelope_id,),) = conn.execute(_LAST_ENVELOPE, (task_id,)).fetchall()
         if envelope_id is None:  # the usual case: it never ended
             envelope = interrupted_envelope(task_id, agent, agent_path)
-            entry = _Interrupted(
-                session=session,
-                task_id=task_id,
-                body=envelope.to_json(),
-                stored_at=time.time(),
-                origin=origin,
-            )
-            rows.insert(conn, [entry], ms)
-            ((envelope_id,),) = conn.execute(_LAST_ENVELOPE, (task_id,)).fetchall()
+            envelope_id = _deliver(conn, session, task_id, envelope, origin, ms)
         conn.execute(_END, (envelope_id, ms, task_id))
         recovered += 1
     return recovered
@@ -301,10 +321,13 @@ class SqliteJournal:
         """Queue: the task is ``running`` (``attempts + 1``). Never blocks."""
         self._submit(_StartWrite(task_id))
 
-    def ended(self, task_id: str, session_id: str, envelope: DelegateResult) -> None:
+    def ended(
+        self, task_id: str, session_id: str, envelope: DelegateResult, deliver: bool = False
+    ) -> None:
         """Queue: the task is ``ended``, linked to the envelope row its mailbox wrote (or,
-        if none did, to one written here). Never blocks."""
-        self._submit(_EndWrite(task_id, session_id, envelope))
+        if none did, to one written here: with ``deliver``, unread in the session's
+        mailbox). Never blocks."""
+        self._submit(_EndWrite(task_id, session_id, envelope, deliver, self._origin))
 
     def forgotten(self, task_id: str) -> None:
         """Queue: the ended task ``task_id`` was forgotten (its envelope is unlinked, so

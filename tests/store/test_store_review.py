@@ -126,6 +126,30 @@ async def test_a_closing_store_keeps_its_tasks_from_recovery_until_committed(
     assert b'"Interrupted"' not in body  # the process is alive; aclose cancelled the child
 
 
+async def test_a_child_cancelled_by_close_is_delivered_to_its_unopened_mailbox(
+    tmp_path: Path,
+) -> None:
+    config = SubagentConfig(store_path=tmp_path / "s.db")
+    async with SubagentManager(FOREVER, config=config) as m:
+        h = m.spawn("forever", "x", session_id="s")
+        await h.journaled()
+    assert h.done.is_set()
+    async with SubagentManager(FOREVER, config=config) as m:
+        got = m.mailbox("s").drain_all()
+        assert [e.task_id for e in got] == [h.task_id]
+
+
+async def test_a_child_cancelled_by_close_is_delivered_to_its_open_mailbox(tmp_path: Path) -> None:
+    config = SubagentConfig(store_path=tmp_path / "s.db")
+    async with SubagentManager(FOREVER, config=config) as m:
+        m.mailbox("s")
+        h = m.spawn("forever", "x", session_id="s")
+        await h.journaled()
+    async with SubagentManager(FOREVER, config=config) as m:
+        got = m.mailbox("s").drain_all()
+        assert [e.task_id for e in got] == [h.task_id]
+
+
 def _ids(*chunks: bytes) -> Iterator[bytes]:
     yield from chunks
     while True:
