@@ -364,7 +364,8 @@ class SqliteStore:
 
         Blocks until the writer has committed its queue, shielded from cancellation for up
         to ``busy_timeout`` + 5 s; past that (the database stays locked) it logs an error
-        and returns, and the writer thread goes on committing in the background.
+        and returns, and the writer thread goes on committing in the background. The
+        store's tasks count as live (no recovery takes them) until the writer has stopped.
         """
         if self._state in ("closing", "closed"):
             await self._closed.wait()

@@ -205,3 +205,33 @@ def test_mailbox_factory_with_a_store_names_the_factory(tmp_path: Path) -> None:
         SubagentManager(AGENTS, store=store, mailbox_factory=factory)
     assert (info.value.field, info.value.got) == ("mailbox_factory", factory)
     assert "SqliteStore" not in str(info.value)
+
+
+async def test_a_task_id_clashing_with_a_concurrent_row_fails_the_spawn_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process writes a row of the same id between spawn's check and the commit
+    (the writer held back meanwhile): the spawn row is a plain INSERT, so journaled()
+    raises instead of acknowledging a spawn with no row of its own."""
+    from subagents.store import StoreError
+
+    path = tmp_path / "s.db"
+    config = SubagentConfig(store_path=path)
+    draws = _ids(b"\xaa" * 6)
+    monkeypatch.setattr("subagents._sessions.os.urandom", lambda n: next(draws))
+    async with SubagentManager(FOREVER, config=config) as m:
+        gate = m.store._writer.gate  # type: ignore[union-attr]
+        gate.acquire()  # hold the writer back
+        try:
+            h = m.spawn("forever", "x")
+            with sqlite(path) as conn:
+                conn.execute(
+                    "INSERT INTO tasks (task_id, session, agent, agent_path, request, state, "
+                    "owner, created_ms, updated_ms) VALUES "
+                    "(?, 'other', 'forever', '/root/forever', x'7b7d', 'ended', 'x', 0, 0)",
+                    (h.task_id,),
+                )
+        finally:
+            gate.release()
+        with pytest.raises(StoreError):
+            await h.journaled()
