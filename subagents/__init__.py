@@ -42,6 +42,9 @@ from .tools import ToolResult as ToolResult
 from .tools import Toolset as Toolset
 from .tools import build_tools as build_tools
 
+# The durable store edge registers its opener (SubagentConfig(store_path=...)) on import.
+from . import store as store  # isort: skip
+
 if not TYPE_CHECKING:
     # Old names that moved warn and still work; type checkers see only the new ones.
     # Python looks the module __getattr__ up by name (PEP 562): used, though never called.

@@ -9,6 +9,7 @@ exactly one envelope per spawn, whatever races.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
@@ -22,6 +23,7 @@ from ._backend import Backend, awaitable, coerce_result, run_local
 from ._envelope import DelegateResult, Status
 from ._events import COMPLETED, MAILBOX_FULL, STARTED, EventBus
 from ._handle import NO_LEND
+from ._journal import NO_JOURNAL, Journal
 from ._json import JSONValue
 from ._limiter import SpawnLimiter
 from ._notifier import CompletionNotifier
@@ -39,6 +41,8 @@ __all__ = ["ChildRunner", "CompletionEvents", "ContextFactory"]
 
 ContextFactory = Callable[[ChildRecord, "float | None"], "RunContext"]
 """``make(record, deadline)``: the :class:`RunContext` a child's runner receives."""
+
+logger = logging.getLogger("subagents")
 
 _ENTERED: Final = nullcontext()  # a scope the caller has entered already
 
@@ -90,8 +94,10 @@ class ChildRunner:
         events: EventBus,
         telemetry: Telemetry,
         settle_timeout: float,
+        journal: Journal = NO_JOURNAL,
     ) -> None:
         self._backend = backend
+        self._journal = journal
         self._make_context = make_context
         self._sessions = sessions
         self._limiter = limiter
@@ -111,10 +117,7 @@ class ChildRunner:
         under it, its deadline kept by the watchdog; its cancellation or timeout then
         propagates out of this call, after the envelope, for the worker's ``with`` to absorb.
         """
-        record.state = RUNNING
-        started = record.started_at = perf_counter()
-        if self._events.active:
-            self._publish_started(record, started)
+        self._starting(record)
         timeout = record.timeout
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
         ctx = self._make_context(record, None if timeout is None else deadline)
@@ -165,14 +168,20 @@ class ChildRunner:
             await self._settle(record, live)
         self._finish(record, ctx.attempt, status, result, error)
 
-    def _publish_started(self, record: ChildRecord, started: float) -> None:
-        self._events.publish(
-            STARTED,
-            session_id=record.session_id,
-            task_id=record.task_id,
-            agent_path=record.agent_path,
-            data={"queue_ms": int((started - record.spawned_at) * 1000)},
-        )
+    def _starting(self, record: ChildRecord) -> None:
+        """The child takes its turn: running from now, journaled and evented so."""
+        record.state = RUNNING
+        started = record.started_at = perf_counter()
+        if record.journaled:
+            self._journal_write(self._journal.started, record.task_id)
+        if self._events.active:
+            self._events.publish(
+                STARTED,
+                session_id=record.session_id,
+                task_id=record.task_id,
+                agent_path=record.agent_path,
+                data={"queue_ms": int((started - record.spawned_at) * 1000)},
+            )
 
     def _start_runner(
         self, record: ChildRecord, ctx: RunContext
@@ -287,11 +296,24 @@ class ChildRunner:
             self._completion_events(COMPLETED, record.session_id, envelope)
         else:
             self._notifier.notify(record.session_id, record.task_id, envelope)
+        if record.journaled:  # after the mailbox's put, whose envelope row it links
+            deliver = self._sessions.unclaimed(record.session_id)
+            self._journal_write(
+                self._journal.ended, record.task_id, record.session_id, envelope, deliver
+            )
         record.traceback = None
         if record.trace is not None:
             self._telemetry.finish(record, envelope)
         record.mark_delivered()
         self._sessions.delivered(record)
+
+    def _journal_write(self, write: Callable[..., None], *args: object) -> None:
+        """A journal write; a failed store is logged, never a child's failure (its
+        ``journaled()`` and the mailbox's commits report it)."""
+        try:
+            write(*args)
+        except Exception:
+            logger.exception("journaling child %r failed", args[0])
 
 
 Check = Callable[[str, object], "Result | str"]

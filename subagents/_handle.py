@@ -35,6 +35,8 @@ class HandleOwner(Protocol):
 
     def cancel(self, task_id: str) -> bool: ...
 
+    async def wait_journaled(self, handle: SpawnHandle) -> None: ...
+
 
 class _NoPublicConstructor(type):
     """Calling the class raises; the runtime makes instances with :func:`handle_of`."""
@@ -150,6 +152,18 @@ class SpawnHandle(metaclass=_NoPublicConstructor):
         if not record.collected:
             self._owner.collect(self)
         return envelope
+
+    async def journaled(self) -> None:
+        """Block until the spawn's row is committed to the manager's store: from then on
+        the spawn is durable (a restart after a crash gives it its one envelope, see
+        ``design/store.md``). Returns at once without a store, for an ``execute`` child
+        and for a child restored from the store. Cancellation stops the wait, not the
+        write.
+
+        Raises:
+            StoreError: the store failed before committing the row.
+        """
+        await self._owner.wait_journaled(self)
 
     def cancel(self) -> bool:
         """Ask the child to stop; see :meth:`SubagentManager.cancel`."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
 from typing import Final, Literal
 
 import anyio
@@ -23,9 +22,10 @@ from ._child import ChildRunner, CompletionEvents
 from ._completions import Completions, wait_for_record
 from ._context import RunContext
 from ._envelope import DelegateResult
-from ._errors import ConfigError, SpawnRejected, UnknownAgent
+from ._errors import SpawnRejected
 from ._events import EventBus
 from ._handle import SpawnHandle, handle_of, record_of
+from ._journal import Durability, DurableStore
 from ._limiter import SpawnLimiter
 from ._mailbox import BaseMailbox
 from ._notifier import CompletionNotifier
@@ -33,7 +33,7 @@ from ._record import ChildRecord
 from ._sessions import Sessions, default_mailbox_factory
 from ._spawning import Spawner, publish_spawned
 from ._spec import UNSET, AgentSpec, SpawnOptions, SubagentConfig, _Unset
-from ._statistics import ManagerStatistics
+from ._statistics import ManagerStatistics, snapshot
 from ._tracing import Telemetry
 from ._validators import seconds
 from ._watchdog import Watchdog
@@ -63,6 +63,13 @@ class SubagentManager:
             ``subagent.completed`` on :attr:`events`.
         events: the lifecycle event bus (a new one by default).
         backend: the function that runs a child (default: the runner, in process).
+        store: an open durable store (``subagents.store.SqliteStore``): it makes the
+            sessions' mailboxes and journals every spawn; entering recovers what an earlier
+            process left unfinished (design/store.md). ``config.store_path`` opens one.
+
+    Raises:
+        ConfigError: ``store`` with ``mailbox_factory`` (the store makes the mailboxes),
+            or with ``config.store_path``.
     """
 
     def __init__(
@@ -74,18 +81,27 @@ class SubagentManager:
         notifier: CompletionNotifier | None = None,
         events: EventBus | None = None,
         backend: Backend | None = None,
+        store: DurableStore | None = None,
     ) -> None:
         config = self.config = config if config is not None else SubagentConfig()
+        durability = self._durability = Durability(store, config.store_path, mailbox_factory)
+        journal, stored = durability.journal, durability.stored
         self.events = events if events is not None else EventBus()
         self._telemetry = Telemetry.from_config(config)
-        self._specs: dict[str, AgentSpec] = {}
-        for spec in agents:
-            self.register(spec)
         self._watchdog = Watchdog()
         self._limiter = SpawnLimiter(config.max_concurrent_spawns)
-        if mailbox_factory is None:
-            mailbox_factory = default_mailbox_factory(config.mailbox_capacity, config.mailbox_ttl)
-        self._sessions = Sessions(mailbox_factory, self._limiter.lend_slot, config.retain_collected)
+        capacity, ttl = config.mailbox_capacity, config.mailbox_ttl
+        mailbox_factory = (
+            durability.mailbox_factory(capacity, ttl)
+            or mailbox_factory
+            or default_mailbox_factory(capacity, ttl)
+        )
+        self._sessions = sessions = Sessions(
+            mailbox_factory, self._limiter.lend_slot, config.retain_collected, stored
+        )
+        self._spawner = Spawner(sessions, config, stored)
+        for spec in agents:
+            self.register(spec)
         completion_events = CompletionEvents(self.events, self._sessions, config.mailbox_capacity)
         if notifier is None:
             deliver_to = self._sessions.delivery_mailbox
@@ -104,8 +120,10 @@ class SubagentManager:
             events=self.events,
             telemetry=self._telemetry,
             settle_timeout=config.settle_timeout,
+            journal=journal,
         )
-        self._spawner = Spawner(self._specs, self._sessions, config)
+        if stored is not None:
+            self._sessions.restore = self._spawner.restore
         self._spawned = 0
         self._tg: TaskGroup | None = None
         self._state: Literal["new", "running", "closing", "closed"] = "new"
@@ -114,6 +132,11 @@ class SubagentManager:
         if self._state != "new":
             raise RuntimeError("a SubagentManager can be entered only once")
         self._telemetry.resolve()
+        try:
+            await self._durability.open()
+        except BaseException:
+            self._state = "closed"
+            raise
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -123,12 +146,7 @@ class SubagentManager:
         self._limiter.start(tg, self._children.run)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -167,6 +185,7 @@ class SubagentManager:
             self._state = "closed"
             self._sessions.shut = True
             self._sessions.release_all()
+            await self._durability.close()
 
     @property
     def running(self) -> bool:
@@ -175,23 +194,16 @@ class SubagentManager:
 
     def register(self, spec: AgentSpec) -> None:
         """Add an agent type. Raises :class:`ConfigError` if the name is taken."""
-        if not isinstance(spec, AgentSpec):
-            raise ConfigError("agents", "AgentSpec instances", spec)
-        if spec.name in self._specs:
-            raise ConfigError("agents", "unique agent names", spec.name)
-        self._specs[spec.name] = spec
+        self._spawner.register(spec)
 
     @property
     def agents(self) -> dict[str, AgentSpec]:
         """The registered agent types by name (a copy)."""
-        return dict(self._specs)
+        return dict(self._spawner.specs)
 
     def get_agent(self, name: str) -> AgentSpec:
         """The agent type called ``name``; raises :class:`UnknownAgent` listing the known."""
-        spec = self._specs.get(name)
-        if spec is None:
-            raise UnknownAgent(name, self._specs)
-        return spec
+        return self._spawner.agent(name)
 
     @property
     def max_concurrent_spawns(self) -> int:
@@ -213,38 +225,20 @@ class SubagentManager:
         self._limiter.set_limit(value)
 
     def lend_slot(self) -> AbstractAsyncContextManager[None]:
-        """Release the calling child's concurrency slot while the block runs.
-
-        A spawned child that blocks waiting for its own children (or anything slow that
-        needs no slot) lends its slot so queued children can run: with a limit of 1 a
-        parent waiting for a child would otherwise deadlock. On exit the child takes a slot
-        back, ahead of the queue. If none is free it waits for one, but that wait never
-        outlasts the block's own deadline or cancellation: then the child runs on at once
-        on a *borrowed* slot (``statistics().borrowed``), which counts against the limit
-        and is repaid by the next slot to free, before anyone queued is admitted. Outside
-        a spawned child it does nothing. Every blocking wait of the library that a child
-        can reach (:meth:`SpawnHandle.wait`, :meth:`wait_result`, the mailbox's ``wait``,
-        ``wait_agent``, :meth:`completions`) uses it.
+        """Release the calling child's concurrency slot while the block runs, so queued
+        children (its own among them) can run; take a slot back on exit, ahead of the
+        queue, on a *borrowed* one (``statistics().borrowed``) if the block's deadline or
+        cancellation ends the wait for it. Outside a spawned child it does nothing. Every
+        blocking wait of the library that a child can reach uses it (design/core.md).
         """
         return self._limiter.lend_slot()
 
     def statistics(self) -> ManagerStatistics:
         """A snapshot of the admission counters."""
-        limiter = self._limiter
-        return ManagerStatistics(
-            limit=limiter.limit,
-            running=limiter.active,
-            queued=limiter.queued,
-            high_water=limiter.high_water,
-            borrowed=limiter.borrowed,
-            borrows=limiter.borrows,
-            resuming=limiter.resuming,
-            # A notifier subclass that skipped CompletionNotifier.__init__ counts nothing.
-            mailbox_overflows=getattr(self._notifier, "overflows", 0),
-            spawned=self._spawned,
-            settled=self._children.settled,
-            workers=limiter.workers,
-        )
+        # A notifier subclass that skipped CompletionNotifier.__init__ counts nothing.
+        overflows = getattr(self._notifier, "overflows", 0)
+        settled = self._children.settled
+        return snapshot(self._limiter, overflows=overflows, spawned=self._spawned, settled=settled)
 
     def spawn(
         self,
@@ -280,6 +274,7 @@ class SubagentManager:
             SpawnRejected: the depth limit, a closed session, or a manager not running.
             ConfigError: a malformed timeout, or one given twice; InvalidName: a
                 malformed name.
+            StoreError: its store has failed; anyio.ClosedResourceError: it was closed.
         """
         record = self._new_record(agent, input, session_id, name, timeout, options, sync=False)
         self._limiter.submit(record)
@@ -361,15 +356,14 @@ class SubagentManager:
 
     async def close_session(self, session_id: str) -> None:
         """Cancel every unfinished child of ``session_id``, wait until each has settled,
-        then release the session's mailbox. Later spawns into it are rejected: while any
-        record of it remains, and then among the 1,024 most recently emptied closed
-        sessions (its records all forgotten, see ``config.retain_collected``, or it never
-        had any); past those its id is forgotten like a name never used, so a long-lived
-        manager that closes a session per conversation stays bounded.
+        then release the session's mailbox. Later spawns into it are rejected while any
+        record of it remains, then while it is among the 1,024 most recently emptied
+        closed sessions; past those its id is forgotten like a name never used, so a
+        long-lived manager that closes a session per conversation stays bounded.
 
-        Children that ignore cancellation longer than ``config.settle_timeout`` are left
-        to finish on their own (their envelopes stay available from :meth:`result`).
-        Idempotent. If the caller is cancelled while waiting, the mailbox is still released.
+        Children ignoring cancellation past ``config.settle_timeout`` finish on their own
+        (their envelopes stay in :meth:`result`). Idempotent; a cancelled caller still
+        releases the mailbox.
         """
         sessions = self._sessions
         live = sessions.start_closing(session_id)
@@ -467,6 +461,16 @@ class SubagentManager:
             return None
         self._sessions.collect(record)
         return record.envelope
+
+    async def wait_journaled(self, handle: SpawnHandle) -> None:
+        """Block until ``handle``'s spawn is committed to the store (see
+        :meth:`SpawnHandle.journaled`); at once without a store."""
+        await self._durability.journal.wait_journaled(record_of(handle).journaled)
+
+    @property
+    def store(self) -> DurableStore | None:
+        """The durable store (given, or opened from ``config.store_path``), or ``None``."""
+        return self._durability.store
 
     def collect(self, handle: SpawnHandle) -> DelegateResult | None:
         """Mark an ended child's envelope as consumed and remove it from its mailbox (the

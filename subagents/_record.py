@@ -52,6 +52,7 @@ class ChildRecord:
         "envelope",
         "holds_slot",
         "iterations",
+        "journaled",
         "lends",
         "owns_session",
         "parent_path",
@@ -59,6 +60,7 @@ class ChildRecord:
         "progress",
         "queue_position",
         "request",
+        "restored",
         "root_session",
         "scope",
         "session_id",
@@ -123,6 +125,9 @@ class ChildRecord:
         self.collected = False
         self.owns_session = False  # its own session has state to release as it ends
         self.view: object = None  # its SpawnHandle, made on first request
+        # Journal fields (the spawner's).
+        self.journaled = 0  # the journal's token for its row; 0: not journaled
+        self.restored = False  # made from a store's row: it ran in an earlier process
 
     @property
     def done(self) -> anyio.Event:

@@ -18,6 +18,7 @@ from typing import Final
 
 from ._envelope import DelegateResult
 from ._errors import SpawnRejected, UnknownTask
+from ._journal import Journal
 from ._lookup import IdIndex, live_ids_sentence
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._paths import NameAllocator
@@ -40,6 +41,8 @@ class Sessions:
         new_mailbox: builds the mailbox of a session on first use.
         lend_slot: what a child waiting on a mailbox enters (its slot is lent meanwhile).
         retain: collected records kept (the newest); ``None`` keeps every record.
+        journal: where names given out before (in earlier processes) are read from;
+            ``None`` without a store.
     """
 
     def __init__(
@@ -47,8 +50,13 @@ class Sessions:
         new_mailbox: MailboxFactory,
         lend_slot: Callable[[], AbstractAsyncContextManager[None]],
         retain: int | None,
+        journal: Journal | None = None,
     ) -> None:
         self._new_mailbox = new_mailbox
+        self._journal = journal
+        self.restore: Callable[[str], ChildRecord | None] | None = None
+        """A hook: the record of an id this process has no record of, made from a store
+        (an ended child of an earlier process), or ``None``."""
         self._lend_slot = lend_slot
         self._retain = retain
         self.accepting = False
@@ -93,16 +101,24 @@ class Sessions:
         return self._tasks.get(task_id)
 
     def new_task_id(self) -> str:
-        """A task id no record has: 12 random hex digits, 48 bits from the OS."""
+        """A task id no record (and no store's row) has: 12 random hex digits, 48 bits from
+        the OS."""
         task_id = os.urandom(6).hex()
-        while task_id in self._tasks:  # pragma: no cover - 48 random bits
+        while self._taken(task_id):
             task_id = os.urandom(6).hex()
         return task_id
+
+    def _taken(self, task_id: str) -> bool:
+        if task_id in self._tasks:
+            return True
+        return self._journal is not None and self._journal.taken(task_id)
 
     def require(self, task_id: str, session_id: str | None = None) -> ChildRecord:
         """The record of ``task_id``; raises :class:`UnknownTask` naming the ids probably
         meant (or, with ``session_id``, saying whose it is)."""
         record = self._tasks.get(task_id) if isinstance(task_id, str) else None
+        if record is None and self.restore is not None and isinstance(task_id, str):
+            record = self._restored(task_id)
         if record is None:
             detail = live_ids_sentence(session_id, self._live.get(session_id or "", {}))
             if self._retain is not None or self._forgot:
@@ -116,6 +132,16 @@ class Sessions:
                 "only the session that spawned a task can collect it. "
                 + live_ids_sentence(session_id, self._live.get(session_id or "", {})),
             )
+        return record
+
+    def _restored(self, task_id: str) -> ChildRecord | None:
+        """The record of an ended child of an earlier process, indexed (not listed: a
+        restart lists only what was looked up), or ``None``."""
+        assert self.restore is not None
+        record = self.restore(task_id)
+        if record is not None:
+            self._tasks[task_id] = record
+            self._ids.add(task_id)
         return record
 
     def _forgotten_sentence(self) -> str:
@@ -267,7 +293,18 @@ class Sessions:
         allocator = self._names.get(session_id)
         if allocator is None:
             allocator = self._names[session_id] = NameAllocator()
+            if self._journal is not None:
+                self._seed_names(allocator, session_id)
         return allocator.allocate(wanted)
+
+    def _seed_names(self, allocator: NameAllocator, session_id: str) -> None:
+        """Reserve the names earlier processes gave out in ``session_id`` (none for the
+        session of a child this process made)."""
+        assert self._journal is not None
+        owner = self._tasks.get(session_id)
+        if owner is None or owner.restored:
+            for path in self._journal.names(session_id):
+                allocator.allocate(path.rpartition("/")[2])
 
     def mailbox(self, session_id: str) -> BaseMailbox:
         """The mailbox of ``session_id``, created on first use; a dropped one once closed."""
@@ -299,6 +336,17 @@ class Sessions:
             return None
         return self.mailbox(session_id)
 
+    def unclaimed(self, session_id: str) -> bool:
+        """Whether a result for ``session_id`` finds no mailbox only because the owner is
+        closing: the session is open but its mailbox was never opened (a store delivers
+        it durably, for a later process to read)."""
+        return not (
+            self.accepting
+            or self.shut
+            or session_id in self._mailboxes
+            or self.is_closed(session_id)
+        )
+
     def full_capacity(self, session_id: str, default: int) -> int:
         """The capacity of the session mailbox that was just found full."""
         mailbox = self._mailboxes.get(session_id)
@@ -317,6 +365,8 @@ class Sessions:
         its record kept among the ``retain`` newest collected ones."""
         # An execute()'s envelope never goes to a mailbox (it is returned to its caller).
         mailbox = None if record.sync else self._mailboxes.get(record.session_id)
+        if mailbox is None and record.restored and not record.collected:
+            mailbox = self.mailbox(record.session_id)  # its entry is unread in the store
         if mailbox is not None:
             mailbox.drain(record.task_id)  # if it is there, the hook marks it collected
         if not record.collected:  # not in the mailbox (full, dropped, or read already)
@@ -338,8 +388,12 @@ class Sessions:
             self._drop(next(iter(retained)))
 
     def forget(self, record: ChildRecord) -> None:
-        """Drop an ended child's record, consuming its envelope from the mailbox first."""
+        """Drop an ended child's record, consuming its envelope from the mailbox first (a
+        restored one's from the store's mailbox, as :meth:`collect` does); a journaled or
+        restored one is forgotten by the store too, so no restart brings it back."""
         mailbox = self._mailboxes.get(record.session_id)
+        if mailbox is None and record.restored and not record.collected:
+            mailbox = self.mailbox(record.session_id)  # its entry is unread in the store
         if mailbox is not None:
             collected = record.collected
             record.collected = True  # so the mailbox hook does not count a collection
@@ -350,6 +404,8 @@ class Sessions:
                 raise
         record.collected = True
         self._drop(record)
+        if self._journal is not None and (record.journaled or record.restored):
+            self._journal.forgotten(record.task_id)
 
     def _drop(self, record: ChildRecord) -> None:
         """Forget ``record``: out of the task index and its session's listing. O(1)."""

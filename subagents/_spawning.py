@@ -10,8 +10,10 @@ from typing import Final
 
 from ._errors import ConfigError, SpawnRejected, UnknownAgent
 from ._events import SPAWNED, EventBus
+from ._journal import Journal, SpawnEntry, StoredTask
+from ._json import JSONValue
 from ._paths import AgentPath, child_path
-from ._record import ChildRecord
+from ._record import SETTLED, ChildRecord
 from ._sessions import Sessions
 from ._spec import UNSET, AgentSpec, Request, SpawnOptions, SubagentConfig, _Unset
 from ._validators import seconds
@@ -24,14 +26,34 @@ _NO_OPTIONS: Final = SpawnOptions()
 
 
 class Spawner:
-    """Makes the records of new children of the registered ``specs`` into ``sessions``."""
+    """Keeps the registered agent types; makes the records of new children into
+    ``sessions``, journals the spawned ones, and remakes the records of ended ones from the
+    journal."""
 
     def __init__(
-        self, specs: Mapping[str, AgentSpec], sessions: Sessions, config: SubagentConfig
+        self, sessions: Sessions, config: SubagentConfig, journal: Journal | None = None
     ) -> None:
-        self._specs = specs
+        self.specs: dict[str, AgentSpec] = {}
+        """The registered agent types by name."""
+        self._specs: Mapping[str, AgentSpec] = self.specs
         self._sessions = sessions
         self._config = config
+        self._journal = journal
+
+    def register(self, spec: AgentSpec) -> None:
+        """Add an agent type. Raises :class:`ConfigError` if the name is taken."""
+        if not isinstance(spec, AgentSpec):
+            raise ConfigError("agents", "AgentSpec instances", spec)
+        if spec.name in self.specs:
+            raise ConfigError("agents", "unique agent names", spec.name)
+        self.specs[spec.name] = spec
+
+    def agent(self, name: str) -> AgentSpec:
+        """The agent type called ``name``; raises :class:`UnknownAgent` listing the known."""
+        spec = self.specs.get(name)
+        if spec is None:
+            raise UnknownAgent(name, self.specs)
+        return spec
 
     def new_record(
         self,
@@ -85,8 +107,81 @@ class Spawner:
             spawned_at=perf_counter(),
             sync=sync,
         )
+        # Not an execute(): its envelope goes back to its caller, who is gone after a crash.
+        if self._journal is not None and not sync:
+            record.journaled = self._journal.spawned(_entry(record, parent))
         self._sessions.add(record)
         return record, parent
+
+    def restore(self, task_id: str) -> ChildRecord | None:
+        """The record of ``task_id`` if the journal holds it ended (a child of an earlier
+        process): settled, delivered, collected unless its envelope is unread."""
+        stored = None if self._journal is None else self._journal.lookup(task_id)
+        return None if stored is None else self._restored(stored)
+
+    def _restored(self, stored: StoredTask) -> ChildRecord:
+        envelope = stored.envelope
+        request = stored.request
+        spec = self._specs.get(envelope.agent)
+        if spec is None:  # no longer registered: a stand-in that never runs
+            spec = AgentSpec(name=envelope.agent, runner=_never_runs)
+        path = AgentPath(envelope.agent_path) if envelope.agent_path else _ROOT.join(spec.name)
+        record = ChildRecord(
+            task_id=stored.task_id,
+            session_id=stored.session_id,
+            root_session=stored.session_id,
+            spec=spec,
+            request=Request(
+                agent=envelope.agent,
+                input=_text(request.get("input")) or "",
+                prompt=_text(request.get("prompt")),
+                files=tuple(str(f) for f in _list(request.get("files"))),
+                model=_text(request.get("model")),
+            ),
+            agent_path=path,
+            parent_path=path.parent() or _ROOT,
+            timeout=None,
+            permissions=spec.permissions,
+            spawned_at=perf_counter(),
+            sync=False,
+        )
+        record.restored = True
+        record.state = SETTLED
+        record.envelope = envelope
+        record.collected = not stored.unread
+        record.mark_delivered()
+        return record
+
+
+async def _never_runs(request: Request, ctx: object) -> str:  # pragma: no cover - never run
+    raise RuntimeError("a restored child's agent is no longer registered")
+
+
+def _text(value: JSONValue | None) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _list(value: JSONValue | None) -> list[JSONValue]:
+    return value if isinstance(value, list) else []
+
+
+def _entry(record: ChildRecord, parent: ChildRecord | None) -> SpawnEntry:
+    """What the journal records of a new spawned child."""
+    request = record.request
+    return SpawnEntry(
+        task_id=record.task_id,
+        session_id=record.session_id,
+        parent_task=None if parent is None else parent.task_id,
+        agent=request.agent,
+        agent_path=str(record.agent_path),
+        request={
+            "input": request.input,
+            "prompt": request.prompt,
+            "model": request.model,
+            "files": list(request.files),
+            "timeout": record.timeout,
+        },
+    )
 
 
 def _spawn_options(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
 
@@ -229,6 +230,13 @@ class SpawnOptions:
     """Paths of files handed to the agent."""
 
 
+def _check_path(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ConfigError(attribute.name, "a non-empty str or os.PathLike path, or None", value)
+
+
 @attrs.frozen(kw_only=True)
 class SubagentConfig:
     """Manager-wide settings; every value is validated with a message naming the field."""
@@ -284,3 +292,6 @@ class SubagentConfig:
     )
     """An OpenTelemetry ``MeterProvider`` for this manager's metrics; ``None``: the global
     one, as it is when the manager is entered."""
+    store_path: str | os.PathLike[str] | None = attrs.field(default=None, validator=_check_path)
+    """A durable store's file (``subagents.store.SqliteStore``), which the manager opens
+    as it is entered and closes as it closes; ``None`` (default): everything in memory."""

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 
-__all__ = ["ManagerStatistics"]
+if TYPE_CHECKING:
+    from ._limiter import SpawnLimiter
+
+__all__ = ["ManagerStatistics", "snapshot"]
 
 
 @attrs.frozen(kw_only=True)
@@ -39,3 +44,22 @@ class ManagerStatistics:
     """Children that have ended in an envelope."""
     workers: int
     """Worker tasks alive."""
+
+
+def snapshot(
+    limiter: SpawnLimiter, *, overflows: int, spawned: int, settled: int
+) -> ManagerStatistics:
+    """The statistics of a manager with this limiter and these counts."""
+    return ManagerStatistics(
+        limit=limiter.limit,
+        running=limiter.active,
+        queued=limiter.queued,
+        high_water=limiter.high_water,
+        borrowed=limiter.borrowed,
+        borrows=limiter.borrows,
+        resuming=limiter.resuming,
+        mailbox_overflows=overflows,
+        spawned=spawned,
+        settled=settled,
+        workers=limiter.workers,
+    )

@@ -302,14 +302,20 @@ def test_core_and_edges_are_told_apart(module: str, core: bool) -> None:
 ENGINE = frozenset(
     {
         "subagents._manager",
-        "subagents._admission",
-        "subagents._child_run",
+        "subagents._limiter",
+        "subagents._watchdog",
+        "subagents._sessions",
+        "subagents._child",
+        "subagents._spawning",
+        "subagents._record",
         "subagents._handle",
         "subagents._context",
         "subagents._completions",
         "subagents._lookup",
     }
 )
+"""The engine's parts and facade (design/core.md): the store reaches none of them; it
+meets the engine at the seams the core defines (``_mailbox``, ``_journal``)."""
 
 
 def test_the_store_is_an_edge_that_never_reaches_into_the_engine() -> None:
@@ -319,4 +325,6 @@ def test_the_store_is_an_edge_that_never_reaches_into_the_engine() -> None:
     assert not reaches, "\n".join(f"{e.source} imports {e.target} (line {e.line})" for e in reaches)
     assert all(is_core(e.target) or e.target.startswith("subagents.store") for e in store)
     into = [e.source for e in EDGES_FOUND if e.target.startswith("subagents.store")]
-    assert all(source.startswith("subagents.store") for source in into), into
+    # Only the store itself, and the package's face, which imports it so that its opener
+    # is registered for SubagentConfig(store_path=...).
+    assert all(s.startswith("subagents.store") or s == "subagents" for s in into), into

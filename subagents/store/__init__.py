@@ -10,8 +10,10 @@ and the core never imports it.
 
 from __future__ import annotations
 
+from .._journal import set_store_opener
 from ._errors import REASONS, StoreError
 from ._files import APPLICATION_ID
+from ._journal import INTERRUPTED, SqliteJournal
 from ._mailbox import SqliteMailbox
 from ._schema import SCHEMA_VERSION
 from ._sqlite import Synchronous
@@ -21,8 +23,10 @@ __all__ = [
     "APPLICATION_ID",
     "DEFAULT_BUSY_TIMEOUT",
     "DEFAULT_POLL_INTERVAL",
+    "INTERRUPTED",
     "REASONS",
     "SCHEMA_VERSION",
+    "SqliteJournal",
     "SqliteMailbox",
     "SqliteStore",
     "StoreError",
@@ -30,6 +34,8 @@ __all__ = [
     "Synchronous",
 ]
 
-for _obj in (SqliteMailbox, SqliteStore, StoreError, StoreStatistics):
+for _obj in (SqliteJournal, SqliteMailbox, SqliteStore, StoreError, StoreStatistics):
     _obj.__module__ = __name__
 del _obj
+
+set_store_opener(SqliteStore)  # SubagentConfig(store_path=...) opens one

@@ -26,10 +26,13 @@ import anyio.to_thread
 import attrs
 from anyio.lowlevel import current_token
 
+from .._envelope import DelegateResult
 from .._errors import ConfigError
+from .._json import loads
 from .._mailbox import DEFAULT_MAILBOX_CAPACITY
 from .._validators import count, seconds, text
 from ._errors import StoreError
+from ._journal import OPEN_ORIGINS, SqliteJournal
 from ._mailbox import SqliteMailbox
 from ._opening import Connections, close_all, open_connections
 from ._sqlite import Connection, Synchronous
@@ -147,8 +150,6 @@ class SqliteStore:
     def __repr__(self) -> str:
         return f"<SqliteStore {self._path!r} {self._state}>"
 
-    # ------------------------------------------------------------ opening
-
     async def __aenter__(self) -> SqliteStore:
         """Open the store (in a worker thread: the checks, WAL mode, the migrations).
 
@@ -179,7 +180,7 @@ class SqliteStore:
             busy_timeout=self._busy_timeout,
             token=token,
             on_batch=self._on_batch,
-            on_stopped=self._stopped.set,
+            on_stopped=self._writer_stopped,
         )
         self._conn = Connection(
             loop_raw,
@@ -194,6 +195,7 @@ class SqliteStore:
         self._writer.start()
         self._watcher.start()
         self._state = "open"
+        OPEN_ORIGINS.add(self._origin)
         return self
 
     def _open_files(self) -> Connections:
@@ -207,8 +209,6 @@ class SqliteStore:
             if self._state in ("closing", "closed"):
                 raise anyio.ClosedResourceError(f"the store {self._path!r} is closed")
             raise RuntimeError(f"open the store first: async with SqliteStore({self._path!r})")
-
-    # ------------------------------------------------------------ mailboxes
 
     def mailbox(
         self,
@@ -249,6 +249,35 @@ class SqliteStore:
         self._mailboxes.add(box)
         return box
 
+    def journal(self) -> SqliteJournal:
+        """The journal of spawns kept in this store (what ``SubagentManager(store=...)``
+        writes each spawn, start and end through). Usable before the store is open; its
+        calls need it open."""
+        return SqliteJournal(
+            origin=self._origin,
+            submit=self._submit,
+            read=self._read,
+            wait_committed=self._wait_seq,
+            decode=self._decode,
+        )
+
+    def _submit(self, write: Write) -> int:
+        self._require_open()
+        return self._writer.submit(write)
+
+    def _read(self, query: Callable[[sqlite3.Connection], object]) -> object:
+        self._require_open()
+        return self._conn.read(query)
+
+    def _decode(self, body: bytes) -> DelegateResult:
+        try:
+            data = loads(body)
+            if not isinstance(data, dict):
+                raise ValueError(f"an envelope is a JSON object, not {type(data).__name__}")
+            return DelegateResult.from_dict(data)
+        except ValueError as exc:
+            raise StoreError(self._path, "corrupt", f"an unreadable envelope: {exc}") from exc
+
     def _watch(self, box: SqliteMailbox, active: bool) -> None:
         if active:
             self._watched.add(box)
@@ -263,8 +292,6 @@ class SqliteStore:
                 box._look_again()
             except Exception:
                 logger.exception("looking for other processes' puts in %r failed", box)
-
-    # ------------------------------------------------------------ commits
 
     def _on_batch(self, writes: list[Write], watermark: int, failure: StoreError | None) -> None:
         if failure is None:
@@ -317,8 +344,6 @@ class SqliteStore:
             closed=self._state == "closed",
         )
 
-    # ------------------------------------------------------------ closing
-
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -327,13 +352,20 @@ class SqliteStore:
     ) -> None:
         await self.aclose()
 
+    def _writer_stopped(self) -> None:
+        """The writer has committed its queue and ended: only now may a recovery (in
+        this process) take this store's unfinished tasks for a dead process's."""
+        OPEN_ORIGINS.discard(self._origin)
+        self._stopped.set()
+
     async def aclose(self) -> None:
         """Commit what is queued, drop every mailbox of this store, stop its threads and
         close the file. Idempotent; a second caller waits for the first.
 
         Blocks until the writer has committed its queue, shielded from cancellation for up
         to ``busy_timeout`` + 5 s; past that (the database stays locked) it logs an error
-        and returns, and the writer thread goes on committing in the background.
+        and returns, and the writer thread goes on committing in the background. The
+        store's tasks count as live (no recovery takes them) until the writer has stopped.
         """
         if self._state in ("closing", "closed"):
             await self._closed.wait()

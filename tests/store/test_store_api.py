@@ -12,9 +12,9 @@ import subagents.store
 from subagents.store import REASONS, StoreError
 
 STORE = {
-    "APPLICATION_ID", "DEFAULT_BUSY_TIMEOUT", "DEFAULT_POLL_INTERVAL", "REASONS",
-    "SCHEMA_VERSION", "SqliteMailbox", "SqliteStore", "StoreError", "StoreStatistics",
-    "Synchronous",
+    "APPLICATION_ID", "DEFAULT_BUSY_TIMEOUT", "DEFAULT_POLL_INTERVAL", "INTERRUPTED",
+    "REASONS", "SCHEMA_VERSION", "SqliteJournal", "SqliteMailbox", "SqliteStore",
+    "StoreError", "StoreStatistics", "Synchronous",
 }  # fmt: skip
 
 

@@ -5,6 +5,7 @@
     python tests/store/worker.py wait PATH SESSION TASK_ID      # "waiting", then the output
     python tests/store/worker.py count PATH INCREMENTS          # read-then-write in BEGIN IMMEDIATE
     python tests/store/worker.py ack PATH SESSION SEED          # put forever, print the durable
+    python tests/store/worker.py spawn PATH SESSION SEED        # spawn forever, print the journaled
 
 Every command takes ``--backend asyncio|trio``; lines on stdout are the protocol, anything
 unexpected goes to stderr and a non-zero exit.
@@ -22,7 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import anyio
 
-from subagents import DelegateResult, Status
+from subagents import (
+    AgentSpec,
+    DelegateResult,
+    Request,
+    RunContext,
+    SpawnHandle,
+    Status,
+    SubagentConfig,
+    SubagentManager,
+)
 from subagents._json import dumps_str
 from subagents.store import SqliteStore
 from subagents.store._sqlite import Connection, connect
@@ -106,6 +116,36 @@ async def ack(path: str, session: str, seed: int) -> None:
             sys.stdout.flush()
 
 
+async def spawn(path: str, session: str, seed: int) -> None:
+    """A manager on the store spawns children forever (some end at once, some after a
+    while, some never); each task id is printed the moment ``journaled()`` returns for it
+    (the line is the acknowledgement)."""
+    rng = random.Random(seed)
+
+    async def child(request: Request, ctx: RunContext) -> str:
+        delay = float(request.input)
+        if delay < 0:
+            await anyio.sleep_forever()
+        await anyio.sleep(delay)
+        return f"slept {delay}"
+
+    async def acknowledge(handle: SpawnHandle) -> None:
+        await handle.journaled()
+        sys.stdout.write(f"{handle.task_id}\n")
+        sys.stdout.flush()
+
+    config = SubagentConfig(store_path=path, max_concurrent_spawns=16, mailbox_capacity=1 << 20)
+    async with (
+        SubagentManager([AgentSpec(name="child", runner=child)], config=config) as manager,
+        anyio.create_task_group() as tg,
+    ):
+        while True:
+            for _ in range(rng.randint(1, 16)):
+                delay = rng.choice([0.0, 0.0, 0.001, 0.01, 0.05, -1.0])
+                tg.start_soon(acknowledge, manager.spawn("child", str(delay), session_id=session))
+            await anyio.sleep(rng.choice([0, 0.001, 0.005]))
+
+
 def count(path: str, increments: int) -> None:
     """Increment a counter, each time reading it and writing it back in one transaction."""
     raw = connect(path, synchronous="NORMAL", busy_timeout=0.05)  # short: retries do the rest
@@ -137,6 +177,8 @@ def main() -> None:
         anyio.run(wait, args[0], args[1], args[2], backend=ns.backend)
     elif ns.command == "ack":
         anyio.run(ack, args[0], args[1], int(args[2]), backend=ns.backend)
+    elif ns.command == "spawn":
+        anyio.run(spawn, args[0], args[1], int(args[2]), backend=ns.backend)
     elif ns.command == "count":
         count(args[0], int(args[1]))
     else:

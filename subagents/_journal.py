@@ -1,0 +1,260 @@
+"""The journal seam: what the engine tells a durable store about its spawns, and what it
+asks of one after a restart.
+
+The core defines the seam and a no-op default (:data:`NO_JOURNAL`, the in-memory
+behaviour); ``subagents.store`` implements it. The core never imports the store: a store
+is handed in (``SubagentManager(store=...)``) or opened by the opener the store package
+registers here (``SubagentConfig(store_path=...)``), the way ``mailbox_factory`` is a seam.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import anyio
+import anyio.lowlevel
+import attrs
+
+from ._envelope import DelegateResult
+from ._errors import ConfigError
+from ._json import JSONValue
+from ._mailbox import BaseMailbox
+
+__all__ = [
+    "NO_JOURNAL",
+    "Durability",
+    "DurableStore",
+    "Journal",
+    "SpawnEntry",
+    "StoredTask",
+    "open_store",
+    "set_store_opener",
+]
+
+
+@attrs.frozen(kw_only=True)
+class SpawnEntry:
+    """A spawn as the journal records it, the moment ``spawn`` returns."""
+
+    task_id: str
+    """The child's id."""
+    session_id: str
+    """The session it reports to."""
+    parent_task: str | None
+    """The task id of the child owning that session; ``None`` for a root session."""
+    agent: str
+    """The agent type's name."""
+    agent_path: str
+    """Its path (``/root/.../name``); the last segment is the name its session gave out."""
+    request: Mapping[str, JSONValue]
+    """What it was asked: input, prompt, model, files, timeout (JSON values)."""
+
+
+@attrs.frozen(kw_only=True)
+class StoredTask:
+    """What a store knows of an ended task that this process has no record of."""
+
+    task_id: str
+    """The task's id."""
+    session_id: str
+    """The session it reported to."""
+    request: Mapping[str, JSONValue]
+    """Its :attr:`SpawnEntry.request`."""
+    envelope: DelegateResult
+    """Its one envelope."""
+    unread: bool
+    """The envelope is still unread in its session's mailbox."""
+
+
+class Journal(Protocol):
+    """Where the engine journals its spawns. Every method but the ``async`` ones never
+    blocks (a store queues the write for its writer thread)."""
+
+    def spawned(self, entry: SpawnEntry) -> int:
+        """Queue the spawn's row; returns a token for :meth:`wait_journaled` (0: nothing
+        to wait for)."""
+        ...
+
+    def started(self, task_id: str) -> None:
+        """Queue: the child is running."""
+        ...
+
+    def ended(
+        self, task_id: str, session_id: str, envelope: DelegateResult, deliver: bool = False
+    ) -> None:
+        """Queue: the child ended in ``envelope`` (the mailbox may have written it). With
+        ``deliver``, an envelope no mailbox wrote goes to the session's durable mailbox
+        (its manager was closing, the session's mailbox never opened)."""
+        ...
+
+    def forgotten(self, task_id: str) -> None:
+        """Queue: the ended task ``task_id`` was forgotten; :meth:`lookup` no longer finds
+        it."""
+        ...
+
+    def taken(self, task_id: str) -> bool:
+        """Whether the store holds ``task_id`` already (a new id must not clash)."""
+        ...
+
+    async def wait_journaled(self, token: int) -> None:
+        """Block until the row of :meth:`spawned`'s ``token`` is committed."""
+        ...
+
+    def lookup(self, task_id: str) -> StoredTask | None:
+        """The ended task ``task_id`` as stored by another process (or an earlier store),
+        or ``None``. One indexed read."""
+        ...
+
+    def names(self, session_id: str) -> list[str]:
+        """Every agent path ``session_id`` gave out before (any process, any run)."""
+        ...
+
+    async def recover(self) -> int:
+        """Give every journaled spawn that has no envelope and whose process has ended
+        exactly one (``Interrupted``); returns how many."""
+        ...
+
+
+class _NoJournal:
+    """The in-memory default: nothing is journaled, nothing is stored."""
+
+    def spawned(self, entry: SpawnEntry) -> int:
+        return 0
+
+    def started(self, task_id: str) -> None:
+        pass
+
+    def ended(
+        self, task_id: str, session_id: str, envelope: DelegateResult, deliver: bool = False
+    ) -> None:
+        pass
+
+    def forgotten(self, task_id: str) -> None:
+        pass
+
+    def taken(self, task_id: str) -> bool:
+        return False
+
+    async def wait_journaled(self, token: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    def lookup(self, task_id: str) -> StoredTask | None:
+        return None
+
+    def names(self, session_id: str) -> list[str]:
+        return []
+
+    async def recover(self) -> int:
+        return 0
+
+
+NO_JOURNAL: Journal = _NoJournal()
+"""The journal of a manager without a store."""
+
+
+class DurableStore(Protocol):
+    """A store the manager can use: its sessions' mailboxes and its journal."""
+
+    def mailbox(self, session_id: str, *, capacity: int, ttl: float | None) -> BaseMailbox:
+        """The durable mailbox of ``session_id``."""
+        ...
+
+    def journal(self) -> Journal:
+        """The journal of spawns kept in this store."""
+        ...
+
+    async def __aenter__(self) -> object: ...
+
+    async def aclose(self) -> None: ...
+
+
+StoreOpener = Callable[[str], DurableStore]
+
+_opener: list[StoreOpener] = []
+
+
+def set_store_opener(opener: StoreOpener) -> None:
+    """Register how ``SubagentConfig(store_path=...)`` makes a store (``subagents.store``
+    registers ``SqliteStore`` when imported, which ``import subagents`` does)."""
+    _opener[:] = [opener]
+
+
+def open_store(path: str | os.PathLike[str]) -> DurableStore:
+    """A new (not yet opened) store for ``path``, made by the registered opener."""
+    if not _opener:  # pragma: no cover - import subagents registers the SQLite store
+        raise ConfigError(
+            "store_path", "None until a store opener is registered (import subagents.store)", path
+        )
+    return _opener[0](os.fspath(path))
+
+
+class Durability:
+    """A manager's store, if it has one: the arguments checked, the journal its parts
+    write to, the sessions' mailboxes, and the store's opening (with recovery) and
+    closing when the manager owns it (``config.store_path``).
+
+    Raises:
+        ConfigError: ``store`` with ``mailbox_factory`` (the store makes the mailboxes),
+            or with ``store_path``.
+    """
+
+    def __init__(
+        self,
+        store: DurableStore | None,
+        store_path: str | os.PathLike[str] | None,
+        mailbox_factory: Callable[[str], BaseMailbox] | None,
+    ) -> None:
+        self.owned = False
+        if store_path is not None:
+            if store is not None:
+                raise ConfigError("store", "None when config.store_path is set", store)
+            store = open_store(store_path)
+            self.owned = True
+        if store is not None and mailbox_factory is not None:
+            raise ConfigError(
+                "mailbox_factory",
+                "None when a store is used (the store makes the mailboxes)",
+                mailbox_factory,
+            )
+        self.store = store
+        self.journal: Journal = NO_JOURNAL if store is None else store.journal()
+        """Where spawns are journaled (:data:`NO_JOURNAL` without a store)."""
+        self.stored: Journal | None = None if store is None else self.journal
+        """The journal of a real store, else ``None``: the parts skip a journal of nothing."""
+
+    def mailbox_factory(
+        self, capacity: int, ttl: float | None
+    ) -> Callable[[str], BaseMailbox] | None:
+        """The store's mailbox of each session, or ``None`` without a store."""
+        store = self.store
+        if store is None:
+            return None
+
+        def factory(session_id: str) -> BaseMailbox:
+            return store.mailbox(session_id, capacity=capacity, ttl=ttl)
+
+        return factory
+
+    async def open(self) -> None:
+        """Open the store if owned, then recover what earlier processes left unfinished:
+        each such spawn gets its one ``Interrupted`` envelope. A failure closes an owned
+        store again and propagates."""
+        store = self.store
+        if store is None:
+            return
+        try:
+            if self.owned:
+                await store.__aenter__()
+            await self.journal.recover()
+        except BaseException:
+            if self.owned:
+                with anyio.CancelScope(shield=True):
+                    await store.aclose()
+            raise
+
+    async def close(self) -> None:
+        """Close an owned store (it commits what is queued first, shielded)."""
+        if self.owned and self.store is not None:
+            await self.store.aclose()
