@@ -463,8 +463,7 @@ class SubagentManager:
         return record.envelope
 
     async def wait_journaled(self, handle: SpawnHandle) -> None:
-        """Block until ``handle``'s spawn is committed to the store (see
-        :meth:`SpawnHandle.journaled`); at once without a store."""
+        """Block until ``handle``'s spawn is committed (:meth:`SpawnHandle.journaled`)."""
         await self._durability.journal.wait_journaled(record_of(handle).journaled)
 
     @property
