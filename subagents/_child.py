@@ -297,7 +297,8 @@ class ChildRunner:
         else:
             self._notifier.notify(record.session_id, record.task_id, envelope)
         if record.journaled:  # after the mailbox's put, whose envelope row it links
-            deliver = self._sessions.unclaimed(record.session_id)
+            enabled = getattr(self._notifier, "enabled", True)
+            deliver = enabled and self._sessions.unclaimed(record.session_id)
             self._journal_write(
                 self._journal.ended, record.task_id, record.session_id, envelope, deliver
             )

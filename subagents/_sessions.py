@@ -100,18 +100,26 @@ class Sessions:
     def get(self, task_id: str) -> ChildRecord | None:
         return self._tasks.get(task_id)
 
-    def new_task_id(self) -> str:
-        """A task id no record (and no store's row) has: 12 random hex digits, 48 bits from
-        the OS."""
+    def new_task_id(self, journaled: bool = True) -> str:
+        """A task id no record has (nor, for a ``journaled`` child, the store's rows): 12
+        random hex digits, 48 bits from the OS."""
         task_id = os.urandom(6).hex()
-        while self._taken(task_id):
+        while self._taken(task_id, journaled):
             task_id = os.urandom(6).hex()
         return task_id
 
-    def _taken(self, task_id: str) -> bool:
+    def _taken(self, task_id: str, journaled: bool) -> bool:
         if task_id in self._tasks:
             return True
-        return self._journal is not None and self._journal.taken(task_id)
+        if self._journal is None or not journaled:
+            return False
+        try:
+            return self._journal.taken(task_id)
+        except Exception:
+            # A store that cannot answer: the spawn's own row then fails loudly on a clash
+            # (journaled() raises), so nothing is lost by drawing on.
+            logger.exception("checking task id %s against the store failed", task_id)
+            return False
 
     def require(self, task_id: str, session_id: str | None = None) -> ChildRecord:
         """The record of ``task_id``; raises :class:`UnknownTask` naming the ids probably
@@ -405,7 +413,10 @@ class Sessions:
         record.collected = True
         self._drop(record)
         if self._journal is not None and (record.journaled or record.restored):
-            self._journal.forgotten(record.task_id)
+            try:
+                self._journal.forgotten(record.task_id)
+            except Exception:  # a failed or closed store: forgotten here all the same
+                logger.exception("marking task %s forgotten in the store failed", record.task_id)
 
     def _drop(self, record: ChildRecord) -> None:
         """Forget ``record``: out of the task index and its session's listing. O(1)."""

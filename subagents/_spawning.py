@@ -87,7 +87,7 @@ class Spawner:
             session_id, name if name is not None else options.name or spec.name
         )
         record = ChildRecord(
-            task_id=self._sessions.new_task_id(),
+            task_id=self._sessions.new_task_id(journaled=not sync),
             session_id=session_id,
             root_session=session_id if parent is None else parent.root_session,
             spec=spec,

@@ -354,8 +354,11 @@ class SqliteStore:
 
     def _writer_stopped(self) -> None:
         """The writer has committed its queue and ended: only now may a recovery (in
-        this process) take this store's unfinished tasks for a dead process's."""
-        OPEN_ORIGINS.discard(self._origin)
+        this process) take this store's unfinished tasks for a dead process's. A writer
+        that stopped because the store failed leaves them live while the store is open:
+        its children still run, and ``aclose`` lets them go."""
+        if self._state in ("closing", "closed"):
+            OPEN_ORIGINS.discard(self._origin)
         self._stopped.set()
 
     async def aclose(self) -> None:
@@ -382,7 +385,9 @@ class SqliteStore:
             self._watcher.stop()
             with anyio.move_on_after(self._busy_timeout + _CLOSE_MARGIN):
                 await self._stopped.wait()
-            if not self._stopped.is_set():
+            if self._stopped.is_set():  # also when it stopped earlier, on a failure
+                OPEN_ORIGINS.discard(self._origin)
+            else:
                 logger.error(
                     "store %r: the writer did not finish within %.0f s; it goes on in the "
                     "background",

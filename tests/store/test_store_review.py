@@ -20,7 +20,13 @@ async def _echo(request: Request, ctx: RunContext) -> str:
     return request.input.upper()
 
 
+async def _blocker(request: Request, ctx: RunContext) -> str:
+    await anyio.sleep_forever()
+    return ""
+
+
 AGENTS = [AgentSpec(name="echo", runner=_echo)]
+AGENTS_WITH_BLOCKER = [*AGENTS, AgentSpec(name="blocker", runner=_blocker)]
 
 
 async def test_a_forgotten_id_is_not_restored_from_its_own_store(tmp_path: Path) -> None:
@@ -235,3 +241,27 @@ async def test_a_task_id_clashing_with_a_concurrent_row_fails_the_spawn_loudly(
             gate.release()
         with pytest.raises(StoreError):
             await h.journaled()
+
+
+async def test_forget_on_a_closed_store_still_forgets_and_returns_the_envelope(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    async with store, SubagentManager(AGENTS, store=store) as manager:
+        handle = manager.spawn("echo", "x")
+        envelope = await handle.wait()
+        await store.aclose()  # the store goes away under the running manager
+        assert manager.forget(handle.task_id) == envelope  # not the store's error
+        assert manager.tasks() == []
+
+
+async def test_a_child_closed_under_notify_completion_false_is_not_delivered(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    config = SubagentConfig(store_path=path, notify_completion=False)
+    async with SubagentManager(AGENTS_WITH_BLOCKER, config=config) as manager:
+        manager.spawn("blocker")
+        await anyio.wait_all_tasks_blocked()
+    async with SqliteStore(path) as store:
+        assert store.mailbox("root").drain_all() == []
