@@ -22,13 +22,12 @@ import anyio
 from ._backend import Backend, awaitable, coerce_result, run_local
 from ._envelope import DelegateResult, Status
 from ._events import COMPLETED, MAILBOX_FULL, STARTED, EventBus
-from ._handle import NO_LEND
 from ._journal import NO_JOURNAL, Journal
 from ._json import JSONValue
 from ._limiter import SpawnLimiter
 from ._notifier import CompletionNotifier
 from ._outcome import envelope_for
-from ._record import QUEUED, RUNNING, SETTLED, ChildRecord
+from ._record import NO_LEND, QUEUED, RUNNING, SETTLED, ChildRecord
 from ._sessions import Sessions
 from ._spec import Result
 from ._tracing import Telemetry

@@ -10,7 +10,7 @@ so a caller cancelled while waiting consumes nothing.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Literal
 
@@ -19,7 +19,6 @@ import anyio.lowlevel
 
 from ._envelope import DelegateResult
 from ._errors import ConfigError
-from ._handle import NO_LEND
 from ._validators import seconds
 
 if TYPE_CHECKING:
@@ -28,34 +27,9 @@ if TYPE_CHECKING:
     from ._record import ChildRecord
     from ._sessions import Sessions
 
-__all__ = ["Completions", "WaitMode", "wait_for_record", "wait_handles"]
+__all__ = ["Completions", "WaitMode", "wait_handles"]
 
 WaitMode = Literal["any", "all"]
-
-
-def wait_for_record(
-    record: ChildRecord, timeout: float | None, lend: AbstractAsyncContextManager[None]
-) -> Awaitable[None]:
-    """What to await until ``record`` has ended or ``timeout`` seconds pass, inside
-    ``lend`` (the waiting child's slot lent meanwhile)."""
-    if lend is NO_LEND and timeout is None:
-        # A root parent's plain wait: the event itself, with no context, cancel scope or
-        # frame of ours around it.
-        return record.done.wait()
-    return _wait_lending(record, timeout, lend)
-
-
-async def _wait_lending(
-    record: ChildRecord, timeout: float | None, lend: AbstractAsyncContextManager[None]
-) -> None:
-    # The deadline encloses the lend: taking the slot back never outlasts it.
-    if timeout is None:
-        async with lend:
-            await record.done.wait()
-    else:
-        with anyio.move_on_after(timeout):
-            async with lend:
-                await record.done.wait()
 
 
 async def wait_handles(

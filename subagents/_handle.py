@@ -7,11 +7,11 @@ no public constructor either).
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager
 from time import perf_counter
-from typing import TYPE_CHECKING, Final, NoReturn, Protocol, cast
+from typing import TYPE_CHECKING, NoReturn, Protocol, cast
 
-from ._record import ChildRecord, TaskState
+from ._record import ChildRecord, TaskState, wait_for_record
 
 if TYPE_CHECKING:
     import anyio
@@ -20,10 +20,7 @@ if TYPE_CHECKING:
     from ._paths import AgentPath
     from ._spec import Request
 
-__all__ = ["NO_LEND", "HandleOwner", "SpawnHandle", "handle_of", "record_of"]
-
-NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
-"""What ``lend_slot()`` returns when the caller has no slot to lend (a root parent)."""
+__all__ = ["HandleOwner", "SpawnHandle", "handle_of", "record_of"]
 
 
 class HandleOwner(Protocol):
@@ -141,12 +138,7 @@ class SpawnHandle(metaclass=_NoPublicConstructor):
         record = self._record
         envelope = record.envelope
         if envelope is None:
-            lend = self._owner.lend_slot()
-            if lend is NO_LEND:  # a root parent: no context to enter and leave
-                await record.done.wait()
-            else:
-                async with lend:
-                    await record.done.wait()
+            await wait_for_record(record, None, self._owner.lend_slot())
             envelope = record.envelope
             assert envelope is not None
         if not record.collected:

@@ -19,8 +19,7 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
 
-from ._handle import NO_LEND
-from ._record import QUEUED, ChildRecord
+from ._record import NO_LEND, QUEUED, ChildRecord
 from ._validators import count
 
 __all__ = ["RunChild", "SpawnLimiter", "start_unowned"]

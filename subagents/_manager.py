@@ -19,7 +19,7 @@ from anyio.abc import TaskGroup
 
 from ._backend import Backend, run_local
 from ._child import ChildRunner, CompletionEvents
-from ._completions import Completions, wait_for_record
+from ._completions import Completions
 from ._context import RunContext
 from ._envelope import DelegateResult
 from ._errors import SpawnRejected
@@ -29,7 +29,7 @@ from ._journal import Durability, DurableStore
 from ._limiter import SpawnLimiter
 from ._mailbox import BaseMailbox
 from ._notifier import CompletionNotifier
-from ._record import ChildRecord
+from ._record import ChildRecord, wait_for_record
 from ._sessions import Sessions, default_mailbox_factory
 from ._spawning import Spawner, publish_spawned
 from ._spec import UNSET, AgentSpec, SpawnOptions, SubagentConfig, _Unset

@@ -12,6 +12,8 @@ when the record is made and never changes.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import TYPE_CHECKING, Final, Literal
 
 import anyio
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from ._progress import Progress
     from ._spec import AgentSpec, Request
 
-__all__ = ["QUEUED", "RUNNING", "SETTLED", "ChildRecord", "TaskState"]
+__all__ = ["NO_LEND", "QUEUED", "RUNNING", "SETTLED", "ChildRecord", "TaskState", "wait_for_record"]
 
 TaskState = Literal["queued", "running", "done"]
 QUEUED: Final = "queued"
@@ -33,6 +35,8 @@ RUNNING: Final = "running"
 SETTLED: Final = "done"
 
 _NO_USAGE: Final = Usage()
+NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
+"""What ``lend_slot()`` returns when the caller has no slot to lend (a root parent)."""
 
 
 class ChildRecord:
@@ -158,3 +162,28 @@ class ChildRecord:
                 "session_closed",
                 f"session {self.task_id!r} has ended; its agent can no longer delegate",
             )
+
+
+def wait_for_record(
+    record: ChildRecord, timeout: float | None, lend: AbstractAsyncContextManager[None]
+) -> Awaitable[None]:
+    """What to await until ``record`` has ended or ``timeout`` seconds pass, inside
+    ``lend`` (the waiting child's slot lent meanwhile)."""
+    if lend is NO_LEND and timeout is None:
+        # A root parent's plain wait: the event itself, with no context, cancel scope or
+        # frame of ours around it.
+        return record.done.wait()
+    return _wait_lending(record, timeout, lend)
+
+
+async def _wait_lending(
+    record: ChildRecord, timeout: float | None, lend: AbstractAsyncContextManager[None]
+) -> None:
+    # The deadline encloses the lend: taking the slot back never outlasts it.
+    if timeout is None:
+        async with lend:
+            await record.done.wait()
+    else:
+        with anyio.move_on_after(timeout):
+            async with lend:
+                await record.done.wait()

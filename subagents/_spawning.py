@@ -4,7 +4,6 @@ its request and its permissions."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from time import perf_counter
 from typing import Final
 
@@ -35,7 +34,6 @@ class Spawner:
     ) -> None:
         self.specs: dict[str, AgentSpec] = {}
         """The registered agent types by name."""
-        self._specs: Mapping[str, AgentSpec] = self.specs
         self._sessions = sessions
         self._config = config
         self._journal = journal
@@ -69,9 +67,9 @@ class Spawner:
         that session, if any), checked in this order: the agent, the input and session
         types, the session open, the depth, the options, the timeout, the name. Raises the
         first problem found, before anything is recorded."""
-        spec = self._specs.get(agent)
+        spec = self.specs.get(agent)
         if spec is None:
-            raise UnknownAgent(agent, self._specs)
+            raise UnknownAgent(agent, self.specs)
         if not isinstance(input, str):
             raise ConfigError("input", "a string", input)
         if not isinstance(session_id, str):
@@ -122,7 +120,7 @@ class Spawner:
     def _restored(self, stored: StoredTask) -> ChildRecord:
         envelope = stored.envelope
         request = stored.request
-        spec = self._specs.get(envelope.agent)
+        spec = self.specs.get(envelope.agent)
         if spec is None:  # no longer registered: a stand-in that never runs
             spec = AgentSpec(name=envelope.agent, runner=_never_runs)
         path = AgentPath(envelope.agent_path) if envelope.agent_path else _ROOT.join(spec.name)

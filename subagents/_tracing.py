@@ -219,7 +219,7 @@ class Telemetry:
         if isinstance(parent_trace, _TaskTrace):
             conversation_id = parent_trace.conversation_id
         else:
-            conversation_id = _root_session(record)
+            conversation_id = record.root_session
         span: trace.Span | None = None
         ctx = captured
         if self._tracer is not None:
@@ -340,11 +340,6 @@ class Telemetry:
             span.add_event(_semconv.EVENT_EXCEPTION, _semconv.exception_attributes(envelope))
             span.set_status(StatusCode.ERROR, envelope.error)
         span.end()
-
-
-def _root_session(record: ChildRecord) -> str:
-    """The session at the top of ``record``'s tree (a child's session is its task id)."""
-    return record.root_session
 
 
 # --------------------------------------------------------------------- tool spans
