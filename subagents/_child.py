@@ -94,9 +94,11 @@ class ChildRunner:
         telemetry: Telemetry,
         settle_timeout: float,
         journal: Journal = NO_JOURNAL,
+        commit_first: bool = False,
     ) -> None:
         self._backend = backend
         self._journal = journal
+        self._commit_first = commit_first
         self._make_context = make_context
         self._sessions = sessions
         self._limiter = limiter
@@ -116,7 +118,7 @@ class ChildRunner:
         under it, its deadline kept by the watchdog; its cancellation or timeout then
         propagates out of this call, after the envelope, for the worker's ``with`` to absorb.
         """
-        self._starting(record)
+        counted = self._starting(record)
         timeout = record.timeout
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
         ctx = self._make_context(record, None if timeout is None else deadline)
@@ -135,6 +137,8 @@ class ChildRunner:
                 if record.cancel_reason:
                     scope.cancel()
                 try:
+                    if counted:  # a re-runnable try is durably counted before it runs
+                        await self._journal.wait_journaled(counted)
                     pending, check = self._start_runner(record, ctx)
                     result = check(record.spec.name, await pending)
                 except BaseException as exc:
@@ -167,12 +171,20 @@ class ChildRunner:
             await self._settle(record, live)
         self._finish(record, ctx.attempt, status, result, error)
 
-    def _starting(self, record: ChildRecord) -> None:
-        """The child takes its turn: running from now, journaled and evented so."""
+    def _starting(self, record: ChildRecord) -> int:
+        """The child takes its turn: running from now, journaled and evented so. Returns
+        the start's journal token when the try must be committed before the runner runs
+        (a re-runnable agent's, so that its cap of tries counts every one), else 0."""
         record.state = RUNNING
         started = record.started_at = perf_counter()
+        counted = 0
         if record.journaled:
-            self._journal_write(self._journal.started, record.task_id)
+            try:
+                token = self._journal.started(record.task_id)
+            except Exception:
+                logger.exception("journaling the start of child %r failed", record.task_id)
+            else:
+                counted = token if record.spec.resume == "rerun" else 0
         if self._events.active:
             self._events.publish(
                 STARTED,
@@ -181,6 +193,7 @@ class ChildRunner:
                 agent_path=record.agent_path,
                 data={"queue_ms": int((started - record.spawned_at) * 1000)},
             )
+        return counted
 
     def _start_runner(
         self, record: ChildRecord, ctx: RunContext
@@ -283,37 +296,74 @@ class ChildRunner:
         return True
 
     def finalize(self, record: ChildRecord, envelope: DelegateResult) -> None:
-        """Record and deliver the one envelope of ``record``; later calls do nothing."""
-        if record.envelope is not None:
+        """Record and deliver the one envelope of ``record``; later calls do nothing.
+
+        A journaled child of a manager whose durability is ``"sync"`` is handed on (its
+        envelope readable in the mailbox, ``done`` set, the completed event) only once the
+        store has committed its end; every other child at once.
+        """
+        if record.envelope is not None or record.committing:
             return
+        record.scope = None
+        if record.journaled and self._commit_first:
+            self._finalize_after_commit(record, envelope)
+            return
+        self._settle_record(record, envelope)
+        overflowed = False
+        if not record.sync:
+            overflowed = self._notifier.put(record.session_id, record.task_id, envelope) is None
+        if record.journaled:  # after the mailbox's put, whose envelope row it links
+            self._journal_end(record, envelope)
+        self._hand_on(record, envelope, overflowed)
+
+    def _finalize_after_commit(self, record: ChildRecord, envelope: DelegateResult) -> None:
+        record.committing = True
+        delivered = self._notifier.put(record.session_id, record.task_id, envelope, durable=True)
+        overflowed = delivered is None
+
+        def committed() -> None:
+            record.committing = False
+            self._settle_record(record, envelope)
+            self._hand_on(record, envelope, overflowed)
+
+        if not self._journal_end(record, envelope, committed):
+            committed()  # the store refused the write: handed on from memory, now
+
+    def _journal_end(
+        self,
+        record: ChildRecord,
+        envelope: DelegateResult,
+        then: Callable[[], object] | None = None,
+    ) -> bool:
+        """Journal ``record``'s end; False if the store refused it (logged)."""
+        enabled = getattr(self._notifier, "enabled", True)
+        deliver = enabled and self._sessions.unclaimed(record.session_id)
+        try:
+            self._journal.ended(record.task_id, record.session_id, envelope, deliver, then)
+        except Exception:
+            logger.exception("journaling the end of child %r failed", record.task_id)
+            return False
+        return True
+
+    def _settle_record(self, record: ChildRecord, envelope: DelegateResult) -> None:
         record.envelope = envelope
         record.state = SETTLED
-        record.scope = None
         self.settled += 1
         self._sessions.ended(record)
+
+    def _hand_on(self, record: ChildRecord, envelope: DelegateResult, overflowed: bool) -> None:
+        """The envelope's events, then wake the waiters."""
         if record.sync:
             self._completion_events(COMPLETED, record.session_id, envelope)
         else:
-            self._notifier.notify(record.session_id, record.task_id, envelope)
-        if record.journaled:  # after the mailbox's put, whose envelope row it links
-            enabled = getattr(self._notifier, "enabled", True)
-            deliver = enabled and self._sessions.unclaimed(record.session_id)
-            self._journal_write(
-                self._journal.ended, record.task_id, record.session_id, envelope, deliver
+            self._notifier.announce(
+                record.session_id, record.task_id, envelope, overflowed=overflowed
             )
         record.traceback = None
         if record.trace is not None:
             self._telemetry.finish(record, envelope)
         record.mark_delivered()
         self._sessions.delivered(record)
-
-    def _journal_write(self, write: Callable[..., None], *args: object) -> None:
-        """A journal write; a failed store is logged, never a child's failure (its
-        ``journaled()`` and the mailbox's commits report it)."""
-        try:
-            write(*args)
-        except Exception:
-            logger.exception("journaling child %r failed", args[0])
 
 
 Check = Callable[[str, object], "Result | str"]

@@ -77,16 +77,24 @@ class Journal(Protocol):
         to wait for)."""
         ...
 
-    def started(self, task_id: str) -> None:
-        """Queue: the child is running."""
+    def started(self, task_id: str) -> int:
+        """Queue: the child is running (one more try); returns a token for
+        :meth:`wait_journaled`."""
         ...
 
     def ended(
-        self, task_id: str, session_id: str, envelope: DelegateResult, deliver: bool = False
+        self,
+        task_id: str,
+        session_id: str,
+        envelope: DelegateResult,
+        deliver: bool = False,
+        then: Callable[[], object] | None = None,
     ) -> None:
         """Queue: the child ended in ``envelope`` (the mailbox may have written it). With
         ``deliver``, an envelope no mailbox wrote goes to the session's durable mailbox
-        (its manager was closing, the session's mailbox never opened)."""
+        (its manager was closing, the session's mailbox never opened). ``then()`` runs on
+        the event loop once the write is committed, or once the store failed before it
+        was; a write the store refuses at once raises, and ``then`` never runs."""
         ...
 
     def forgotten(self, task_id: str) -> None:
@@ -102,6 +110,11 @@ class Journal(Protocol):
         """Block until the row of :meth:`spawned`'s ``token`` is committed."""
         ...
 
+    async def flush(self) -> None:
+        """Block until every :meth:`ended` queued so far is committed (its ``then`` has
+        run), or the store has failed; never raises."""
+        ...
+
     def lookup(self, task_id: str) -> StoredTask | None:
         """The ended task ``task_id`` as stored by another process (or an earlier store),
         or ``None``. One indexed read."""
@@ -111,9 +124,16 @@ class Journal(Protocol):
         """Every agent path ``session_id`` gave out before (any process, any run)."""
         ...
 
-    async def recover(self) -> int:
+    async def recover(self, reruns: Mapping[str, int] | None = None) -> int:
         """Give every journaled spawn that has no envelope and whose process has ended
-        exactly one (``Interrupted``); returns how many."""
+        exactly one (``Interrupted``), except the root spawns of the agents in
+        ``reruns`` (agent name: its cap of tries) with tries left, which it claims for
+        running again (:meth:`claimed`); returns how many got an envelope."""
+        ...
+
+    def claimed(self) -> list[SpawnEntry]:
+        """The spawns the last :meth:`recover` claimed for running again, handed out
+        once: this journal's now, for the manager to run under their old task ids."""
         ...
 
 
@@ -123,13 +143,19 @@ class _NoJournal:
     def spawned(self, entry: SpawnEntry) -> int:
         return 0
 
-    def started(self, task_id: str) -> None:
-        pass
+    def started(self, task_id: str) -> int:
+        return 0
 
     def ended(
-        self, task_id: str, session_id: str, envelope: DelegateResult, deliver: bool = False
+        self,
+        task_id: str,
+        session_id: str,
+        envelope: DelegateResult,
+        deliver: bool = False,
+        then: Callable[[], object] | None = None,
     ) -> None:
-        pass
+        if then is not None:
+            then()
 
     def forgotten(self, task_id: str) -> None:
         pass
@@ -140,14 +166,20 @@ class _NoJournal:
     async def wait_journaled(self, token: int) -> None:
         await anyio.lowlevel.checkpoint()
 
+    async def flush(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
     def lookup(self, task_id: str) -> StoredTask | None:
         return None
 
     def names(self, session_id: str) -> list[str]:
         return []
 
-    async def recover(self) -> int:
+    async def recover(self, reruns: Mapping[str, int] | None = None) -> int:
         return 0
+
+    def claimed(self) -> list[SpawnEntry]:
+        return []
 
 
 NO_JOURNAL: Journal = _NoJournal()
@@ -237,24 +269,33 @@ class Durability:
 
         return factory
 
-    async def open(self) -> None:
+    async def open(self, reruns: Mapping[str, int]) -> list[SpawnEntry]:
         """Open the store if owned, then recover what earlier processes left unfinished:
-        each such spawn gets its one ``Interrupted`` envelope. A failure closes an owned
-        store again and propagates."""
+        each such spawn gets its one ``Interrupted`` envelope, but the root spawns of the
+        agents in ``reruns`` (name: cap of tries) with tries left, which are returned to
+        run again. A failure closes an owned store again and propagates."""
         store = self.store
         if store is None:
-            return
+            return []
         try:
             if self.owned:
                 await store.__aenter__()
-            await self.journal.recover()
+            await self.journal.recover(reruns)
+            return self.journal.claimed()
         except BaseException:
             if self.owned:
                 with anyio.CancelScope(shield=True):
                     await store.aclose()
             raise
 
-    async def close(self) -> None:
-        """Close an owned store (it commits what is queued first, shielded)."""
-        if self.owned and self.store is not None:
+    async def close(self, bound: float) -> None:
+        """Close an owned store (it commits what is queued first, shielded); with a store
+        its owner closes, wait up to ``bound`` seconds for the children's ends to commit,
+        so that every envelope is handed on when the manager has closed."""
+        if self.store is None:
+            return
+        if self.owned:
             await self.store.aclose()
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
+            await self.journal.flush()

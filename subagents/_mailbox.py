@@ -93,6 +93,18 @@ class BaseMailbox(ABC):
                 unexpired entries; the existing entries are untouched.
         """
 
+    def put_durable(self, task_id: str, envelope: DelegateResult) -> bool:
+        """:meth:`put`, with the entry readable, waitable and consumable only once it is
+        durable. A mailbox kept in memory has nothing more durable to wait for: this is
+        :meth:`put`. A durable one (``subagents.store.SqliteMailbox``) makes the entry
+        visible when the transaction holding it commits, so that nobody reads an envelope
+        a crash could still take back.
+
+        Raises:
+            MailboxFull: as :meth:`put`.
+        """
+        return self.put(task_id, envelope)
+
     @abstractmethod
     def peek(self, task_id: str) -> DelegateResult | None:
         """The envelope under ``task_id`` without consuming it, or ``None``."""

@@ -104,9 +104,8 @@ class SubagentManager:
             self.register(spec)
         completion_events = CompletionEvents(self.events, self._sessions, config.mailbox_capacity)
         if notifier is None:
-            deliver_to = self._sessions.delivery_mailbox
             notifier = CompletionNotifier(
-                deliver_to, completion_events, enabled=config.notify_completion
+                sessions.delivery_mailbox, completion_events, enabled=config.notify_completion
             )
         self._notifier = notifier
         self._children = ChildRunner(
@@ -121,6 +120,7 @@ class SubagentManager:
             telemetry=self._telemetry,
             settle_timeout=config.settle_timeout,
             journal=journal,
+            commit_first=stored is not None and config.durability == "sync",
         )
         if stored is not None:
             self._sessions.restore = self._spawner.restore
@@ -133,7 +133,7 @@ class SubagentManager:
             raise RuntimeError("a SubagentManager can be entered only once")
         self._telemetry.resolve()
         try:
-            await self._durability.open()
+            reruns = await self._durability.open(self._spawner.reruns())
         except BaseException:
             self._state = "closed"
             raise
@@ -144,6 +144,8 @@ class SubagentManager:
         self._sessions.accepting = True
         self._watchdog.start(tg)
         self._limiter.start(tg, self._children.run)
+        for entry in reruns:  # what an ended process left unfinished, run again
+            self._queue(self._traced(self._spawner.rerun(entry), None))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -185,7 +187,7 @@ class SubagentManager:
             self._state = "closed"
             self._sessions.shut = True
             self._sessions.release_all()
-            await self._durability.close()
+            await self._durability.close(self.config.settle_timeout)
 
     @property
     def running(self) -> bool:
@@ -277,13 +279,16 @@ class SubagentManager:
             StoreError: its store has failed; anyio.ClosedResourceError: it was closed.
         """
         record = self._new_record(agent, input, session_id, name, timeout, options, sync=False)
+        self._queue(record)
+        return handle_of(record, self)
+
+    def _queue(self, record: ChildRecord) -> None:
         self._limiter.submit(record)
         if record.trace is not None:
             self._telemetry.queued(record)
         # Published once the child is queued: a subscriber that cancels it finds it there.
         if self.events.active:
             publish_spawned(self.events, record)
-        return handle_of(record, self)
 
     async def execute(
         self,
@@ -335,7 +340,9 @@ class SubagentManager:
                 "(or it was closed)",
             )
         new = self._spawner.new_record
-        record, parent = new(agent, input, session_id, name, timeout, options, sync)
+        return self._traced(*new(agent, input, session_id, name, timeout, options, sync))
+
+    def _traced(self, record: ChildRecord, parent: ChildRecord | None) -> ChildRecord:
         self._spawned += 1
         if self._telemetry.active:
             record.trace = self._telemetry.start(record, parent)

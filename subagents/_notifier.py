@@ -52,25 +52,51 @@ class CompletionNotifier:
         """Deliver ``envelope``; returns True when it landed in the parent's mailbox."""
         if not self.enabled:
             return False
-        delivered = False
-        overflowed = False
+        delivered = self.put(parent_session_id, task_id, envelope)
+        self.announce(parent_session_id, task_id, envelope, overflowed=delivered is None)
+        return bool(delivered)
+
+    def put(
+        self,
+        parent_session_id: str,
+        task_id: str,
+        envelope: DelegateResult,
+        *,
+        durable: bool = False,
+    ) -> bool | None:
+        """The mailbox half of :meth:`notify` (with ``durable``, through
+        :meth:`BaseMailbox.put_durable`: readable once committed). Returns True when it
+        landed in the mailbox, ``None`` when the mailbox was full (``announce`` then says
+        so), False otherwise."""
+        if not self.enabled:
+            return False
         try:
             mailbox = self._get_mailbox(parent_session_id)
-            if mailbox is not None:
-                delivered = mailbox.put(task_id, envelope)
+            if mailbox is None:
+                return False
+            if durable:
+                return mailbox.put_durable(task_id, envelope)
+            return mailbox.put(task_id, envelope)
         except MailboxFull as exc:
-            overflowed = True
             self.overflows += 1
             logger.debug(
                 "session %r: %s; delivered by the completion event", parent_session_id, exc
             )
+            return None
         except Exception:
             logger.exception("mailbox put for task %s failed; degraded to the event", task_id)
-        if self._publish is not None:
-            try:
-                if overflowed:
-                    self._publish(MAILBOX_FULL, parent_session_id, envelope)
-                self._publish(COMPLETED, parent_session_id, envelope)
-            except Exception:
-                logger.exception("publishing completion of task %s failed", task_id)
-        return delivered
+            return False
+
+    def announce(
+        self, parent_session_id: str, task_id: str, envelope: DelegateResult, *, overflowed: bool
+    ) -> None:
+        """The event half of :meth:`notify`: ``subagent.mailbox_full`` first if the put
+        ``overflowed``, then ``subagent.completed``."""
+        if not self.enabled or self._publish is None:
+            return
+        try:
+            if overflowed:
+                self._publish(MAILBOX_FULL, parent_session_id, envelope)
+            self._publish(COMPLETED, parent_session_id, envelope)
+        except Exception:
+            logger.exception("publishing completion of task %s failed", task_id)

@@ -51,6 +51,7 @@ class ChildRecord:
         "agent_path",
         "cancel_reason",
         "collected",
+        "committing",
         "delivered",
         "ending",
         "envelope",
@@ -116,6 +117,7 @@ class ChildRecord:
         self.ending = False  # the outcome is decided; cleanup (its own children) remains
         self.envelope: DelegateResult | None = None
         self.delivered = False  # the envelope went to the mailbox and the events
+        self.committing = False  # ended; its envelope is handed on once the store commits it
         self._done: anyio.Event | None = None
         self.progress: Progress | None = None  # what ctx.report recorded, once it did
         self.usage = _NO_USAGE

@@ -363,7 +363,13 @@ class Sessions:
     def _consumed(self, envelope: DelegateResult) -> None:
         """A session mailbox handed ``envelope`` out: its child counts as collected."""
         record = self._tasks.get(envelope.task_id)
-        if record is not None and not record.collected and record.envelope is not None:
+        if (
+            record is not None
+            and not record.collected
+            and (record.envelope is not None or record.committing)
+        ):
+            # A committing record's entry is readable once its put commits, which may be
+            # a batch before the end write that hands the record on.
             self._collected(record)
 
     # ------------------------------------------------------------------ retention

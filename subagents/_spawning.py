@@ -4,6 +4,7 @@ its request and its permissions."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from time import perf_counter
 from typing import Final
 
@@ -45,6 +46,10 @@ class Spawner:
         if spec.name in self.specs:
             raise ConfigError("agents", "unique agent names", spec.name)
         self.specs[spec.name] = spec
+
+    def reruns(self) -> dict[str, int]:
+        """The agents whose unfinished spawns a restart runs again, with their caps."""
+        return {n: s.max_attempts for n, s in self.specs.items() if s.resume == "rerun"}
 
     def agent(self, name: str) -> AgentSpec:
         """The agent type called ``name``; raises :class:`UnknownAgent` listing the known."""
@@ -129,13 +134,7 @@ class Spawner:
             session_id=stored.session_id,
             root_session=stored.session_id,
             spec=spec,
-            request=Request(
-                agent=envelope.agent,
-                input=_text(request.get("input")) or "",
-                prompt=_text(request.get("prompt")),
-                files=tuple(str(f) for f in _list(request.get("files"))),
-                model=_text(request.get("model")),
-            ),
+            request=_request(envelope.agent, request),
             agent_path=path,
             parent_path=path.parent() or _ROOT,
             timeout=None,
@@ -149,6 +148,47 @@ class Spawner:
         record.collected = not stored.unread
         record.mark_delivered()
         return record
+
+    def rerun(self, entry: SpawnEntry) -> ChildRecord:
+        """The live record of a root spawn that an ended process left unfinished and the
+        journal's recovery claimed for running again: its old task id, path and request;
+        journaled already (its row is the journal's). Its agent is registered (recovery
+        claims only those)."""
+        spec = self.specs[entry.agent]
+        path = AgentPath(entry.agent_path)
+        timeout = entry.request.get("timeout")
+        record = ChildRecord(
+            task_id=entry.task_id,
+            session_id=entry.session_id,
+            root_session=entry.session_id,
+            spec=spec,
+            request=_request(spec.name, entry.request),
+            agent_path=path,
+            parent_path=path.parent() or _ROOT,
+            timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
+            permissions=spec.permissions.intersect(self._config.permissions),
+            spawned_at=perf_counter(),
+            sync=False,
+        )
+        record.journaled = JOURNALED_BEFORE
+        self._sessions.add(record)
+        return record
+
+
+JOURNALED_BEFORE: Final = 1
+"""The journal token of a record whose row an earlier process journaled: the store's
+first write, committed before any recovery returns."""
+
+
+def _request(agent: str, request: Mapping[str, JSONValue]) -> Request:
+    """A :class:`Request` from the journal's record of it."""
+    return Request(
+        agent=agent,
+        input=_text(request.get("input")) or "",
+        prompt=_text(request.get("prompt")),
+        files=tuple(str(f) for f in _list(request.get("files"))),
+        model=_text(request.get("model")),
+    )
 
 
 async def _never_runs(request: Request, ctx: object) -> str:  # pragma: no cover - never run

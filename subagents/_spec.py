@@ -7,7 +7,7 @@ import functools
 import inspect
 import os
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias
 
 import attrs
 
@@ -28,7 +28,9 @@ __all__ = [
     "DEFAULT_MAX_DEPTH",
     "DEFAULT_SPAWN_TIMEOUT",
     "AgentSpec",
+    "Durability",
     "Request",
+    "Resume",
     "Result",
     "Runner",
     "SpawnOptions",
@@ -147,6 +149,28 @@ def _check_runner(_: object, attribute: attrs.Attribute[Any], value: Any) -> Non
         raise ConfigError(attribute.name, _RUNNER_EXPECTED, value)
 
 
+Resume: TypeAlias = Literal["interrupt", "rerun"]
+"""What a restart does with a journaled spawn of an agent that an ended process left
+unfinished: ``"interrupt"`` ends it in an ``Interrupted`` error envelope, ``"rerun"``
+runs it again (up to :attr:`AgentSpec.max_attempts` tries in all)."""
+
+Durability: TypeAlias = Literal["sync", "async"]
+"""When a manager on a store hands an envelope on: ``"sync"`` once it is committed,
+``"async"`` at once, the commit following in the writer's next batch."""
+
+
+def _one_of(*choices: str) -> Callable[[object, attrs.Attribute[Any], Any], None]:
+    def check(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value not in choices:
+            raise ConfigError(attribute.name, " or ".join(repr(c) for c in choices), value)
+
+    return check
+
+
+def _check_attempts(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    _check_positive_int(instance, attribute, value)
+
+
 @attrs.frozen(kw_only=True)
 class AgentSpec:
     """A registered agent type.
@@ -177,6 +201,14 @@ class AgentSpec:
     """Retry policy for transient failures; ``None`` runs once."""
     timeout: float | None = attrs.field(default=None, validator=_check_timeout)
     """Default watchdog for this agent in seconds; ``None`` uses the manager's."""
+    resume: Resume = attrs.field(default="interrupt", validator=_one_of("interrupt", "rerun"))
+    """With a durable store, what a restart does with a spawn of this agent that an ended
+    process left unfinished: ``"interrupt"`` (an ``Interrupted`` error envelope) or
+    ``"rerun"`` (run it again, in the manager that recovers it)."""
+    max_attempts: int = attrs.field(default=3, validator=_check_attempts)
+    """With ``resume="rerun"``: the tries a spawn gets in all, the first included; a spawn
+    whose processes ended this many times ends in an ``Interrupted`` error envelope
+    instead of running again (a task that kills its process is not retried forever)."""
 
 
 class TracerProviderLike(Protocol):
@@ -295,3 +327,9 @@ class SubagentConfig:
     store_path: str | os.PathLike[str] | None = attrs.field(default=None, validator=_check_path)
     """A durable store's file (``subagents.store.SqliteStore``), which the manager opens
     as it is entered and closes as it closes; ``None`` (default): everything in memory."""
+    durability: Durability = attrs.field(default="sync", validator=_one_of("sync", "async"))
+    """With a durable store, when an envelope is handed to its parent (its mailbox,
+    ``wait_result``, ``handle.done``, the ``subagent.completed`` event): ``"sync"``
+    (default) only once it is committed, so nothing a parent has seen can be lost;
+    ``"async"`` at once, the writer committing it in its next batch (a crash in between
+    loses what was handed on). Without a store it changes nothing."""

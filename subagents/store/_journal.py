@@ -14,6 +14,7 @@ with several processes recovering at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -26,6 +27,7 @@ from .._envelope import DelegateResult, Status, now_ms
 from .._journal import SpawnEntry, StoredTask
 from .._json import JSONValue, dumps, loads
 from . import _deliveries as rows
+from ._errors import StoreError
 from ._writer import Write
 
 __all__ = ["INTERRUPTED", "OPEN_ORIGINS", "SqliteJournal"]
@@ -144,10 +146,16 @@ def _insert_envelope(conn: sqlite3.Connection, session: str, task_id: str, body:
 
 
 class _EndWrite(Write):
-    __slots__ = ("deliver", "envelope", "origin", "session", "task_id")
+    __slots__ = ("deliver", "envelope", "origin", "session", "task_id", "then")
 
     def __init__(
-        self, task_id: str, session: str, envelope: DelegateResult, deliver: bool, origin: str
+        self,
+        task_id: str,
+        session: str,
+        envelope: DelegateResult,
+        deliver: bool,
+        origin: str,
+        then: Callable[[], object] | None,
     ) -> None:
         super().__init__()
         self.task_id = task_id
@@ -155,6 +163,15 @@ class _EndWrite(Write):
         self.envelope = envelope
         self.deliver = deliver
         self.origin = origin
+        self.then = then
+
+    def done(self) -> None:
+        if self.then is not None:
+            self.then()
+
+    def failed(self) -> None:
+        if self.then is not None:
+            self.then()
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
@@ -206,14 +223,23 @@ class _Undelivered:
     claimed: bool = False
 
 
-def interrupted_envelope(task_id: str, agent: str, agent_path: str) -> DelegateResult:
-    """The envelope of a spawn whose process ended before it did."""
+def interrupted_envelope(
+    task_id: str, agent: str, agent_path: str, *, tries: int | None = None
+) -> DelegateResult:
+    """The envelope of a spawn whose process ended before it did; ``tries``: the runs of a
+    re-runnable spawn that all ended so (its cap reached)."""
     parent_path, _, _ = agent_path.rpartition("/")
+    text = _INTERRUPTED_TEXT
+    if tries is not None:
+        text = (
+            f"the processes running this child ended before it finished, {tries} times "
+            "(its agent's max_attempts): it is not run again"
+        )
     return DelegateResult(
         agent=agent,
         task_id=task_id,
         status=Status.ERROR,
-        error=_INTERRUPTED_TEXT,
+        error=text,
         error_type=INTERRUPTED,
         agent_path=agent_path,
         parent_path=parent_path,
@@ -242,37 +268,71 @@ def _deliver(
 
 
 class _RecoverWrite(Write):
-    __slots__ = ("origin", "recovered")
+    __slots__ = ("origin", "recovered", "rerun", "reruns")
 
-    def __init__(self, origin: str) -> None:
+    def __init__(self, origin: str, reruns: Mapping[str, int]) -> None:
         super().__init__()
         self.origin = origin
+        self.reruns = reruns
         self.recovered = 0
+        self.rerun: list[SpawnEntry] = []
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         for w in writes:
-            w.recovered = _recover(conn, w.origin)
+            w.recovered, w.rerun = _recover(conn, w.origin, w.reruns)
 
 
-def _recover(conn: sqlite3.Connection, origin: str) -> int:
-    """Finish every unfinished task of a process that has ended; returns how many."""
+def _recover(
+    conn: sqlite3.Connection, origin: str, reruns: Mapping[str, int]
+) -> tuple[int, list[SpawnEntry]]:
+    """Finish every unfinished task of a process that has ended, or claim it for running
+    again (a root spawn of an agent in ``reruns``, under its cap of tries); returns how
+    many were finished, and the claimed ones."""
     unfinished = conn.execute(
-        "SELECT task_id, session, agent, agent_path, owner FROM tasks "
-        "INDEXED BY tasks_unfinished WHERE state <> 'ended'"
+        "SELECT task_id, session, parent_task, agent, agent_path, request, attempts, owner "
+        "FROM tasks INDEXED BY tasks_unfinished WHERE state <> 'ended'"
     ).fetchall()
     ms = now_ms()
     recovered = 0
-    for task_id, session, agent, agent_path, owner in unfinished:
+    claimed: list[SpawnEntry] = []
+    for task_id, session, parent, agent, agent_path, request, attempts, owner in unfinished:
         if owner_alive(owner):
             continue
         ((envelope_id,),) = conn.execute(_LAST_ENVELOPE, (task_id,)).fetchall()
         if envelope_id is None:  # the usual case: it never ended
-            envelope = interrupted_envelope(task_id, agent, agent_path)
+            cap = reruns.get(agent)
+            # Only a root session's spawn runs again: a child's parent session ended
+            # with its process, and a parent run again delegates anew.
+            if cap is not None and parent is None and attempts < cap:
+                conn.execute(_CLAIM, (origin, ms, task_id))
+                claimed.append(_claimed(task_id, session, agent, agent_path, request))
+                continue
+            envelope = interrupted_envelope(
+                task_id, agent, agent_path, tries=attempts if cap is not None else None
+            )
             envelope_id = _deliver(conn, session, task_id, envelope, origin, ms)
         conn.execute(_END, (envelope_id, ms, task_id))
         recovered += 1
-    return recovered
+    return recovered, claimed
+
+
+_CLAIM: Final = (
+    "UPDATE tasks SET state = 'queued', owner = ?, updated_ms = ? "
+    "WHERE task_id = ? AND state <> 'ended'"
+)
+
+
+def _claimed(task_id: str, session: str, agent: str, agent_path: str, request: bytes) -> SpawnEntry:
+    data = loads(request)
+    return SpawnEntry(
+        task_id=task_id,
+        session_id=session,
+        parent_task=None,
+        agent=agent,
+        agent_path=agent_path,
+        request=cast("Mapping[str, JSONValue]", data if isinstance(data, dict) else {}),
+    )
 
 
 _LOOKUP: Final = (
@@ -310,6 +370,8 @@ class SqliteJournal:
         self._read = read
         self._wait = wait_committed
         self._decode = decode
+        self._last_end = 0
+        self._claimed: list[SpawnEntry] = []
         self._forgetting: set[str] = set()
 
     def spawned(self, entry: SpawnEntry) -> int:
@@ -317,17 +379,26 @@ class SqliteJournal:
         number (what :meth:`wait_journaled` waits for). Never blocks."""
         return self._submit(_SpawnWrite(entry, self._origin))
 
-    def started(self, task_id: str) -> None:
-        """Queue: the task is ``running`` (``attempts + 1``). Never blocks."""
-        self._submit(_StartWrite(task_id))
+    def started(self, task_id: str) -> int:
+        """Queue: the task is ``running`` (``attempts + 1``); returns the write's sequence
+        number. Never blocks."""
+        return self._submit(_StartWrite(task_id))
 
     def ended(
-        self, task_id: str, session_id: str, envelope: DelegateResult, deliver: bool = False
+        self,
+        task_id: str,
+        session_id: str,
+        envelope: DelegateResult,
+        deliver: bool = False,
+        then: Callable[[], object] | None = None,
     ) -> None:
         """Queue: the task is ``ended``, linked to the envelope row its mailbox wrote (or,
         if none did, to one written here: with ``deliver``, unread in the session's
-        mailbox). Never blocks."""
-        self._submit(_EndWrite(task_id, session_id, envelope, deliver, self._origin))
+        mailbox); ``then()`` runs on the event loop once that is committed, or once the
+        store has failed first. Never blocks."""
+        self._last_end = self._submit(
+            _EndWrite(task_id, session_id, envelope, deliver, self._origin, then)
+        )
 
     def forgotten(self, task_id: str) -> None:
         """Queue: the ended task ``task_id`` was forgotten (its envelope is unlinked, so
@@ -351,6 +422,12 @@ class SqliteJournal:
             StoreError: the store failed first.
         """
         await self._wait(token)
+
+    async def flush(self) -> None:
+        """Block until every end queued so far is committed, or the store has failed."""
+        # A failed store has run their then() with the failure: nothing waits on them.
+        with contextlib.suppress(StoreError):
+            await self._wait(self._last_end)
 
     def lookup(self, task_id: str) -> StoredTask | None:
         """The ended task ``task_id`` with its envelope, or ``None`` (two indexed reads on
@@ -388,10 +465,19 @@ class SqliteJournal:
 
         return cast("list[str]", self._read(query))
 
-    async def recover(self) -> int:
-        """Give each unfinished task of an ended process its one envelope, in one
-        transaction of the writer thread; returns how many were finished. Blocks until
-        committed; cancellation stops the wait, not the write."""
-        write = _RecoverWrite(self._origin)
+    async def recover(self, reruns: Mapping[str, int] | None = None) -> int:
+        """Give each unfinished task of an ended process its one envelope, or claim it for
+        running again (:meth:`claimed`), in one transaction of the writer thread; returns
+        how many were finished. ``reruns`` maps the agents whose spawns run again to
+        their cap of tries. Blocks until committed; cancellation stops the wait, not the
+        write."""
+        write = _RecoverWrite(self._origin, reruns or {})
         await self._wait(self._submit(write))
+        self._claimed.extend(write.rerun)
         return write.recovered
+
+    def claimed(self) -> list[SpawnEntry]:
+        """The spawns the last :meth:`recover` claimed for running again (now owned by
+        this store, ``queued``), handed out once."""
+        claimed, self._claimed = self._claimed, []
+        return claimed

@@ -179,8 +179,38 @@ class SqliteMailbox(BaseMailbox):
             MailboxFull: see :meth:`BaseMailbox.put`.
             StoreError: the store failed earlier and takes no more writes.
         """
-        if self._closed:
+        put = self._submit(task_id, envelope, self._written, None)
+        if put is None:
             return False
+        self._pending.add(put)  # after the submit: a refused one replaces nothing
+        self._subs.fire_tasks((task_id,))
+        self._subs.fire_all()
+        return True
+
+    def put_durable(self, task_id: str, envelope: DelegateResult) -> bool:
+        """Store ``envelope`` under ``task_id``, readable (here and everywhere) only once the
+        transaction holding it has committed; its subscribers are signalled then. If the
+        store fails first, it becomes readable in this process as :meth:`put`'s are.
+
+        Its capacity check counts what is readable: puts of this kind still on their way
+        to the database are not counted, as those of other processes are not.
+
+        Raises:
+            MailboxFull: see :meth:`BaseMailbox.put`.
+            StoreError: the store failed earlier and takes no more writes.
+        """
+        return self._submit(task_id, envelope, self._revealed, self._kept_here) is not None
+
+    def _submit(
+        self,
+        task_id: str,
+        envelope: DelegateResult,
+        on_written: Callable[[Put], object],
+        on_failed: Callable[[Put], object] | None,
+    ) -> Put | None:
+        """Check capacity and queue the put's write; ``None`` once dropped."""
+        if self._closed:
+            return None
         now = self._clock()
         if (
             self._full(now)
@@ -196,17 +226,34 @@ class SqliteMailbox(BaseMailbox):
             envelope=envelope,
             stored_at=now,
             expires_at=None if self._ttl is None else now + self._ttl,
-            on_written=self._written,
+            on_written=on_written,
+            on_failed=on_failed,
         )
         self._last_seq = self._writer.submit(put)
-        self._pending.add(put)  # after the submit: a refused one replaces nothing
-        self._subs.fire_tasks((task_id,))
-        self._subs.fire_all()
-        return True
+        return put
 
     def _written(self, put: Put) -> None:
         """The writer committed ``put``: from now on the database has it."""
         self._pending.discard(put)
+        self._report_committed(put)
+
+    def _revealed(self, put: Put) -> None:
+        """The writer committed a :meth:`put_durable`: it is readable from now on."""
+        if not self._closed:
+            self._subs.fire_tasks((put.task_id,))
+            self._subs.fire_all()
+        self._report_committed(put)
+
+    def _kept_here(self, put: Put) -> None:
+        """The store failed before committing a :meth:`put_durable`: it is readable in this
+        process alone, from memory, as an uncommitted :meth:`put` is."""
+        if self._closed:
+            return
+        self._pending.add(put)
+        self._subs.fire_tasks((put.task_id,))
+        self._subs.fire_all()
+
+    def _report_committed(self, put: Put) -> None:
         hook = self.committed
         if hook is not None:
             try:

@@ -30,6 +30,7 @@ class Put(Write):
         "claimed",
         "envelope",
         "expires_at",
+        "on_failed",
         "on_written",
         "origin",
         "picked",
@@ -51,6 +52,7 @@ class Put(Write):
         stored_at: float,
         expires_at: float | None,
         on_written: Callable[[Put], object],
+        on_failed: Callable[[Put], object] | None = None,
     ) -> None:
         super().__init__()
         self.session = session
@@ -62,6 +64,7 @@ class Put(Write):
         self.stored_at = stored_at
         self.expires_at = expires_at
         self.on_written = on_written
+        self.on_failed = on_failed
         self.picked = False
         """The writer has taken it: it is in a transaction in flight, or committed."""
         self.claimed = False
@@ -87,6 +90,10 @@ class Put(Write):
 
     def done(self) -> None:
         self.on_written(self)
+
+    def failed(self) -> None:
+        if self.on_failed is not None:
+            self.on_failed(self)
 
 
 class Pending:

@@ -294,12 +294,16 @@ class SqliteStore:
                 logger.exception("looking for other processes' puts in %r failed", box)
 
     def _on_batch(self, writes: list[Write], watermark: int, failure: StoreError | None) -> None:
+        # Each write's callback alone: one that raises must not keep the others' (or the
+        # waiters below) from learning what became of their writes.
         if failure is None:
-            for write in writes:
-                write.done()
             self._committed = max(self._committed, watermark)
+            for write in writes:
+                _tell(write.done)
         else:
             self._failure = failure
+            for write in writes:
+                _tell(write.failed)
         waiters = self._waiters
         while waiters and (failure is not None or waiters[0][0] <= self._committed):
             heapq.heappop(waiters)[2].set()
@@ -398,3 +402,10 @@ class SqliteStore:
             await anyio.to_thread.run_sync(self._conn.close)
             self._state = "closed"
             self._closed.set()
+
+
+def _tell(callback: Callable[[], object]) -> None:
+    try:
+        callback()
+    except Exception:
+        logger.exception("a store write's callback %r raised; ignored", callback)

@@ -44,8 +44,8 @@ class Write:
 
     :meth:`take` and :meth:`release` run in the writer thread under :attr:`Writer.lock`,
     :meth:`apply` (once for each run of consecutive writes of one class) inside the
-    batch's transaction, :meth:`done` on the event loop once the
-    batch is committed.
+    batch's transaction, :meth:`done` on the event loop once the batch is committed, or
+    :meth:`failed` there once the store has failed before committing it.
     """
 
     __slots__ = ("seq",)
@@ -59,6 +59,9 @@ class Write:
 
     def release(self) -> None:
         """The store failed before this write was committed; it never will be."""
+
+    def failed(self) -> None:
+        """On the event loop, after :meth:`release`: the store failed first."""
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:

@@ -66,7 +66,14 @@ async def worker(*args: str, backend: str = "asyncio") -> AsyncIterator[Worker]:
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
     ) as process:
         running = Worker(process)
-        yield running
+        try:
+            yield running
+        except BaseException:
+            # A failing test must fail, not hang in the process's close waiting for a
+            # worker that would run forever.
+            process.kill()
+            running.killed = True
+            raise
         with anyio.fail_after(60):
             code = await process.wait()
     assert running.killed or code == 0, f"worker {args[0]} exited with {code}"

@@ -1,8 +1,11 @@
-"""kill -9 at any instant loses no journaled spawn: a process spawns children through a
-manager on the store and prints each task id the moment ``handle.journaled()`` returns; it
-is SIGKILLed at random moments; then a manager reopening the store recovers, and every
-acknowledged id has exactly one envelope (its own, or ``Interrupted``), every journaled
-task is ended with one, and the file passes ``PRAGMA integrity_check``."""
+"""kill -9 at any instant loses nothing acknowledged: a process spawns children through a
+manager on the store and prints each task id the moment ``handle.journaled()`` returns, and
+again the moment its envelope is handed on (``handle.wait()``); it is SIGKILLed at random
+moments; then a manager reopening the store recovers, and every acknowledged id has
+exactly one envelope (its own, or ``Interrupted``), every id whose envelope was handed on
+has its own (never ``Interrupted``: durability "sync" hands an envelope on only once it
+is committed), every journaled task is ended with one, and the file passes
+``PRAGMA integrity_check``."""
 
 from __future__ import annotations
 
@@ -34,12 +37,14 @@ async def test_kill_9_leaves_every_journaled_spawn_one_envelope(
     path = str(tmp_path / "journal.db")
     rng = random.Random(1207)
     acknowledged: set[str] = set()
+    handed_on: set[str] = set()
     for seed in range(KILLS):
         wanted = rng.randint(1, 300)  # the kill lands after this many acknowledgements
         async with worker("spawn", path, "s", str(seed), backend=anyio_backend) as proc:
             with anyio.fail_after(60):
                 for _ in range(wanted):
-                    acknowledged.add(await proc.line())
+                    kind, task_id = (await proc.line()).split()
+                    (acknowledged if kind == "J" else handed_on).add(task_id)
             await anyio.sleep(rng.random() * 0.01)  # and not always right after a line
             proc.process.send_signal(signal.SIGKILL)
             proc.killed = True
@@ -65,10 +70,18 @@ async def test_kill_9_leaves_every_journaled_spawn_one_envelope(
             "SELECT count(*) FROM tasks t JOIN envelopes e ON e.id = t.envelope_id "
             "WHERE e.task_id = t.task_id"
         ).fetchone()[0]
-        interrupted = conn.execute(
-            "SELECT count(*) FROM envelopes WHERE CAST(body AS TEXT) LIKE ?",
-            (f'%"{INTERRUPTED}"%',),
-        ).fetchone()[0]
+        interrupted_ids = {
+            task_id
+            for (task_id,) in conn.execute(
+                "SELECT task_id FROM envelopes WHERE CAST(body AS TEXT) LIKE ?",
+                (f'%"{INTERRUPTED}"%',),
+            )
+        }
+    interrupted = len(interrupted_ids)
+    assert handed_on <= acknowledged  # journaled() returns before the envelope is handed on
+    lost = handed_on & interrupted_ids
+    assert not lost, f"{len(lost)} envelopes handed on were lost: {sorted(lost)[:5]}"
+    assert handed_on, "no envelope was handed on before a kill: the check checked nothing"
     missing = acknowledged - set(tasks)
     assert not missing, f"{len(missing)} acknowledged spawns were lost: {sorted(missing)[:5]}"
     assert set(tasks.values()) == {"ended"}

@@ -5,6 +5,7 @@
     python tests/store/worker.py wait PATH SESSION TASK_ID      # "waiting", then the output
     python tests/store/worker.py count PATH INCREMENTS          # read-then-write in BEGIN IMMEDIATE
     python tests/store/worker.py ack PATH SESSION SEED          # put forever, print the durable
+    python tests/store/worker.py rerun PATH spawn|wait CAP      # a re-runnable child never ending
     python tests/store/worker.py spawn PATH SESSION SEED        # spawn forever, print the journaled
 
 Every command takes ``--backend asyncio|trio``; lines on stdout are the protocol, anything
@@ -118,8 +119,9 @@ async def ack(path: str, session: str, seed: int) -> None:
 
 async def spawn(path: str, session: str, seed: int) -> None:
     """A manager on the store spawns children forever (some end at once, some after a
-    while, some never); each task id is printed the moment ``journaled()`` returns for it
-    (the line is the acknowledgement)."""
+    while, some never); ``J <task id>`` is printed the moment ``journaled()`` returns for
+    it (the acknowledgement of the spawn), ``D <task id>`` the moment its envelope is
+    handed on (``handle.wait()`` returns: the acknowledgement of the envelope)."""
     rng = random.Random(seed)
 
     async def child(request: Request, ctx: RunContext) -> str:
@@ -131,7 +133,10 @@ async def spawn(path: str, session: str, seed: int) -> None:
 
     async def acknowledge(handle: SpawnHandle) -> None:
         await handle.journaled()
-        sys.stdout.write(f"{handle.task_id}\n")
+        sys.stdout.write(f"J {handle.task_id}\n")
+        sys.stdout.flush()
+        await handle.wait()
+        sys.stdout.write(f"D {handle.task_id}\n")
         sys.stdout.flush()
 
     config = SubagentConfig(store_path=path, max_concurrent_spawns=16, mailbox_capacity=1 << 20)
@@ -144,6 +149,25 @@ async def spawn(path: str, session: str, seed: int) -> None:
                 delay = rng.choice([0.0, 0.0, 0.001, 0.01, 0.05, -1.0])
                 tg.start_soon(acknowledge, manager.spawn("child", str(delay), session_id=session))
             await anyio.sleep(rng.choice([0, 0.001, 0.005]))
+
+
+async def rerun(path: str, spawn_one: bool, max_attempts: int) -> None:
+    """A manager on the store whose agent ``stuck`` re-runs after a restart and never
+    ends: with ``spawn_one`` it spawns one (``J <task id>`` once journaled); each run of
+    one prints ``S <task id>`` as it starts (its try durably counted by then)."""
+
+    async def stuck(request: Request, ctx: RunContext) -> str:
+        say(f"S {ctx.task_id}")
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    spec = AgentSpec(name="stuck", runner=stuck, resume="rerun", max_attempts=max_attempts)
+    async with SubagentManager([spec], config=SubagentConfig(store_path=path)) as manager:
+        if spawn_one:
+            handle = manager.spawn("stuck", "the input", timeout=None)
+            await handle.journaled()
+            say(f"J {handle.task_id}")
+        await anyio.sleep_forever()
 
 
 def count(path: str, increments: int) -> None:
@@ -179,6 +203,8 @@ def main() -> None:
         anyio.run(ack, args[0], args[1], int(args[2]), backend=ns.backend)
     elif ns.command == "spawn":
         anyio.run(spawn, args[0], args[1], int(args[2]), backend=ns.backend)
+    elif ns.command == "rerun":
+        anyio.run(rerun, args[0], args[1] == "spawn", int(args[2]), backend=ns.backend)
     elif ns.command == "count":
         count(args[0], int(args[1]))
     else:

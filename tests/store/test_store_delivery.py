@@ -1,0 +1,184 @@
+"""When a manager on a store hands an envelope on: with durability "sync" (the default)
+only once the store has committed it, so nothing a parent has seen can be lost; with
+"async" at once, the commit following. Another connection holding the write lock keeps
+the store's writer from committing, which makes the two observable."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+from subagents import (
+    AgentSpec,
+    DelegateResult,
+    Request,
+    RunContext,
+    Status,
+    SubagentConfig,
+    SubagentManager,
+)
+from subagents.store import SqliteStore, _deliveries
+from tests.store.support import sqlite
+
+pytestmark = pytest.mark.anyio
+
+COMPLETED = "subagent.completed"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_busy_writer(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """The writer warns while the lock is held, and logs the failure the tests cause."""
+    with caplog.at_level(logging.CRITICAL, logger="subagents"):
+        yield
+
+
+@contextmanager
+def write_locked(path: Path) -> Iterator[None]:
+    """Hold the database's write lock from another connection (readers go on)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+def committed_end(path: Path, task_id: str) -> str | None:
+    """The task's state on disk, as another process would read it."""
+    with sqlite(path) as conn:
+        row = conn.execute("SELECT state FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+async def _echo(request: Request, ctx: RunContext) -> str:
+    return f"echo {request.input}"
+
+
+class Finished:
+    """An agent whose start says that the child before it (one slot) has finalized."""
+
+    def __init__(self) -> None:
+        self.started = anyio.Event()
+
+    async def __call__(self, request: Request, ctx: RunContext) -> str:
+        self.started.set()
+        return "next"
+
+
+async def test_sync_hands_an_envelope_on_only_once_committed(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    config = SubagentConfig(max_concurrent_spawns=1)
+    async with (
+        SqliteStore(path, busy_timeout=0.05) as store,
+        SubagentManager([AgentSpec(name="echo", runner=_echo)], config=config, store=store) as m,
+    ):
+        with write_locked(path):
+            handle = m.spawn("echo", "a")
+            follower = Finished()
+            m.register(AgentSpec(name="next", runner=follower))
+            m.spawn("next")
+            with anyio.fail_after(10):
+                await follower.started.wait()  # one slot: echo's run is over, finalized
+            # Ended, not committed: nothing hands it on yet.
+            assert not handle.done.is_set()
+            assert handle.result is None
+            assert m.result(handle.task_id) is None
+            assert await m.wait_result(handle.task_id, timeout=0) is None
+            assert store.mailbox("default").peek(handle.task_id) is None
+            assert committed_end(path, handle.task_id) is None
+        with anyio.fail_after(10):
+            envelope = await handle.wait()
+        # Handed on: the end is on disk, for any process to read.
+        assert committed_end(path, handle.task_id) == "ended"
+        assert envelope.output == "echo a"
+        assert await m.wait_result(handle.task_id, timeout=0) == envelope
+
+
+async def test_sync_wakes_mailbox_and_completion_waiters_only_once_committed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "w.db"
+    config = SubagentConfig(max_concurrent_spawns=1)
+    completed: list[str] = []
+    async with (
+        SqliteStore(path, busy_timeout=0.05) as store,
+        SubagentManager([AgentSpec(name="echo", runner=_echo)], config=config, store=store) as m,
+    ):
+        m.events.subscribe(
+            lambda event: completed.append(event.task_id) if event.type == COMPLETED else None
+        )
+        mailbox = m.mailbox()
+        got: list[DelegateResult | None] = []
+        # The waiter is the envelope's one consumer: it takes it once committed.
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+
+                async def wait(task_id: str) -> None:
+                    got.append(await mailbox.wait(task_id))
+
+                with write_locked(path):
+                    handle = m.spawn("echo", "b")
+                    tg.start_soon(wait, handle.task_id)
+                    follower = Finished()
+                    m.register(AgentSpec(name="next", runner=follower))
+                    m.spawn("next")
+                    with anyio.fail_after(10):
+                        await follower.started.wait()
+                    assert mailbox.peek(handle.task_id) is None
+                    assert handle.task_id not in completed
+                    assert not got
+        [envelope] = got
+        assert envelope is not None
+        assert envelope.output == "echo b"
+        assert handle.done.is_set()
+        assert handle.task_id in completed
+        assert handle.collected  # taken from the mailbox: collected
+
+
+async def test_async_hands_an_envelope_on_before_its_commit(tmp_path: Path) -> None:
+    path = tmp_path / "a.db"
+    config = SubagentConfig(durability="async")
+    async with (
+        SqliteStore(path, busy_timeout=0.05) as store,
+        SubagentManager([AgentSpec(name="echo", runner=_echo)], config=config, store=store) as m,
+    ):
+        with write_locked(path):
+            handle = m.spawn("echo", "c")
+            with anyio.fail_after(10):
+                envelope = await m.mailbox().wait(handle.task_id)  # the lock still held
+            assert envelope is not None
+            assert envelope.output == "echo c"
+            assert handle.done.is_set()
+            assert committed_end(path, handle.task_id) is None  # not even the spawn yet
+        with anyio.fail_after(10):
+            await store.wait_committed()
+        assert committed_end(path, handle.task_id) == "ended"
+
+
+async def test_a_store_failing_before_the_commit_still_hands_the_envelope_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_error(*args: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    path = tmp_path / "f.db"
+    async with (
+        SqliteStore(path) as store,
+        SubagentManager([AgentSpec(name="echo", runner=_echo)], store=store) as m,
+    ):
+        monkeypatch.setattr(_deliveries, "insert", disk_error)
+        handle = m.spawn("echo", "d")
+        with anyio.fail_after(10):
+            envelope = await m.mailbox().wait(handle.task_id)
+        # The put was never committed: it is readable here, from memory, as put's are.
+        assert envelope is not None
+        assert envelope.status is Status.COMPLETED
+        assert handle.done.is_set()
+        assert await handle.wait() == envelope
