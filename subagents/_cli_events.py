@@ -40,7 +40,7 @@ def register(commands: Any) -> None:
     )
     tail_parser.add_argument(
         "--interval",
-        type=_positive_float,
+        type=positive_seconds,
         default=0.25,
         help="seconds between polls (default 0.25)",
     )
@@ -89,7 +89,7 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
-def _positive_float(text: str) -> float:
+def positive_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:

@@ -16,7 +16,7 @@ import attrs
 
 from ._errors import StoreError
 
-__all__ = ["APPLICATION_ID", "Header", "check_before_open"]
+__all__ = ["APPLICATION_ID", "Header", "check_before_open", "check_existing"]
 
 APPLICATION_ID: Final = 0x73756261
 """``PRAGMA application_id`` of every store: ``suba`` in ASCII, at offset 68 of the header."""
@@ -154,3 +154,15 @@ def check_before_open(path: Path, schema_version: int) -> bool:
     if not os.access(path, os.R_OK | os.W_OK):
         raise StoreError(where, "unwritable", "the file is not readable and writable")
     return False
+
+
+def check_existing(path: Path, schema_version: int) -> None:
+    """:func:`check_before_open`, and refuse a path with no store yet (no file, or an
+    empty one): for the commands that must not create a store.
+
+    Raises:
+        StoreError: what :func:`check_before_open` raises, or ``not_a_store``.
+    """
+    if check_before_open(path, schema_version):
+        what = "the file is empty" if path.exists() else "no such file"
+        raise StoreError(str(path), "not_a_store", f"no store here: {what}")

@@ -28,6 +28,11 @@ def env(task_id: str, output: str = "") -> DelegateResult:
     )
 
 
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file of ``directory`` and its bytes."""
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
 @contextmanager
 def sqlite(path: str | Path, **kwargs: object) -> Iterator[sqlite3.Connection]:
     """A plain connection to ``path``, committed (or rolled back) and closed at the end

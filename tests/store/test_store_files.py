@@ -18,14 +18,9 @@ import pytest
 
 from subagents import ConfigError, SubagentsError
 from subagents.store import APPLICATION_ID, SCHEMA_VERSION, SqliteStore, StoreError
-from tests.store.support import env, sqlite
+from tests.store.support import env, snapshot, sqlite
 
 pytestmark = pytest.mark.anyio
-
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    """Every file of ``directory`` and its bytes."""
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
 
 
 async def refused(path: Path, reason: str) -> StoreError:

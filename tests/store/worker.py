@@ -1,6 +1,7 @@
 """A process of its own that opens a store the tests share with it.
 
     python tests/store/worker.py put PATH SESSION N PREFIX
+    python tests/store/worker.py hold PATH SESSION N            # put N, "ready"; a line: N more
     python tests/store/worker.py drain PATH SESSION N SEED      # "ready", then "go" on stdin
     python tests/store/worker.py wait PATH SESSION TASK_ID      # "waiting", then the output
     python tests/store/worker.py count PATH INCREMENTS          # read-then-write in BEGIN IMMEDIATE
@@ -58,6 +59,22 @@ async def put(path: str, session: str, n: int, prefix: str) -> None:
         box = store.mailbox(session, capacity=1_000_000)  # the session may be shared
         for i in range(n):
             box.put(f"{prefix}{i}", envelope(f"{prefix}{i}"))
+        await box.wait_committed()
+    say("done")
+
+
+async def hold(path: str, session: str, n: int) -> None:
+    """Put ``n`` envelopes, commit, say "ready" and keep the store open (its rows in the
+    WAL, not checkpointed) until a line on stdin; then put ``n`` more, commit, say "done"."""
+    async with SqliteStore(path) as store:
+        box = store.mailbox(session, capacity=2 * n)
+        for i in range(n):
+            box.put(f"h{i}", envelope(f"h{i}"))
+        await box.wait_committed()
+        say("ready")
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        for i in range(n, 2 * n):
+            box.put(f"h{i}", envelope(f"h{i}"))
         await box.wait_committed()
     say("done")
 
@@ -195,6 +212,8 @@ def main() -> None:
     args = ns.args
     if ns.command == "put":
         anyio.run(put, args[0], args[1], int(args[2]), args[3], backend=ns.backend)
+    elif ns.command == "hold":
+        anyio.run(hold, args[0], args[1], int(args[2]), backend=ns.backend)
     elif ns.command == "drain":
         anyio.run(drain, args[0], args[1], int(args[2]), int(args[3]), backend=ns.backend)
     elif ns.command == "wait":
