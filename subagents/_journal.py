@@ -98,8 +98,25 @@ class Journal(Protocol):
         ...
 
     def forgotten(self, task_id: str) -> None:
-        """Queue: the ended task ``task_id`` was forgotten; :meth:`lookup` no longer finds
-        it."""
+        """Queue: the ended task ``task_id`` was forgotten: its rows go (its name stays
+        taken), and :meth:`lookup` no longer finds it."""
+        ...
+
+    def location(self) -> str:
+        """The store's file, as messages name it."""
+        ...
+
+    def near(self, task_id: str) -> dict[str, str]:
+        """Ended tasks :meth:`lookup` would find whose ids come next to ``task_id`` (a
+        needle, lower case) in key order and share its first three characters, each with
+        its session: what a truncated, extended or mistyped id may have meant. At most a
+        few, from two range reads of the tasks' primary key."""
+        ...
+
+    def holds(self, task_id: str) -> str | None:
+        """The state of the stored task ``task_id`` (``queued``, ``running`` or
+        ``ended``); ``None`` if the store has no such task (never journaled in it, or
+        forgotten). One primary-key read."""
         ...
 
     def taken(self, task_id: str) -> bool:
@@ -160,6 +177,15 @@ class _NoJournal:
     def forgotten(self, task_id: str) -> None:
         pass
 
+    def location(self) -> str:
+        return ""
+
+    def near(self, task_id: str) -> dict[str, str]:
+        return {}
+
+    def holds(self, task_id: str) -> str | None:
+        return None
+
     def taken(self, task_id: str) -> bool:
         return False
 
@@ -188,6 +214,11 @@ NO_JOURNAL: Journal = _NoJournal()
 
 class DurableStore(Protocol):
     """A store the manager can use: its sessions' mailboxes and its journal."""
+
+    @property
+    def path(self) -> str:
+        """The store's file (what the tools say they looked in)."""
+        ...
 
     def mailbox(self, session_id: str, *, capacity: int, ttl: float | None) -> BaseMailbox:
         """The durable mailbox of ``session_id``."""

@@ -1,29 +1,37 @@
 """Helpful answers to an unknown task id: the ids probably meant and the live ones.
 
 An unknown id must never look like "no result yet": the error names the closest known ids
-(a prefix or truncation, another case, a typo) and the session's unfinished tasks. The
+(a prefix or truncation, another case, a typo), what was looked in (with a store, its
+file, and why a well-formed id is not there) and the session's unfinished tasks. The
 answer costs a bounded amount whatever the number of records: candidates come from an
-index of the ids by their first and last characters, at most :data:`MAX_CANDIDATES` of
-them are compared, and the unfinished tasks are read from the session's live set.
+index of the ids by their first and last characters and from a store's few ids next to
+the one asked for in key order, at most :data:`MAX_CANDIDATES` of them are compared, and
+the unfinished tasks are read from the session's live set.
 """
 
 from __future__ import annotations
 
 import difflib
 import itertools
-from collections.abc import Callable, Collection
+import logging
+import re
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    from ._journal import Journal
     from ._record import ChildRecord
 
-__all__ = ["MAX_CANDIDATES", "IdIndex", "live_ids_sentence"]
+__all__ = ["MAX_CANDIDATES", "IdIndex", "live_ids_sentence", "store_sentence", "stored_near"]
+
+logger = logging.getLogger("subagents")
 
 MAX_CANDIDATES: Final = 64
 """Known ids compared with one unknown id, at most."""
 _KEY: Final = 3  # characters an index key takes from either end of an id
 _MAX_NEEDLE: Final = 64  # longer than any id: comparing it would only cost time
 _SHOWN: Final = 10  # unfinished tasks named in a sentence
+_TASK_ID: Final = re.compile(r"[0-9a-f]{12}")  # the form of the ids the manager makes
 
 
 class IdIndex:
@@ -64,10 +72,15 @@ class IdIndex:
                     del buckets[key]
 
     def similar(
-        self, task_id: str, known: Callable[[str], bool], prefer: Callable[[str], bool]
+        self,
+        task_id: str,
+        known: Callable[[str], bool],
+        prefer: Callable[[str], bool],
+        more: Callable[[str], Iterable[str]] | None = None,
     ) -> list[str]:
         """Up to three indexed ids that ``task_id`` was probably meant to be, those for which
-        ``prefer(id)`` holds (the caller's session) first. ``known(id)`` tells an exact hit."""
+        ``prefer(id)`` holds (the caller's session) first. ``known(id)`` tells an exact hit;
+        ``more(needle)`` gives a few more candidates (a store's), ranked with the indexed."""
         needle = task_id.strip().lower()
         if not _KEY <= len(needle) <= _MAX_NEEDLE:
             return []  # too short to mean one id rather than many, or too long to be one
@@ -76,7 +89,9 @@ class IdIndex:
         pool = itertools.chain(
             self._heads.get(needle[:_KEY], ()), self._tails.get(needle[-_KEY:], ())
         )
-        candidates = list(dict.fromkeys(itertools.islice(pool, 2 * MAX_CANDIDATES)))
+        indexed = itertools.islice(pool, 2 * MAX_CANDIDATES)
+        extra = () if more is None else more(needle)  # first: a few, the nearest by key
+        candidates = list(dict.fromkeys(itertools.chain(extra, indexed)))
         preferred = [c for c in candidates if prefer(c)]
         ranked: list[str] = []
         for group in (preferred, candidates):
@@ -102,3 +117,40 @@ def live_ids_sentence(session_id: str | None, live: Collection[ChildRecord]) -> 
     shown = [r.task_id for r in itertools.islice(live, _SHOWN)]
     more = f" (+{len(live) - len(shown)} more)" if len(live) > len(shown) else ""
     return f"Unfinished tasks of session {session_id!r}: {', '.join(shown)}{more}."
+
+
+def stored_near(journal: Journal, needle: str) -> dict[str, str]:
+    """The store's candidates for ``needle`` with their sessions; none (logged) if it
+    cannot answer."""
+    try:
+        return journal.near(needle)
+    except Exception as exc:
+        logger.warning("looking for ids like %r in the store failed: %r", needle, exc)
+        return {}
+
+
+def store_sentence(journal: Journal, task_id: str) -> str:
+    """What an unknown id's error says of the store: its file, and what it holds of the id
+    (one primary-key read)."""
+    path = journal.location()
+    try:
+        state = journal.holds(task_id)
+    except Exception as exc:
+        return (
+            f"Looked in this process's memory; the store {path} could not be read "
+            f"({type(exc).__name__}: {exc})."
+        )
+    if state is None:
+        looked = f"No task has this id in this process's memory or in the store {path}"
+        if _TASK_ID.fullmatch(task_id):
+            return f"{looked}: it is possibly from another store, or already forgotten."
+        return f"{looked}."
+    if state != "ended":
+        return (
+            f"The store {path} holds it {state}, not ended: another process runs it (or ran "
+            "it and was killed), and it is known here once it has ended."
+        )
+    return (
+        f"The store {path} holds it as spawned through this same store object by another "
+        "manager: only that manager knows it."
+    )

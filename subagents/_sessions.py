@@ -19,7 +19,7 @@ from typing import Final
 from ._envelope import DelegateResult
 from ._errors import SpawnRejected, UnknownTask
 from ._journal import Journal
-from ._lookup import IdIndex, live_ids_sentence
+from ._lookup import IdIndex, live_ids_sentence, store_sentence, stored_near
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._paths import NameAllocator
 from ._record import SETTLED, ChildRecord
@@ -131,6 +131,8 @@ class Sessions:
             detail = live_ids_sentence(session_id, self._live.get(session_id or "", {}))
             if self._retain is not None or self._forgot:
                 detail = f"{self._forgotten_sentence()} {detail}".rstrip()
+            if self._journal is not None:  # what was looked in: memory and the store
+                detail = f"{store_sentence(self._journal, str(task_id))} {detail}".rstrip()
             raise UnknownTask(str(task_id), self._similar_ids(str(task_id), session_id), detail)
         if session_id is not None and record.session_id != session_id:
             raise UnknownTask(
@@ -146,7 +148,11 @@ class Sessions:
         """The record of an ended child of an earlier process, indexed (not listed: a
         restart lists only what was looked up), or ``None``."""
         assert self.restore is not None
-        record = self.restore(task_id)
+        try:
+            record = self.restore(task_id)
+        except Exception as exc:  # a closed or failed store: the id is unknown here
+            logger.warning("reading task %r from the store failed: %r", task_id, exc)
+            return None
         if record is not None:
             self._tasks[task_id] = record
             self._ids.add(task_id)
@@ -161,13 +167,21 @@ class Sessions:
         )
 
     def _similar_ids(self, task_id: str, session_id: str | None) -> list[str]:
-        tasks = self._tasks
+        tasks, journal = self._tasks, self._journal
+        stored: dict[str, str] = {}  # the store's candidates, by id with their sessions
+
+        def near(needle: str) -> dict[str, str]:
+            assert journal is not None
+            stored.update(stored_near(journal, needle))
+            return stored
 
         def in_session(candidate: str) -> bool:
             record = tasks.get(candidate)
-            return record is not None and record.session_id == session_id
+            session = stored.get(candidate) if record is None else record.session_id
+            return session is not None and session == session_id
 
-        return self._ids.similar(task_id, tasks.__contains__, in_session)
+        more = None if journal is None else near
+        return self._ids.similar(task_id, tasks.__contains__, in_session, more)
 
     def listing(self, session_id: str) -> list[ChildRecord]:
         """Every record of ``session_id`` not forgotten, oldest first."""
@@ -418,18 +432,19 @@ class Sessions:
                 raise
         record.collected = True
         self._drop(record)
-        if self._journal is not None and (record.journaled or record.restored):
-            try:
-                self._journal.forgotten(record.task_id)
-            except Exception:  # a failed or closed store: forgotten here all the same
-                logger.exception("marking task %s forgotten in the store failed", record.task_id)
 
     def _drop(self, record: ChildRecord) -> None:
-        """Forget ``record``: out of the task index and its session's listing. O(1)."""
+        """Forget ``record``: out of the task index and its session's listing, and out of
+        the store (its rows deleted, a journaled or restored one's). O(1)."""
         task_id = record.task_id
         if self._tasks.get(task_id) is not record:
             return  # forgotten already
         del self._tasks[task_id]
+        if self._journal is not None and (record.journaled or record.restored):
+            try:
+                self._journal.forgotten(task_id)
+            except Exception:  # a failed or closed store: forgotten here all the same
+                logger.exception("forgetting task %s in the store failed", task_id)
         record.view = None  # the handle keeps its record; the record lets go of the handle
         self._ids.discard(task_id)
         self._retained.pop(record, None)

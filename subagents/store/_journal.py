@@ -15,6 +15,7 @@ with several processes recovering at once.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import time
@@ -31,6 +32,8 @@ from ._errors import StoreError
 from ._writer import Write
 
 __all__ = ["INTERRUPTED", "OPEN_ORIGINS", "SqliteJournal"]
+
+logger = logging.getLogger("subagents.store")
 
 INTERRUPTED: Final = "Interrupted"
 """The ``error_type`` of the envelope a restart gives a spawn its process never ended."""
@@ -56,6 +59,14 @@ _END: Final = (
     "UPDATE tasks SET state = 'ended', envelope_id = ?, updated_ms = ? "
     "WHERE task_id = ? AND state <> 'ended'"
 )
+_DELETE_TASK: Final = "DELETE FROM tasks WHERE task_id = ? AND state = 'ended'"
+# Its deliveries go by the cascade; the foreign key from tasks.envelope_id is checked by
+# the index tasks_envelope (without it every delete would scan the tasks).
+_DELETE_ENVELOPES: Final = (
+    "DELETE FROM envelopes WHERE task_id = ?1 "
+    "AND NOT EXISTS (SELECT 1 FROM tasks WHERE task_id = ?1)"
+)
+_STATE: Final = "SELECT state, envelope_id FROM tasks WHERE task_id = ?"
 
 
 def owner_alive(owner: str | None) -> bool:
@@ -186,26 +197,41 @@ class _EndWrite(Write):
 
 
 class _ForgetWrite(Write):
-    """A forgotten task: ended, its envelope unlinked, so no lookup restores it."""
+    """A forgotten task's rows deleted: its ``tasks`` row, its envelopes and their
+    deliveries (by the foreign key's cascade); its ``names`` row stays, so its name is
+    never given out again. Only an ended task's: a forget that meets its task not ended
+    (its end write queued behind it: forgotten by a subscriber of its completion, while
+    it was being delivered) is submitted once more, after that write."""
 
-    __slots__ = ("pending", "task_id")
+    __slots__ = ("again", "pending", "submit", "task_id", "unended")
 
-    def __init__(self, task_id: str, pending: set[str]) -> None:
+    def __init__(
+        self, task_id: str, pending: set[str], submit: Callable[[Write], int], again: bool
+    ) -> None:
         super().__init__()
         self.task_id = task_id
         self.pending = pending  # forgotten, not yet committed: lookup answers None
+        self.submit = submit
+        self.again = again
+        self.unended = False
 
     def done(self) -> None:
+        if self.unended and self.again:
+            try:
+                self.submit(_ForgetWrite(self.task_id, self.pending, self.submit, again=False))
+                return
+            except Exception:  # the store is closing or failed: the row stays
+                logger.warning("forgetting task %s in the store failed", self.task_id)
         self.pending.discard(self.task_id)
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        ms = now_ms()
-        conn.executemany(
-            "UPDATE tasks SET envelope_id = NULL, updated_ms = ? "
-            "WHERE task_id = ? AND state = 'ended'",
-            [(ms, w.task_id) for w in writes],
-        )
+        ids = [(w.task_id,) for w in writes]
+        deleted = conn.executemany(_DELETE_TASK, ids).rowcount
+        conn.executemany(_DELETE_ENVELOPES, ids)
+        if deleted < len(writes):  # a task not ended yet (or never stored)
+            for w in writes:
+                w.unended = bool(conn.execute(_STATE, (w.task_id,)).fetchall())
 
 
 @attrs.define(kw_only=True)
@@ -345,6 +371,14 @@ _TAKEN: Final = (
     "SELECT 1 FROM envelopes INDEXED BY envelopes_task WHERE task_id = ? LIMIT 1"
 )
 _UNREAD: Final = "SELECT 1 FROM deliveries WHERE envelope_id = ? AND state = 'stored' LIMIT 1"
+_NEAR: Final = 8
+"""Stored ids read on either side of an unknown one, at most."""
+_NEAR_PREFIX: Final = 3
+_NEAR_COLUMNS: Final = "SELECT task_id, session, state, owner, envelope_id FROM tasks "
+_NEAR_ABOVE: Final = _NEAR_COLUMNS + "WHERE task_id >= ? AND task_id < ? ORDER BY task_id LIMIT ?"
+_NEAR_BELOW: Final = (
+    _NEAR_COLUMNS + "WHERE task_id < ? AND task_id >= ? ORDER BY task_id DESC LIMIT ?"
+)
 
 Read = Callable[[Callable[[sqlite3.Connection], object]], object]
 
@@ -360,12 +394,14 @@ class SqliteJournal:
         self,
         *,
         origin: str,
+        path: str,
         submit: Callable[[Write], int],
         read: Read,
         wait_committed: Callable[[int], Awaitable[None]],
         decode: Callable[[bytes], DelegateResult],
     ) -> None:
         self._origin = origin
+        self._path = path
         self._submit = submit
         self._read = read
         self._wait = wait_committed
@@ -401,10 +437,52 @@ class SqliteJournal:
         )
 
     def forgotten(self, task_id: str) -> None:
-        """Queue: the ended task ``task_id`` was forgotten (its envelope is unlinked, so
-        :meth:`lookup` no longer finds it, in any process). Never blocks."""
-        self._submit(_ForgetWrite(task_id, self._forgetting))
+        """Queue: the ended task ``task_id`` was forgotten (its rows are deleted, its name
+        kept, so :meth:`lookup` no longer finds it, in any process). Never blocks."""
+        self._submit(_ForgetWrite(task_id, self._forgetting, self._submit, again=True))
         self._forgetting.add(task_id)
+
+    def location(self) -> str:
+        """The store's file."""
+        return self._path
+
+    def near(self, task_id: str) -> dict[str, str]:
+        """Up to :data:`_NEAR` ended tasks of other origins on either side of ``task_id``
+        in key order, among those sharing its first :data:`_NEAR_PREFIX` characters, by
+        id with their sessions. Two range reads of the primary key, each of at most
+        :data:`_NEAR` rows (filtered here, so the limit bounds the rows read)."""
+        prefix = task_id[:_NEAR_PREFIX]
+        above = prefix + "\U0010ffff"  # above every id that starts with prefix
+
+        def query(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
+            found = conn.execute(_NEAR_ABOVE, (task_id, above, _NEAR)).fetchall()
+            return found + conn.execute(_NEAR_BELOW, (task_id, prefix, _NEAR)).fetchall()
+
+        rows = cast("list[tuple[object, ...]]", self._read(query))
+        return {
+            str(found): str(session)
+            for found, session, state, owner, envelope_id in rows
+            if state == "ended"
+            and envelope_id is not None
+            and owner != self._origin
+            and found not in self._forgetting
+        }
+
+    def holds(self, task_id: str) -> str | None:
+        """The state of the ``tasks`` row of ``task_id``, or ``None`` without one (or
+        forgotten: being deleted, or, by an earlier version, unlinked from its envelope).
+        One primary-key read."""
+        if task_id in self._forgetting:
+            return None
+
+        def query(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
+            return conn.execute(_STATE, (task_id,)).fetchall()
+
+        found = cast("list[tuple[object, ...]]", self._read(query))
+        if not found:
+            return None
+        ((state, envelope_id),) = found
+        return None if state == "ended" and envelope_id is None else str(state)
 
     def taken(self, task_id: str) -> bool:
         """Whether the store holds a task or an envelope of ``task_id`` (one indexed read

@@ -1,8 +1,8 @@
-"""The store's tables, and the migrations that build them: version 1 is the whole schema.
+"""The store's tables, and the migrations that build them.
 
-Every table the durable store needs is created now, the mailbox's and those the journal
-(spawns, names, idempotency) will fill once the engine writes to it, so wiring the journal
-in needs no migration. ``design/store.md`` explains each table and column.
+Version 1 creates every table the durable store needs, the mailbox's and the journal's
+(spawns, names, idempotency); version 2 adds the index that deleting a forgotten task's
+envelopes needs. ``design/store.md`` explains each table and column.
 
 A migration is a list of statements applied inside the caller's ``BEGIN IMMEDIATE``
 transaction (not ``executescript``, which commits whatever transaction is open).
@@ -111,7 +111,16 @@ _V1: Final = (
         BEGIN SELECT RAISE(ABORT, 'a delivery state only moves forward'); END""",
 )
 
-MIGRATIONS: Final = (Migration(version=1, description="the whole schema", statements=_V1),)
+_V2: Final = (
+    # Deleting an envelope checks the foreign key from tasks.envelope_id: by this index,
+    # not by a scan of every task (forget and retention delete a task's envelopes).
+    "CREATE INDEX tasks_envelope ON tasks (envelope_id)",
+)
+
+MIGRATIONS: Final = (
+    Migration(version=1, description="the whole schema", statements=_V1),
+    Migration(version=2, description="tasks by envelope, for deletes", statements=_V2),
+)
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
 """The schema version this code writes; a store with a higher one is refused."""
 

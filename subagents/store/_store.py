@@ -255,6 +255,7 @@ class SqliteStore:
         calls need it open."""
         return SqliteJournal(
             origin=self._origin,
+            path=self._path,
             submit=self._submit,
             read=self._read,
             wait_committed=self._wait_seq,

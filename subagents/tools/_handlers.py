@@ -219,7 +219,17 @@ class SessionTools(WaitAgent):
         # Results waiting first, then live children, then what was already collected.
         children.sort(key=lambda h: 1 if h.result is None else (0 if not h.collected else 2))
         child_details: list[JSONValue] = []
-        lines.append(f"your subagents ({len(children)}):" if children else "your subagents: none")
+        store = manager.store
+        looked_in: list[JSONValue] = ["memory"] if store is None else ["memory", store.path]
+        if children:
+            lines.append(f"your subagents ({len(children)}):")
+        elif store is None:
+            lines.append("your subagents: none")
+        else:  # a restart lists only this process's children: say where the others are
+            lines.append(
+                "your subagents: none in this process's memory; tasks of earlier runs stay in "
+                f"the store {store.path}, and wait_agent answers for their ids"
+            )
         shown = 0
         budget = limit - sum(len(line) + 1 for line in lines) - 60
         for handle in children:
@@ -248,7 +258,7 @@ class SessionTools(WaitAgent):
         content = bound_text("\n".join(lines), limit)
         return ToolResult(
             content=content,
-            details={"agents": agent_details, "tasks": child_details},
+            details={"agents": agent_details, "tasks": child_details, "looked_in": looked_in},
         )
 
 

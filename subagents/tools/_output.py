@@ -210,6 +210,11 @@ _ANSWERS: Final[dict[str, dict[str, JSONValue]]] = {
                     ["task_id", "agent", "agent_path", "status", "elapsed_ms", "result_waiting"],
                 ),
             },
+            "looked_in": {
+                **_STRS,
+                "description": "Where the subagents were looked for: memory, and the "
+                "store's file if the manager has one.",
+            },
         },
         ["agents", "tasks"],
         "The registered agent types and this session's subagents.",

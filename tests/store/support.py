@@ -1,4 +1,5 @@
-"""Helpers of the store tests: envelopes, and worker processes opening the same store."""
+"""Helpers of the store tests: envelopes, spawn entries, query plans, and worker processes
+opening the same store."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from subagents import DelegateResult, Status
+from subagents._journal import SpawnEntry
+from subagents.store import SqliteStore
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -31,6 +34,32 @@ def env(task_id: str, output: str = "") -> DelegateResult:
 def snapshot(directory: Path) -> dict[str, bytes]:
     """Every file of ``directory`` and its bytes."""
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def spawn_entry(task_id: str, agent: str = "echo") -> SpawnEntry:
+    """A spawn into the root session, as the journal records it."""
+    return SpawnEntry(
+        task_id=task_id,
+        session_id="root",
+        parent_task=None,
+        agent=agent,
+        agent_path=f"/root/{agent}",
+        request={"input": "x"},
+    )
+
+
+def query_plan(path: Path, statement: str, *params: object) -> list[str]:
+    """The steps of ``statement``'s plan in a new store at ``path``, foreign keys on (so a
+    delete's checks and cascades are planned too)."""
+
+    async def create() -> None:
+        async with SqliteStore(path):
+            pass
+
+    anyio.run(create)
+    with sqlite(path) as conn:
+        conn.execute("PRAGMA foreign_keys = ON")
+        return [str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}", params)]
 
 
 @contextmanager

@@ -116,19 +116,21 @@ async def test_a_newer_schema(tmp_path: Path) -> None:
 
 async def test_a_newer_schema_still_in_the_wal(tmp_path: Path) -> None:
     """A newer version's migration committed by a process that has not checkpointed: the
-    main file's header still says 1; the schema table, read through the WAL, says 2."""
+    main file's header still says this version; the schema table, read through the WAL,
+    says the next."""
     path = tmp_path / "store.db"
     await make_store(path, entries=3)
+    newer = SCHEMA_VERSION + 1
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA wal_autocheckpoint = 0")
-        conn.execute("INSERT INTO schema_version VALUES (2, 0, 'newer')")
-        conn.execute("PRAGMA user_version = 2")
+        conn.execute("INSERT INTO schema_version VALUES (?, 0, 'newer')", (newer,))
+        conn.execute(f"PRAGMA user_version = {newer}")
         with pytest.raises(StoreError) as info:
             async with SqliteStore(path):
                 pass
         assert info.value.reason == "newer_schema"
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchall() == [(2,)]
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchall() == [(newer,)]
     finally:
         conn.close()
 

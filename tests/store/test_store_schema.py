@@ -127,3 +127,30 @@ def test_the_journal_tables_enforce_their_rules(db: sqlite3.Connection) -> None:
     db.execute("INSERT INTO names VALUES ('s', '/root/general', 't1')")
     with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
         db.execute("INSERT INTO names VALUES ('s', '/root/general', 't2')")
+
+
+def test_a_version_1_store_gains_the_index_of_tasks_by_envelope(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    for statement in MIGRATIONS[0].statements:
+        conn.execute(statement)
+    conn.execute("INSERT INTO schema_version VALUES (1, 0, 'the whole schema')")
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("PRAGMA user_version = 1")
+    conn.close()
+
+    async def reopen() -> None:
+        async with SqliteStore(path):
+            pass
+
+    anyio.run(reopen)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert one(conn, "PRAGMA user_version") == SCHEMA_VERSION == 2
+        versions = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        assert versions == [(1,), (2,)]
+        indexes = conn.execute("SELECT name FROM pragma_index_list('tasks')").fetchall()
+        assert ("tasks_envelope",) in indexes
+    finally:
+        conn.close()
