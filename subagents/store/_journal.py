@@ -23,7 +23,7 @@ from typing import Final, Self, cast
 import attrs
 
 from .._envelope import DelegateResult, Status, now_ms
-from .._journal import SpawnEntry, StoredTask
+from .._journal import KeyedTask, SpawnEntry, StoredTask
 from .._json import JSONValue, dumps, loads
 from . import _deliveries as rows
 from ._writer import Write
@@ -42,11 +42,21 @@ OPEN_ORIGINS: set[str] = set()
 """The origins of the stores open in this process: their tasks are not recovered."""
 
 # A plain INSERT: an id the store holds already fails the batch loudly, never silently
-# (spawn checks the store first, so only a race with another process could clash).
+# (spawn checks the store first, so only a race with another process could clash). An
+# idempotency key another row holds is not a failure: two processes that both found the
+# key free spawned at once, and the later row is written without it (design/store.md).
 _INSERT_TASK: Final = (
     "INSERT INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
-    "state, attempts, owner, created_ms, updated_ms) "
-    "VALUES (?, ?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?)"
+    "idempotency_key, state, attempts, owner, created_ms, updated_ms) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?7 IS NULL THEN NULL "
+    "WHEN EXISTS (SELECT 1 FROM tasks WHERE session = ?2 AND idempotency_key = ?7) "
+    "THEN NULL ELSE ?7 END, 'queued', 0, ?8, ?9, ?9)"
+)
+# A key is free again once its task is forgotten (its envelope unlinked), or, for a task
+# this store journaled, once its record is dropped here (a spawn with the key found none).
+_RELEASE_KEY: Final = (
+    "UPDATE tasks SET idempotency_key = NULL WHERE session = ? AND idempotency_key = ? "
+    "AND state = 'ended' AND (envelope_id IS NULL OR owner = ?)"
 )
 _INSERT_NAME: Final = "INSERT OR IGNORE INTO names (session, agent_path, task_id) VALUES (?, ?, ?)"
 _LAST_ENVELOPE: Final = "SELECT max(id) FROM envelopes WHERE task_id = ?"
@@ -91,6 +101,12 @@ class _SpawnWrite(Write):
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         ms = now_ms()
+        keyed = [w for w in writes if w.entry.idempotency_key is not None]
+        if keyed:
+            conn.executemany(
+                _RELEASE_KEY,
+                [(w.entry.session_id, w.entry.idempotency_key, w.owner) for w in keyed],
+            )
         conn.executemany(
             _INSERT_TASK,
             [
@@ -101,8 +117,8 @@ class _SpawnWrite(Write):
                     e.agent,
                     e.agent_path,
                     dumps(e.request),
+                    e.idempotency_key,
                     w.owner,
-                    ms,
                     ms,
                 )
                 for w in writes
@@ -285,6 +301,10 @@ _TAKEN: Final = (
     "SELECT 1 FROM envelopes INDEXED BY envelopes_task WHERE task_id = ? LIMIT 1"
 )
 _UNREAD: Final = "SELECT 1 FROM deliveries WHERE envelope_id = ? AND state = 'stored' LIMIT 1"
+_BY_KEY: Final = (
+    "SELECT task_id, state, owner, envelope_id FROM tasks INDEXED BY tasks_idempotency "
+    "WHERE session = ? AND idempotency_key = ? AND owner IS NOT ?"
+)
 
 Read = Callable[[Callable[[sqlite3.Connection], object]], object]
 
@@ -376,6 +396,25 @@ class SqliteJournal:
             )
 
         return cast("StoredTask | None", self._read(query))
+
+    def by_key(self, session_id: str, key: str) -> KeyedTask | None:
+        """The task another store journaled in ``session_id`` with idempotency key ``key``,
+        or ``None`` (one read of the ``tasks_idempotency`` index on the event loop's
+        connection). A forgotten task (its envelope unlinked, or its forgetting queued
+        here) holds no key; nor does a task this store journaled, as for :meth:`lookup`."""
+
+        def query(conn: sqlite3.Connection) -> KeyedTask | None:
+            found = conn.execute(_BY_KEY, (session_id, key, self._origin)).fetchall()
+            if not found:
+                return None
+            ((task_id, state, owner, envelope_id),) = found
+            ended = state == "ended"
+            if (ended and envelope_id is None) or task_id in self._forgetting:
+                return None
+            alive = not ended and owner_alive(None if owner is None else str(owner))
+            return KeyedTask(task_id=str(task_id), ended=ended, owner_alive=alive)
+
+        return cast("KeyedTask | None", self._read(query))
 
     def names(self, session_id: str) -> list[str]:
         """Every agent path ``session_id`` was given in this store (its ``names`` rows)."""

@@ -13,7 +13,7 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from subagents import DelegateResult, Status
+from subagents import AgentSpec, DelegateResult, Request, RunContext, Status
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -26,6 +26,22 @@ def env(task_id: str, output: str = "") -> DelegateResult:
         output=output or f"output of {task_id}",
         timestamp_ms=1,
     )
+
+
+def counted_agents(calls: list[str]) -> list[AgentSpec]:
+    """``echo`` (returns its input in capitals) and ``forever``; each run appends its
+    input to ``calls``."""
+
+    async def echo(request: Request, ctx: RunContext) -> str:
+        calls.append(request.input)
+        return request.input.upper()
+
+    async def forever(request: Request, ctx: RunContext) -> str:
+        calls.append(request.input)
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return [AgentSpec(name="echo", runner=echo), AgentSpec(name="forever", runner=forever)]
 
 
 @contextmanager
@@ -59,9 +75,12 @@ class Worker:
 
 
 @asynccontextmanager
-async def worker(*args: str, backend: str = "asyncio") -> AsyncIterator[Worker]:
-    """Start ``worker.py *args``; on exit wait for it and require a clean exit."""
-    command = [sys.executable, str(WORKER), *args, "--backend", backend]
+async def worker(
+    *args: str, backend: str = "asyncio", script: Path = WORKER
+) -> AsyncIterator[Worker]:
+    """Start ``script *args`` (``worker.py`` by default); on exit wait for it and require
+    a clean exit."""
+    command = [sys.executable, str(script), *args, "--backend", backend]
     async with await anyio.open_process(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
     ) as process:
