@@ -160,14 +160,23 @@ class RunContext:
         name: str | None = None,
         timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
+        idempotency_key: str | None = None,
     ) -> SpawnHandle:
-        """Spawn a grandchild into this run's session; see :meth:`SubagentManager.spawn`.
+        """Spawn a grandchild into this run's session; see :meth:`SubagentManager.spawn`
+        (an ``idempotency_key`` is this session's: a retry of this run is the same run, so
+        its repeat returns the grandchild the first attempt spawned).
 
         Raises :class:`SpawnRejected` (``session_closed``) once this run has ended.
         """
         self._record.check_can_delegate()
         return self._manager.spawn(
-            agent, input, session_id=self.session_id, name=name, timeout=timeout, options=options
+            agent,
+            input,
+            session_id=self.session_id,
+            name=name,
+            timeout=timeout,
+            options=options,
+            idempotency_key=idempotency_key,
         )
 
     async def execute(

@@ -7,7 +7,8 @@ Every exception the library raises on purpose derives from :class:`SubagentsErro
     ├── InvalidName(SubagentsError, ValueError)      an agent-path segment is malformed
     ├── UnknownAgent(SubagentsError, LookupError)    no agent type registered under that name
     ├── UnknownTask(SubagentsError, LookupError)     no task with that id (names close matches)
-    ├── SpawnRejected(SubagentsError)                depth limit, closed session, closed manager
+    ├── SpawnRejected(SubagentsError)                depth limit, closed session, closed manager,
+    │                                                an idempotency key held by another spawn
     ├── MailboxFull(SubagentsError)                  a new key beyond the mailbox capacity
     ├── RunnerReturnError(SubagentsError, TypeError) a runner returned no Result (or str),
     │                                                or one with a field of the wrong type
@@ -176,11 +177,15 @@ class SpawnRejected(SubagentsError):
 
     Attributes:
         reason: a short machine-readable reason (``depth``, ``session_closed``,
-            ``manager_closed``).
+            ``manager_closed``, ``idempotency_conflict``: the key is held by a spawn of
+            another agent or input, ``idempotency_pending``: by a spawn another process
+            has not finished).
+        task_id: the task the refusal is about (the one holding the key), or ``None``.
     """
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, *, task_id: str | None = None) -> None:
         self.reason = reason
+        self.task_id = task_id
         super().__init__(message)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "Durability",
     "DurableStore",
     "Journal",
+    "KeyedTask",
     "SpawnEntry",
     "StoredTask",
     "open_store",
@@ -50,6 +51,8 @@ class SpawnEntry:
     """Its path (``/root/.../name``); the last segment is the name its session gave out."""
     request: Mapping[str, JSONValue]
     """What it was asked: input, prompt, model, files, timeout (JSON values)."""
+    idempotency_key: str | None = None
+    """The key it was spawned with (unique in its session), or ``None``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -66,6 +69,19 @@ class StoredTask:
     """Its one envelope."""
     unread: bool
     """The envelope is still unread in its session's mailbox."""
+
+
+@attrs.frozen(kw_only=True)
+class KeyedTask:
+    """The task holding an idempotency key in a store, journaled by another store (an
+    earlier process, or another one still running)."""
+
+    task_id: str
+    """The task's id."""
+    ended: bool
+    """It has its envelope: :meth:`Journal.lookup` restores it."""
+    owner_alive: bool
+    """The process that journaled it may still run it (see ``owner_alive`` in the store)."""
 
 
 class Journal(Protocol):
@@ -137,6 +153,11 @@ class Journal(Protocol):
         or ``None``. One indexed read."""
         ...
 
+    def by_key(self, session_id: str, key: str) -> KeyedTask | None:
+        """The task another store journaled in ``session_id`` with idempotency key
+        ``key`` and that is not forgotten, or ``None``. One indexed read."""
+        ...
+
     def names(self, session_id: str) -> list[str]:
         """Every agent path ``session_id`` gave out before (any process, any run)."""
         ...
@@ -196,6 +217,9 @@ class _NoJournal:
         await anyio.lowlevel.checkpoint()
 
     def lookup(self, task_id: str) -> StoredTask | None:
+        return None
+
+    def by_key(self, session_id: str, key: str) -> KeyedTask | None:
         return None
 
     def names(self, session_id: str) -> list[str]:

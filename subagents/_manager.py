@@ -22,7 +22,6 @@ from ._child import ChildRunner, CompletionEvents
 from ._completions import Completions
 from ._context import RunContext
 from ._envelope import DelegateResult
-from ._errors import SpawnRejected
 from ._events import EventBus
 from ._handle import SpawnHandle, handle_of, record_of
 from ._journal import Durability, DurableStore
@@ -122,8 +121,6 @@ class SubagentManager:
             journal=journal,
             commit_first=stored is not None and config.durability == "sync",
         )
-        if stored is not None:
-            self._sessions.restore = self._spawner.restore
         self._spawned = 0
         self._tg: TaskGroup | None = None
         self._state: Literal["new", "running", "closing", "closed"] = "new"
@@ -251,6 +248,7 @@ class SubagentManager:
         name: str | None = None,
         timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
+        idempotency_key: str | None = None,
     ) -> SpawnHandle:
         """Start a child fire-and-forget and return its handle at once. Never blocks.
 
@@ -270,15 +268,23 @@ class SubagentManager:
                 omitted: the spawn option, the agent's, else ``config.spawn_timeout``.
             options: further overrides (prompt, model, files). ``name`` and ``timeout``
                 go either here or as arguments: both is a ``ConfigError``.
+            idempotency_key: a repeat with this key in ``session_id`` returns the first
+                spawn's handle (live or ended; after a restart, from the store) and runs
+                nothing, until that record is forgotten (README, "Idempotency keys").
 
         Raises:
             UnknownAgent: no such agent type (the message lists the registered ones).
-            SpawnRejected: the depth limit, a closed session, or a manager not running.
-            ConfigError: a malformed timeout, or one given twice; InvalidName: a
-                malformed name.
+            SpawnRejected: the depth limit, a closed session, a manager not running; the
+                key held for another agent or input, or by another process's live spawn.
+            ConfigError: a malformed timeout, or one given twice, or a malformed key;
+                InvalidName: a malformed name.
             StoreError: its store has failed; anyio.ClosedResourceError: it was closed.
         """
-        record = self._new_record(agent, input, session_id, name, timeout, options, sync=False)
+        held = self._spawner.held(agent, input, session_id, idempotency_key)
+        if held is not None:
+            return handle_of(held, self)
+        new = self._new_record
+        record = new(agent, input, session_id, name, timeout, options, idempotency_key, False)
         self._queue(record)
         return handle_of(record, self)
 
@@ -312,7 +318,7 @@ class SubagentManager:
         Raises:
             UnknownAgent, SpawnRejected, ConfigError: as :meth:`spawn`.
         """
-        record = self._new_record(agent, input, session_id, name, timeout, options, sync=True)
+        record = self._new_record(agent, input, session_id, name, timeout, options, None, True)
         if self.events.active:
             publish_spawned(self.events, record)
         await self._children.run(record)
@@ -330,17 +336,11 @@ class SubagentManager:
         name: str | None,
         timeout: float | _Unset | None,
         options: SpawnOptions | None,
-        *,
+        key: str | None,
         sync: bool,
     ) -> ChildRecord:
-        if self._state != "running":
-            raise SpawnRejected(
-                "manager_closed",
-                "the subagent manager is not running: enter it with `async with` first "
-                "(or it was closed)",
-            )
         new = self._spawner.new_record
-        return self._traced(*new(agent, input, session_id, name, timeout, options, sync))
+        return self._traced(*new(agent, input, session_id, name, timeout, options, key, sync))
 
     def _traced(self, record: ChildRecord, parent: ChildRecord | None) -> ChildRecord:
         self._spawned += 1

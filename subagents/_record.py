@@ -56,6 +56,7 @@ class ChildRecord:
         "ending",
         "envelope",
         "holds_slot",
+        "idempotency_key",
         "iterations",
         "journaled",
         "lends",
@@ -131,9 +132,10 @@ class ChildRecord:
         self.collected = False
         self.owns_session = False  # its own session has state to release as it ends
         self.view: object = None  # its SpawnHandle, made on first request
-        # Journal fields (the spawner's).
+        # Journal and key fields (the spawner's).
         self.journaled = 0  # the journal's token for its row; 0: not journaled
         self.restored = False  # made from a store's row: it ran in an earlier process
+        self.idempotency_key: str | None = None  # the key it holds in its session, if any
 
     @property
     def done(self) -> anyio.Event:

@@ -60,10 +60,12 @@ class Sessions:
         self._lend_slot = lend_slot
         self._retain = retain
         self.accepting = False
-        """Deliveries may open a session's mailbox (the owner runs)."""
+        """The owner runs: it takes spawns, and deliveries may open a session's mailbox."""
         self.shut = False
         """The owner has closed: every mailbox reads as dropped."""
         self._tasks: dict[str, ChildRecord] = {}
+        # Records by (session, idempotency key): a key is held while its record is kept.
+        self._keys: dict[tuple[str, str], ChildRecord] = {}
         self._ids = IdIndex()  # what an unknown id was probably meant to be
         self._live: dict[str, dict[ChildRecord, None]] = {}
         # Every recorded child by session, oldest first (a dict: forgetting one is O(1)).
@@ -96,9 +98,20 @@ class Sessions:
         if listing is None:
             listing = self._by_session[session] = {}
         listing[record] = None
+        if record.idempotency_key is not None:
+            self._keys[session, record.idempotency_key] = record
 
     def get(self, task_id: str) -> ChildRecord | None:
         return self._tasks.get(task_id)
+
+    def keyed(self, session_id: str, key: str) -> ChildRecord | None:
+        """The kept record of ``session_id`` that holds idempotency key ``key``."""
+        return self._keys.get((session_id, key))
+
+    def hold_key(self, record: ChildRecord, key: str) -> None:
+        """Index a restored ``record`` (whose row holds ``key``) under its key."""
+        record.idempotency_key = key
+        self._keys[record.session_id, key] = record
 
     def new_task_id(self, journaled: bool = True) -> str:
         """A task id no record has (nor, for a ``journaled`` child, the store's rows): 12
@@ -124,9 +137,7 @@ class Sessions:
     def require(self, task_id: str, session_id: str | None = None) -> ChildRecord:
         """The record of ``task_id``; raises :class:`UnknownTask` naming the ids probably
         meant (or, with ``session_id``, saying whose it is)."""
-        record = self._tasks.get(task_id) if isinstance(task_id, str) else None
-        if record is None and self.restore is not None and isinstance(task_id, str):
-            record = self._restored(task_id)
+        record = self.find(task_id) if isinstance(task_id, str) else None
         if record is None:
             detail = live_ids_sentence(session_id, self._live.get(session_id or "", {}))
             if self._retain is not None or self._forgot:
@@ -144,10 +155,13 @@ class Sessions:
             )
         return record
 
-    def _restored(self, task_id: str) -> ChildRecord | None:
-        """The record of an ended child of an earlier process, indexed (not listed: a
-        restart lists only what was looked up), or ``None``."""
-        assert self.restore is not None
+    def find(self, task_id: str) -> ChildRecord | None:
+        """The record of ``task_id``: this process's, else that of an ended child of an
+        earlier process, restored and indexed (not listed: a restart lists only what was
+        looked up); ``None`` if neither."""
+        record = self._tasks.get(task_id)
+        if record is not None or self.restore is None:
+            return record
         try:
             record = self.restore(task_id)
         except Exception as exc:  # a closed or failed store: the id is unknown here
@@ -448,6 +462,9 @@ class Sessions:
         record.view = None  # the handle keeps its record; the record lets go of the handle
         self._ids.discard(task_id)
         self._retained.pop(record, None)
+        key = record.idempotency_key
+        if key is not None and self._keys.get((record.session_id, key)) is record:
+            del self._keys[record.session_id, key]  # the key is free again
         self._forgot = True
         session = record.session_id
         listing = self._by_session.get(session)

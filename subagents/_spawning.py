@@ -1,6 +1,7 @@
 """A spawn's arguments checked and made into its record: the agent, the session, the
 depth limit, options given once, the timeout that applies, the child's name and path,
-its request and its permissions."""
+its request and its permissions; and the record a spawn's idempotency key already
+belongs to, if any."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from typing import Final
 
 from ._errors import ConfigError, SpawnRejected, UnknownAgent
 from ._events import SPAWNED, EventBus
-from ._journal import Journal, SpawnEntry, StoredTask
+from ._journal import Journal, KeyedTask, SpawnEntry, StoredTask
 from ._json import JSONValue
 from ._paths import AgentPath, child_path
 from ._record import SETTLED, ChildRecord
 from ._sessions import Sessions
 from ._spec import UNSET, AgentSpec, Request, SpawnOptions, SubagentConfig, _Unset
-from ._validators import seconds
+from ._validators import idempotency_key, seconds
 
 __all__ = ["Spawner", "publish_spawned"]
 
@@ -38,6 +39,8 @@ class Spawner:
         self._sessions = sessions
         self._config = config
         self._journal = journal
+        if journal is not None:
+            sessions.restore = self.restore
 
     def register(self, spec: AgentSpec) -> None:
         """Add an agent type. Raises :class:`ConfigError` if the name is taken."""
@@ -58,6 +61,59 @@ class Spawner:
             raise UnknownAgent(name, self.specs)
         return spec
 
+    def held(self, agent: str, input: str, session_id: str, key: str | None) -> ChildRecord | None:
+        """The record of the spawn that idempotency key ``key`` belongs to in
+        ``session_id``, or ``None`` if it is free (or ``key`` is ``None``): a record kept
+        here, else an ended task of another process, restored from the journal. Checks
+        what :meth:`new_record` checks first, then the key.
+
+        Raises:
+            SpawnRejected: ``idempotency_conflict``: that spawn named another agent or
+                input; ``idempotency_pending``: it is another process's and has not ended.
+            ConfigError: a malformed key (or input or session id).
+        """
+        if key is None:
+            return None
+        self._check(agent, input, session_id)
+        key = idempotency_key(key)
+        record = self._sessions.keyed(session_id, key)
+        if record is None and self._journal is not None:
+            record = self._stored_holder(session_id, key)
+        if record is not None and (record.request.agent, record.request.input) != (agent, input):
+            raise _conflict(key, record, agent)
+        return record
+
+    def _stored_holder(self, session_id: str, key: str) -> ChildRecord | None:
+        """The restored record of the ended task of another process holding ``key``."""
+        assert self._journal is not None
+        found = self._journal.by_key(session_id, key)
+        if found is None:
+            return None
+        if not found.ended:
+            raise _pending(key, found)
+        record = self._sessions.find(found.task_id)
+        if record is None:  # forgotten since the read (by another process): the key is free
+            return None
+        self._sessions.hold_key(record, key)
+        return record
+
+    def _check(self, agent: str, input: str, session_id: str) -> AgentSpec:
+        """The agent type of a spawn, its manager running and its argument types checked."""
+        if not self._sessions.accepting:
+            raise SpawnRejected(
+                "manager_closed",
+                "the subagent manager is not running: enter it with `async with` first "
+                "(or it was closed)",
+            )
+        spec = self.specs.get(agent)
+        if spec is None:
+            raise UnknownAgent(agent, self.specs)
+        if not isinstance(input, str):
+            raise ConfigError("input", "a string", input)
+        if not isinstance(session_id, str):
+            raise ConfigError("session_id", "a string", session_id)
+        return spec
+
     def new_record(
         self,
         agent: str,
@@ -66,19 +122,16 @@ class Spawner:
         name: str | None,
         timeout: float | _Unset | None,
         options: SpawnOptions | None,
+        key: str | None,
         sync: bool,
     ) -> tuple[ChildRecord, ChildRecord | None]:
         """The record of a new child of ``session_id`` (and the record of the child owning
-        that session, if any), checked in this order: the agent, the input and session
-        types, the session open, the depth, the options, the timeout, the name. Raises the
-        first problem found, before anything is recorded."""
-        spec = self.specs.get(agent)
-        if spec is None:
-            raise UnknownAgent(agent, self.specs)
-        if not isinstance(input, str):
-            raise ConfigError("input", "a string", input)
-        if not isinstance(session_id, str):
-            raise ConfigError("session_id", "a string", session_id)
+        that session, if any), checked in this order: the manager running, the agent, the
+        input and session types, the key, the session open, the depth, the options, the
+        timeout, the name. Raises the first problem found, before anything is recorded.
+        ``key`` is an idempotency key :meth:`held` found free: the record holds it."""
+        spec = self._check(agent, input, session_id)
+        key = None if key is None else idempotency_key(key)
         parent = self._sessions.check_open(session_id)
         parent_path = _ROOT if parent is None else parent.agent_path
         if (1 if parent is None else parent_path.depth + 1) > self._config.max_depth:
@@ -110,6 +163,7 @@ class Spawner:
             spawned_at=perf_counter(),
             sync=sync,
         )
+        record.idempotency_key = key
         # Not an execute(): its envelope goes back to its caller, who is gone after a crash.
         if self._journal is not None and not sync:
             record.journaled = self._journal.spawned(_entry(record, parent))
@@ -171,6 +225,7 @@ class Spawner:
             sync=False,
         )
         record.journaled = JOURNALED_BEFORE
+        record.idempotency_key = entry.idempotency_key  # its key is its own again
         self._sessions.add(record)
         return record
 
@@ -219,6 +274,7 @@ def _entry(record: ChildRecord, parent: ChildRecord | None) -> SpawnEntry:
             "files": list(request.files),
             "timeout": record.timeout,
         },
+        idempotency_key=record.idempotency_key,
     )
 
 
@@ -254,6 +310,35 @@ def _spawn_timeout(
             return options.timeout
         return spec.timeout if spec.timeout is not None else default
     return None if timeout is None else seconds("timeout", timeout, none_ok=False, zero_ok=False)
+
+
+def _conflict(key: str, record: ChildRecord, agent: str) -> SpawnRejected:
+    """The error for a repeat of ``key`` naming another agent or input than its spawn."""
+    held = record.request.agent
+    what = f"agent {held!r}, not {agent!r}" if held != agent else "another input"
+    return SpawnRejected(
+        "idempotency_conflict",
+        f"idempotency_key {key!r} already belongs to task {record.task_id!r} of session "
+        f"{record.session_id!r}, spawned with {what}: a repeat names the same agent and "
+        "input, and a different task needs a key of its own",
+        task_id=record.task_id,
+    )
+
+
+def _pending(key: str, found: KeyedTask) -> SpawnRejected:
+    """The error for a key held by a task another process journaled and has not ended."""
+    where = (
+        "another process is running it; once it has ended, a repeat returns its envelope"
+        if found.owner_alive
+        else "its process is gone: entering a manager on this store gives it its "
+        "Interrupted envelope, which a repeat then returns"
+    )
+    return SpawnRejected(
+        "idempotency_pending",
+        f"idempotency_key {key!r} already belongs to task {found.task_id!r}, which has not "
+        f"ended: {where}",
+        task_id=found.task_id,
+    )
 
 
 def _depth_error(parent_path: AgentPath, max_depth: int) -> SpawnRejected:

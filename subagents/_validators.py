@@ -20,10 +20,12 @@ from ._errors import ConfigError
 
 __all__ = [
     "MAX_COUNT",
+    "MAX_IDEMPOTENCY_KEY",
     "as_count",
     "as_int",
     "as_str",
     "count",
+    "idempotency_key",
     "number",
     "plain_usage",
     "seconds",
@@ -33,6 +35,10 @@ __all__ = [
 
 MAX_COUNT: Final = 2**63 - 1
 """Counts travel as JSON integers; orjson (and most consumers) stop at 64 bits."""
+
+MAX_IDEMPOTENCY_KEY: Final = 256
+"""Characters of an idempotency key: room for a UUID and a prefix, bounded so an index
+entry (and a tool argument) stays small."""
 
 
 def as_int(value: object) -> int | None:
@@ -180,3 +186,17 @@ def texts(field: str, value: object) -> tuple[str, ...]:
     if None in plain:
         raise ConfigError(field, "paths given as strings", value)
     return plain  # type: ignore[return-value]
+
+
+def idempotency_key(value: object) -> str:
+    """``value`` as a spawn's idempotency key: a plain ``str`` of 1 to
+    :data:`MAX_IDEMPOTENCY_KEY` characters.
+
+    Raises:
+        ConfigError: ``idempotency_key`` is not such a string.
+    """
+    key = as_str(value)
+    if key is None or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        expected = f"a non-empty string of at most {MAX_IDEMPOTENCY_KEY} characters or None"
+        raise ConfigError("idempotency_key", expected, value)
+    return key

@@ -18,7 +18,7 @@ from tests.helpers import substitute
 
 VALID_ID = "@valid-id"
 FIELDS = {
-    "spawn_agent": ["agent", "input", "name", "timeout_ms"],
+    "spawn_agent": ["agent", "input", "name", "timeout_ms", "idempotency_key"],
     "wait_agent": ["task_ids", "mode", "timeout_ms"],
     "delegate_to_agent": ["agent", "input", "timeout_ms"],
     "cancel_agent": ["task_id"],
@@ -47,6 +47,7 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "input": st.text(max_size=30) | json_values,
     "name": st.sampled_from(["n1", "a/b", "", "x" * 70]) | st.text(max_size=8),
     "timeout_ms": st.integers(min_value=-10, max_value=10**13) | json_values,
+    "idempotency_key": st.sampled_from(["k1", "", "k" * 257]) | st.text(max_size=8),
     "task_ids": st.sampled_from([VALID_ID, [VALID_ID], [VALID_ID, "x"], "abc", [], [""]])
     | json_values,
     "mode": st.sampled_from(["any", "all", "x"]) | json_values,

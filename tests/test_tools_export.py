@@ -45,7 +45,13 @@ async def test_input_schemas_are_draft_2020_12(tools: Toolset) -> None:
             assert prop["description"]
     by_name = {t.name: t.input_schema for t in tools}
     assert set(by_name["spawn_agent"]["required"]) == {"agent", "input"}
-    assert set(by_name["spawn_agent"]["properties"]) == {"agent", "input", "name", "timeout_ms"}
+    assert set(by_name["spawn_agent"]["properties"]) == {
+        "agent",
+        "input",
+        "name",
+        "timeout_ms",
+        "idempotency_key",
+    }
     assert set(by_name["wait_agent"]["required"]) == {"task_ids"}
     assert set(by_name["wait_agent"]["properties"]) == {"task_ids", "mode", "timeout_ms"}
     assert set(by_name["delegate_to_agent"]["required"]) == {"agent", "input"}

@@ -122,10 +122,11 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     | st.lists(ids | edge_strings, max_size=4)
     | st.lists(st.just(DONE), min_size=60, max_size=70),
     "mode": st.sampled_from(["all", "any", None, "ALL", "some", ""]),
+    "idempotency_key": st.sampled_from(["k1", "", "k" * 256, "k" * 257, None]) | strings,
     "task_id": ids | edge_strings,
 }
 PARAMS = {
-    "spawn_agent": ("agent", "input", "name", "timeout_ms"),
+    "spawn_agent": ("agent", "input", "name", "timeout_ms", "idempotency_key"),
     "wait_agent": ("task_ids", "mode", "timeout_ms"),
     "delegate_to_agent": ("agent", "input", "timeout_ms"),
     "cancel_agent": ("task_id",),
@@ -246,6 +247,9 @@ CASES = [
     ("spawn_agent", {"agent": "echo", "input": "x", "name": "a\n"}, False),
     ("spawn_agent", {"agent": "echo", "input": "x", "name": None}, True),
     ("spawn_agent", {"agent": "echo", "input": "x", "timeout_ms": 2**60}, True),
+    ("spawn_agent", {"agent": "echo", "input": "x", "idempotency_key": ""}, False),
+    ("spawn_agent", {"agent": "echo", "input": "x", "idempotency_key": "k" * 257}, False),
+    ("spawn_agent", {"agent": "echo", "input": "x", "idempotency_key": "k" * 256}, True),
     ("wait_agent", {"task_ids": " "}, False),
     ("wait_agent", {"task_ids": [DONE, " "]}, False),
     ("wait_agent", {"task_ids": DONE + " "}, False),

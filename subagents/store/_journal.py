@@ -25,7 +25,7 @@ from typing import Final, Self, cast
 import attrs
 
 from .._envelope import DelegateResult, Status, now_ms
-from .._journal import SpawnEntry, StoredTask
+from .._journal import KeyedTask, SpawnEntry, StoredTask
 from .._json import JSONValue, dumps, loads
 from . import _deliveries as rows
 from ._errors import StoreError
@@ -47,11 +47,21 @@ OPEN_ORIGINS: set[str] = set()
 """The origins of the stores open in this process: their tasks are not recovered."""
 
 # A plain INSERT: an id the store holds already fails the batch loudly, never silently
-# (spawn checks the store first, so only a race with another process could clash).
+# (spawn checks the store first, so only a race with another process could clash). An
+# idempotency key another row holds is not a failure: two processes that both found the
+# key free spawned at once, and the later row is written without it (design/store.md).
 _INSERT_TASK: Final = (
     "INSERT INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
-    "state, attempts, owner, created_ms, updated_ms) "
-    "VALUES (?, ?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?)"
+    "idempotency_key, state, attempts, owner, created_ms, updated_ms) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?7 IS NULL THEN NULL "
+    "WHEN EXISTS (SELECT 1 FROM tasks WHERE session = ?2 AND idempotency_key = ?7) "
+    "THEN NULL ELSE ?7 END, 'queued', 0, ?8, ?9, ?9)"
+)
+# A key is free again once its task is forgotten (its envelope unlinked), or, for a task
+# this store journaled, once its record is dropped here (a spawn with the key found none).
+_RELEASE_KEY: Final = (
+    "UPDATE tasks SET idempotency_key = NULL WHERE session = ? AND idempotency_key = ? "
+    "AND state = 'ended' AND (envelope_id IS NULL OR owner = ?)"
 )
 _INSERT_NAME: Final = "INSERT OR IGNORE INTO names (session, agent_path, task_id) VALUES (?, ?, ?)"
 _LAST_ENVELOPE: Final = "SELECT max(id) FROM envelopes WHERE task_id = ?"
@@ -104,6 +114,12 @@ class _SpawnWrite(Write):
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         ms = now_ms()
+        keyed = [w for w in writes if w.entry.idempotency_key is not None]
+        if keyed:
+            conn.executemany(
+                _RELEASE_KEY,
+                [(w.entry.session_id, w.entry.idempotency_key, w.owner) for w in keyed],
+            )
         conn.executemany(
             _INSERT_TASK,
             [
@@ -114,8 +130,8 @@ class _SpawnWrite(Write):
                     e.agent,
                     e.agent_path,
                     dumps(e.request),
+                    e.idempotency_key,
                     w.owner,
-                    ms,
                     ms,
                 )
                 for w in writes
@@ -316,13 +332,13 @@ def _recover(
     again (a root spawn of an agent in ``reruns``, under its cap of tries); returns how
     many were finished, and the claimed ones."""
     unfinished = conn.execute(
-        "SELECT task_id, session, parent_task, agent, agent_path, request, attempts, owner "
-        "FROM tasks INDEXED BY tasks_unfinished WHERE state <> 'ended'"
+        "SELECT task_id, session, parent_task, agent, agent_path, request, attempts, owner, "
+        "idempotency_key FROM tasks INDEXED BY tasks_unfinished WHERE state <> 'ended'"
     ).fetchall()
     ms = now_ms()
     recovered = 0
     claimed: list[SpawnEntry] = []
-    for task_id, session, parent, agent, agent_path, request, attempts, owner in unfinished:
+    for task_id, session, parent, agent, agent_path, request, attempts, owner, key in unfinished:
         if owner_alive(owner):
             continue
         ((envelope_id,),) = conn.execute(_LAST_ENVELOPE, (task_id,)).fetchall()
@@ -332,7 +348,7 @@ def _recover(
             # with its process, and a parent run again delegates anew.
             if cap is not None and parent is None and attempts < cap:
                 conn.execute(_CLAIM, (origin, ms, task_id))
-                claimed.append(_claimed(task_id, session, agent, agent_path, request))
+                claimed.append(_claimed(task_id, session, agent, agent_path, request, key))
                 continue
             envelope = interrupted_envelope(
                 task_id, agent, agent_path, tries=attempts if cap is not None else None
@@ -349,7 +365,9 @@ _CLAIM: Final = (
 )
 
 
-def _claimed(task_id: str, session: str, agent: str, agent_path: str, request: bytes) -> SpawnEntry:
+def _claimed(
+    task_id: str, session: str, agent: str, agent_path: str, request: bytes, key: str | None
+) -> SpawnEntry:
     data = loads(request)
     return SpawnEntry(
         task_id=task_id,
@@ -358,6 +376,7 @@ def _claimed(task_id: str, session: str, agent: str, agent_path: str, request: b
         agent=agent,
         agent_path=agent_path,
         request=cast("Mapping[str, JSONValue]", data if isinstance(data, dict) else {}),
+        idempotency_key=key,
     )
 
 
@@ -378,6 +397,10 @@ _NEAR_COLUMNS: Final = "SELECT task_id, session, state, owner, envelope_id FROM 
 _NEAR_ABOVE: Final = _NEAR_COLUMNS + "WHERE task_id >= ? AND task_id < ? ORDER BY task_id LIMIT ?"
 _NEAR_BELOW: Final = (
     _NEAR_COLUMNS + "WHERE task_id < ? AND task_id >= ? ORDER BY task_id DESC LIMIT ?"
+)
+_BY_KEY: Final = (
+    "SELECT task_id, state, owner, envelope_id FROM tasks INDEXED BY tasks_idempotency "
+    "WHERE session = ? AND idempotency_key = ? AND owner IS NOT ?"
 )
 
 Read = Callable[[Callable[[sqlite3.Connection], object]], object]
@@ -531,6 +554,25 @@ class SqliteJournal:
             )
 
         return cast("StoredTask | None", self._read(query))
+
+    def by_key(self, session_id: str, key: str) -> KeyedTask | None:
+        """The task another store journaled in ``session_id`` with idempotency key ``key``,
+        or ``None`` (one read of the ``tasks_idempotency`` index on the event loop's
+        connection). A forgotten task (its envelope unlinked, or its forgetting queued
+        here) holds no key; nor does a task this store journaled, as for :meth:`lookup`."""
+
+        def query(conn: sqlite3.Connection) -> KeyedTask | None:
+            found = conn.execute(_BY_KEY, (session_id, key, self._origin)).fetchall()
+            if not found:
+                return None
+            ((task_id, state, owner, envelope_id),) = found
+            ended = state == "ended"
+            if (ended and envelope_id is None) or task_id in self._forgetting:
+                return None
+            alive = not ended and owner_alive(None if owner is None else str(owner))
+            return KeyedTask(task_id=str(task_id), ended=ended, owner_alive=alive)
+
+        return cast("KeyedTask | None", self._read(query))
 
     def names(self, session_id: str) -> list[str]:
         """Every agent path ``session_id`` was given in this store (its ``names`` rows)."""

@@ -11,6 +11,7 @@ from .._handle import record_of
 from .._json import JSONValue
 from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
 from .._tracing import ToolSpan
+from .._validators import MAX_IDEMPOTENCY_KEY
 from ._output import output_schema
 from ._schema import Param
 from ._tool import Tool, ToolLimits, ToolResult, make_tool
@@ -72,28 +73,43 @@ class SessionTools(WaitAgent):
         if "timeout_ms" in args:
             kwargs["timeout"] = int_arg(args["timeout_ms"]) / 1000
         name = args.get("name")
+        key = args.get("idempotency_key")
+        created = manager.statistics().spawned
         handle = manager.spawn(
             agent,
             str(args["input"]),
             session_id=self.session_id,
             name=None if name is None else str(name),
+            idempotency_key=None if key is None else str(key),
             **kwargs,  # type: ignore[arg-type]
         )
         stats = manager.statistics()
-        status = "running" if handle.queue_position == 0 else "queued"
+        # A repeat of a keyed spawn creates no child: it answers with the task it names.
+        existing = stats.spawned == created
+        if existing:
+            status = status_of(handle)
+        else:
+            status = "running" if handle.queue_position == 0 else "queued"
         # Children admitted but not yet picked up by a worker start in this same tick:
         # count them as running, as this answer's status does.
         starting = max(0, min(stats.queued, stats.limit - stats.running))
-        where = (
-            "started at once"
-            if status == "running"
-            else f"queued at position {handle.queue_position} (all {stats.limit} slots busy)"
-        )
-        content = (
-            f"spawned {agent} as task {handle.task_id} ({handle.agent_path}): {where}; "
-            f"concurrency limit {stats.limit}. Keep working; when you need the result call "
-            f'wait_agent with task_ids ["{handle.task_id}"].'
-        )
+        if existing:
+            content = (
+                f"task {handle.task_id} ({handle.agent_path}) was already spawned with this "
+                f"idempotency_key; nothing new was started. It is {status}: call "
+                f'wait_agent with task_ids ["{handle.task_id}"] for its result.'
+            )
+        else:
+            where = (
+                "started at once"
+                if status == "running"
+                else f"queued at position {handle.queue_position} (all {stats.limit} slots busy)"
+            )
+            content = (
+                f"spawned {agent} as task {handle.task_id} ({handle.agent_path}): {where}; "
+                f"concurrency limit {stats.limit}. Keep working; when you need the result "
+                f'call wait_agent with task_ids ["{handle.task_id}"].'
+            )
         return ToolResult(
             content=content,
             details={
@@ -101,6 +117,7 @@ class SessionTools(WaitAgent):
                 "agent": agent,
                 "agent_path": str(handle.agent_path),
                 "status": status,
+                "existing": existing,
                 "queue_position": handle.queue_position,
                 "concurrency_limit": stats.limit,
                 "running": stats.running + starting,
@@ -324,6 +341,16 @@ def build_session_tools(
                     "starting with a letter or digit",
                 ),
                 _TIMEOUT_SPAWN,
+                Param(
+                    name="idempotency_key",
+                    kind="string",
+                    description="Optional key naming this piece of work: calling spawn_agent "
+                    "again with the same key and the same agent and input (a retried call) "
+                    "returns the task it started instead of starting another.",
+                    min_length=1,
+                    max_length=MAX_IDEMPOTENCY_KEY,
+                    form=f"1 to {MAX_IDEMPOTENCY_KEY} characters",
+                ),
             ],
             handler=impl.spawn,
             annotations=_hints(

@@ -115,7 +115,8 @@ _ANSWERS: Final[dict[str, dict[str, JSONValue]]] = {
             "task_id": _STR,
             "agent": _STR,
             "agent_path": _STR,
-            "status": {"type": "string", "enum": ["running", "queued"]},
+            "status": _TASK_STATUS,
+            "existing": _BOOL,
             "queue_position": _COUNT,
             "concurrency_limit": _COUNT,
             "running": _COUNT,
@@ -126,12 +127,15 @@ _ANSWERS: Final[dict[str, dict[str, JSONValue]]] = {
             "agent",
             "agent_path",
             "status",
+            "existing",
             "queue_position",
             "concurrency_limit",
             "running",
             "queued",
         ],
-        "The spawned task: its id (for wait_agent) and where it stands.",
+        "The spawned task: its id (for wait_agent) and where it stands (a new task is "
+        "running or queued; existing: an earlier call with the same idempotency_key "
+        "started it, and status is its status now).",
     ),
     "wait_agent": _object(
         {

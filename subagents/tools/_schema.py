@@ -57,6 +57,8 @@ class Param:
     """Documented default (schema only; the tool applies it)."""
     max_items: int = 64
     """Upper bound on the number of ids of an ``ids`` field."""
+    min_length: int = 0
+    """Lower bound on the characters of a ``string`` (each id of an ``ids`` field has 1)."""
     max_length: int | None = None
     """Upper bound on the characters of a ``string`` (of each id of an ``ids`` field)."""
     pattern: str | None = None
@@ -77,7 +79,7 @@ def schema_for(params: Sequence[Param]) -> dict[str, JSONValue]:
     for p in params:
         prop: dict[str, JSONValue]
         if p.kind == "string":
-            prop = _string(p)
+            prop = _string(p, min_length=p.min_length)
         elif p.kind == "integer":
             prop = {"type": "integer", "minimum": p.minimum}
         elif p.kind == "enum":
@@ -240,10 +242,11 @@ def _check(p: Param, value: object) -> object:
 
 
 def _constrained(p: Param, value: str, what: str) -> str:
-    """``value`` if it meets ``p.max_length`` and ``p.pattern``; the message names
-    ``what`` (the field, or its items)."""
+    """``value`` if it meets ``p.min_length``, ``p.max_length`` and ``p.pattern``; the
+    message names ``what`` (the field, or its items)."""
     too_long = p.max_length is not None and len(value) > p.max_length
-    if too_long or (p.pattern is not None and not re.fullmatch(p.pattern, value)):
+    unmatched = p.pattern is not None and not re.fullmatch(p.pattern, value)
+    if too_long or len(value) < p.min_length or unmatched:
         raise ArgumentError(f"{what} must be {p.form}, got {show(value)}", p.name)
     return value
 

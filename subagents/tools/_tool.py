@@ -356,11 +356,10 @@ def error_result(exc: Exception, tool: str) -> ToolResult:
     if isinstance(exc, SpawnRejected):
         # The exception speaks to programmers; what the model should do is said here.
         hint = _SPAWN_REJECTED_HINTS.get(exc.reason, "do the task yourself instead")
-        return ToolResult(
-            content=f"{tool} refused: {exc}; {hint}.",
-            details={"error": "spawn_rejected", "reason": exc.reason},
-            is_error=True,
-        )
+        refused: dict[str, JSONValue] = {"error": "spawn_rejected", "reason": exc.reason}
+        if exc.task_id is not None:
+            refused["task_id"] = exc.task_id  # the task holding the idempotency key
+        return ToolResult(content=f"{tool} refused: {exc}; {hint}.", details=refused, is_error=True)
     if isinstance(exc, InvalidName):
         return ToolResult(
             content=f"invalid arguments: name must be a valid agent name ({exc.reason}), "
@@ -406,6 +405,10 @@ _SPAWN_REJECTED_HINTS: Final = {
     "depth": "do this task yourself instead of delegating it",
     "session_closed": "this session can no longer delegate: do the task yourself",
     "manager_closed": "subagents are not available now: do the task yourself",
+    "idempotency_conflict": "to run a different task, give it a new idempotency_key; to "
+    "get that task's result, call wait_agent with its task id",
+    "idempotency_pending": "call spawn_agent with the same arguments again later (it then "
+    "answers with that task), or do the task yourself",
 }
 """What a model should do about each :class:`SpawnRejected` reason."""
 

@@ -29,7 +29,7 @@ from subagents.tools import ToolResult, Toolset, build_tools
 
 TRUNCATE = 2000
 FIELDS = {
-    "spawn_agent": ("agent", "input", "name", "timeout_ms"),
+    "spawn_agent": ("agent", "input", "name", "timeout_ms", "idempotency_key"),
     "wait_agent": ("task_ids", "mode", "timeout_ms"),
     "delegate_to_agent": ("agent", "input", "timeout_ms"),
     "cancel_agent": ("task_id",),
@@ -84,6 +84,7 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "input": unicode_text | st.sampled_from(["hello", *HUGE]),
     "name": st.sampled_from(["n1", "a/b", "", "x" * 70, "..", "-", "ok.name"]) | unicode_text,
     "timeout_ms": numbers,
+    "idempotency_key": st.sampled_from(["k1", "", *HUGE]) | unicode_text,
     "task_ids": st.sampled_from([LIVE, DONE, FOREIGN, [LIVE, DONE], [DONE, DONE], [], [""]])
     | st.lists(st.sampled_from([LIVE, DONE, FOREIGN, "nope", " "]), max_size=70),
     "mode": st.sampled_from(["any", "all", "ALL", "some", ""]),

@@ -14,7 +14,7 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from subagents import DelegateResult, Status
+from subagents import AgentSpec, DelegateResult, Request, RunContext, Status
 from subagents._journal import SpawnEntry
 from subagents.store import SqliteStore
 
@@ -62,6 +62,22 @@ def query_plan(path: Path, statement: str, *params: object) -> list[str]:
         return [str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}", params)]
 
 
+def counted_agents(calls: list[str]) -> list[AgentSpec]:
+    """``echo`` (returns its input in capitals) and ``forever``; each run appends its
+    input to ``calls``."""
+
+    async def echo(request: Request, ctx: RunContext) -> str:
+        calls.append(request.input)
+        return request.input.upper()
+
+    async def forever(request: Request, ctx: RunContext) -> str:
+        calls.append(request.input)
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return [AgentSpec(name="echo", runner=echo), AgentSpec(name="forever", runner=forever)]
+
+
 @contextmanager
 def sqlite(path: str | Path, **kwargs: object) -> Iterator[sqlite3.Connection]:
     """A plain connection to ``path``, committed (or rolled back) and closed at the end
@@ -93,9 +109,12 @@ class Worker:
 
 
 @asynccontextmanager
-async def worker(*args: str, backend: str = "asyncio") -> AsyncIterator[Worker]:
-    """Start ``worker.py *args``; on exit wait for it and require a clean exit."""
-    command = [sys.executable, str(WORKER), *args, "--backend", backend]
+async def worker(
+    *args: str, backend: str = "asyncio", script: Path = WORKER
+) -> AsyncIterator[Worker]:
+    """Start ``script *args`` (``worker.py`` by default); on exit wait for it and require
+    a clean exit."""
+    command = [sys.executable, str(script), *args, "--backend", backend]
     async with await anyio.open_process(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
     ) as process:

@@ -68,6 +68,8 @@ async def test_a_killed_rerun_spawn_runs_again_under_its_old_id(
     finisher = Finisher()
     spec = AgentSpec(name="stuck", runner=finisher, resume="rerun")
     async with SubagentManager([spec], config=SubagentConfig(store_path=path)) as m:
+        # Its idempotency key is its own again: a repeat is the rerun, not a new spawn.
+        assert m.spawn("stuck", "the input", idempotency_key="k").task_id == task_id
         with anyio.fail_after(30):
             envelope = await m.wait_result(task_id)
         assert envelope is not None

@@ -181,7 +181,7 @@ async def rerun(path: str, spawn_one: bool, max_attempts: int) -> None:
     spec = AgentSpec(name="stuck", runner=stuck, resume="rerun", max_attempts=max_attempts)
     async with SubagentManager([spec], config=SubagentConfig(store_path=path)) as manager:
         if spawn_one:
-            handle = manager.spawn("stuck", "the input", timeout=None)
+            handle = manager.spawn("stuck", "the input", timeout=None, idempotency_key="k")
             await handle.journaled()
             say(f"J {handle.task_id}")
         await anyio.sleep_forever()
