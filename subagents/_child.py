@@ -280,6 +280,22 @@ class ChildRunner:
                     await child.done.wait()
         self._sessions.release(record.task_id)
 
+    async def close_session(self, session_id: str) -> None:
+        """Cancel the unfinished children of ``session_id``, wait (bounded by
+        ``settle_timeout``, the caller's slot lent) until each has settled, then release
+        the session, even if the caller is cancelled."""
+        sessions = self._sessions
+        live = sessions.start_closing(session_id)
+        try:
+            for record in live:
+                self.cancel(record, "its session was closed")
+            with anyio.move_on_after(self._settle_timeout):
+                async with self._limiter.lend_slot():  # a child closing one lends its slot
+                    for record in live:
+                        await record.done.wait()
+        finally:
+            sessions.finish_closing(session_id)
+
     def cancel(self, record: ChildRecord, reason: str) -> bool:
         """Ask a child to stop: a queued one ends at once, a running one is cancelled at
         its next checkpoint. False if it had ended, was being cancelled or is finishing."""

@@ -15,14 +15,24 @@ import difflib
 import itertools
 import logging
 import re
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Final
+
+from ._errors import UnknownTask
 
 if TYPE_CHECKING:
     from ._journal import Journal
     from ._record import ChildRecord
 
-__all__ = ["MAX_CANDIDATES", "IdIndex", "live_ids_sentence", "store_sentence", "stored_near"]
+__all__ = [
+    "MAX_CANDIDATES",
+    "UNSET_RETAIN",
+    "IdIndex",
+    "live_ids_sentence",
+    "store_sentence",
+    "stored_near",
+    "unknown_task",
+]
 
 logger = logging.getLogger("subagents")
 
@@ -153,4 +163,51 @@ def store_sentence(journal: Journal, task_id: str) -> str:
     return (
         f"The store {path} holds it as spawned through this same store object by another "
         "manager: only that manager knows it."
+    )
+
+
+UNSET_RETAIN: Final = -1
+"""``unknown_task``'s ``retain`` when nothing was ever forgotten: nothing to say of it."""
+
+
+def unknown_task(
+    task_id: str,
+    session_id: str | None,
+    ids: IdIndex,
+    tasks: Mapping[str, ChildRecord],
+    live: Collection[ChildRecord],
+    journal: Journal | None,
+    retain: int | None,
+) -> UnknownTask:
+    """The error for ``task_id``, which neither ``tasks`` nor the store holds: the ids
+    probably meant (in memory and, with a ``journal``, the store's), what was looked in,
+    why an id may be gone (``retain``: the retention setting, :data:`UNSET_RETAIN` when
+    nothing was forgotten), and ``session_id``'s unfinished tasks (``live``)."""
+    detail = live_ids_sentence(session_id, live)
+    if retain != UNSET_RETAIN:
+        detail = f"{_forgotten_sentence(retain)} {detail}".rstrip()
+    if journal is not None:  # what was looked in: memory and the store
+        detail = f"{store_sentence(journal, task_id)} {detail}".rstrip()
+    stored: dict[str, str] = {}  # the store's candidates, by id with their sessions
+
+    def near(needle: str) -> dict[str, str]:
+        assert journal is not None
+        stored.update(stored_near(journal, needle))
+        return stored
+
+    def in_session(candidate: str) -> bool:
+        record = tasks.get(candidate)
+        session = stored.get(candidate) if record is None else record.session_id
+        return session is not None and session == session_id
+
+    more = None if journal is None else near
+    return UnknownTask(task_id, ids.similar(task_id, tasks.__contains__, in_session, more), detail)
+
+
+def _forgotten_sentence(retain: int | None) -> str:
+    if retain is None:
+        return "Records are forgotten on request (forget), so a forgotten id is unknown."
+    return (
+        f"Collected results are forgotten (retain_collected={retain}), so an id "
+        "already collected may be unknown."
     )

@@ -372,17 +372,7 @@ class SubagentManager:
         (their envelopes stay in :meth:`result`). Idempotent; a cancelled caller still
         releases the mailbox.
         """
-        sessions = self._sessions
-        live = sessions.start_closing(session_id)
-        try:
-            for record in live:
-                self._children.cancel(record, "its session was closed")
-            with anyio.move_on_after(self.config.settle_timeout):
-                async with self.lend_slot():  # a child closing a session lends its slot
-                    for record in live:
-                        await record.done.wait()
-        finally:
-            sessions.finish_closing(session_id)
+        await self._children.close_session(session_id)
 
     def session_closed(self, session_id: str) -> bool:
         """True once :meth:`close_session` was called (or the child owning it ended).

@@ -19,7 +19,7 @@ from typing import Final
 from ._envelope import DelegateResult
 from ._errors import SpawnRejected, UnknownTask
 from ._journal import Journal
-from ._lookup import IdIndex, live_ids_sentence, store_sentence, stored_near
+from ._lookup import UNSET_RETAIN, IdIndex, live_ids_sentence, unknown_task
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._paths import NameAllocator
 from ._record import SETTLED, ChildRecord
@@ -138,20 +138,25 @@ class Sessions:
         """The record of ``task_id``; raises :class:`UnknownTask` naming the ids probably
         meant (or, with ``session_id``, saying whose it is)."""
         record = self.find(task_id) if isinstance(task_id, str) else None
+        live = self._live.get(session_id or "", {})
         if record is None:
-            detail = live_ids_sentence(session_id, self._live.get(session_id or "", {}))
-            if self._retain is not None or self._forgot:
-                detail = f"{self._forgotten_sentence()} {detail}".rstrip()
-            if self._journal is not None:  # what was looked in: memory and the store
-                detail = f"{store_sentence(self._journal, str(task_id))} {detail}".rstrip()
-            raise UnknownTask(str(task_id), self._similar_ids(str(task_id), session_id), detail)
+            forgetting = self._retain is not None or self._forgot
+            raise unknown_task(
+                str(task_id),
+                session_id,
+                self._ids,
+                self._tasks,
+                live,
+                self._journal,
+                self._retain if forgetting else UNSET_RETAIN,
+            )
         if session_id is not None and record.session_id != session_id:
             raise UnknownTask(
                 task_id,
                 (),
                 f"It belongs to another session ({record.session_id!r}), not {session_id!r}; "
                 "only the session that spawned a task can collect it. "
-                + live_ids_sentence(session_id, self._live.get(session_id or "", {})),
+                + live_ids_sentence(session_id, live),
             )
         return record
 
@@ -171,31 +176,6 @@ class Sessions:
             self._tasks[task_id] = record
             self._ids.add(task_id)
         return record
-
-    def _forgotten_sentence(self) -> str:
-        if self._retain is None:
-            return "Records are forgotten on request (forget), so a forgotten id is unknown."
-        return (
-            f"Collected results are forgotten (retain_collected={self._retain}), so an id "
-            "already collected may be unknown."
-        )
-
-    def _similar_ids(self, task_id: str, session_id: str | None) -> list[str]:
-        tasks, journal = self._tasks, self._journal
-        stored: dict[str, str] = {}  # the store's candidates, by id with their sessions
-
-        def near(needle: str) -> dict[str, str]:
-            assert journal is not None
-            stored.update(stored_near(journal, needle))
-            return stored
-
-        def in_session(candidate: str) -> bool:
-            record = tasks.get(candidate)
-            session = stored.get(candidate) if record is None else record.session_id
-            return session is not None and session == session_id
-
-        more = None if journal is None else near
-        return self._ids.similar(task_id, tasks.__contains__, in_session, more)
 
     def listing(self, session_id: str) -> list[ChildRecord]:
         """Every record of ``session_id`` not forgotten, oldest first."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 from .._journal import set_store_opener
 from ._errors import REASONS, StoreError
 from ._files import APPLICATION_ID
-from ._journal import INTERRUPTED, SqliteJournal
+from ._journal import SqliteJournal
 from ._mailbox import SqliteMailbox
+from ._recovery import INTERRUPTED
 from ._schema import SCHEMA_VERSION
 from ._sqlite import Synchronous
 from ._store import DEFAULT_BUSY_TIMEOUT, DEFAULT_POLL_INTERVAL, SqliteStore, StoreStatistics

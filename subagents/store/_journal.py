@@ -1,384 +1,28 @@
 """The journal of spawns in the store: the engine's :class:`~subagents._journal.Journal`.
 
-Every journal write is a :class:`~._writer.Write` in the writer thread's one queue, so it
-is group-committed with the mailboxes' puts and applied in order with them: a child's
-envelope put (by its session's mailbox) comes before its ``ended`` write, which links the
-row the mailbox wrote instead of writing the envelope again.
-
-Recovery runs as one write too: inside one ``BEGIN IMMEDIATE`` transaction, every task not
-``ended`` whose owning process is gone gets its envelope (the one already written, if the
-process died between the put and the ``ended`` write; else a new ``Interrupted`` one,
-delivered to its session's mailbox) and becomes ``ended``: exactly one envelope each, even
-with several processes recovering at once.
+Its writes (``_journal_writes``) and recovery (``_recovery``) go through the writer
+thread; its reads through the event loop's connection, one indexed statement each.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sqlite3
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Final, Self, cast
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final, cast
 
-import attrs
-
-from .._envelope import DelegateResult, Status, now_ms
+from .._envelope import DelegateResult
 from .._journal import KeyedTask, SpawnEntry, StoredTask
-from .._json import JSONValue, dumps, loads
-from . import _deliveries as rows
+from .._json import JSONValue, loads
 from ._errors import StoreError
+from ._journal_writes import TASK_STATE, EndWrite, ForgetWrite, SpawnWrite, StartWrite
+from ._recovery import RecoverWrite, owner_alive
 from ._writer import Write
 
-__all__ = ["INTERRUPTED", "OPEN_ORIGINS", "SqliteJournal"]
+__all__ = ["SqliteJournal"]
 
 logger = logging.getLogger("subagents.store")
-
-INTERRUPTED: Final = "Interrupted"
-"""The ``error_type`` of the envelope a restart gives a spawn its process never ended."""
-
-_INTERRUPTED_TEXT: Final = (
-    "the process running this child ended before the child finished "
-    "(its envelope was given by a restart)"
-)
-
-OPEN_ORIGINS: set[str] = set()
-"""The origins of the stores open in this process: their tasks are not recovered."""
-
-# A plain INSERT: an id the store holds already fails the batch loudly, never silently
-# (spawn checks the store first, so only a race with another process could clash). An
-# idempotency key another row holds is not a failure: two processes that both found the
-# key free spawned at once, and the later row is written without it (design/store.md).
-_INSERT_TASK: Final = (
-    "INSERT INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
-    "idempotency_key, state, attempts, owner, created_ms, updated_ms) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?7 IS NULL THEN NULL "
-    "WHEN EXISTS (SELECT 1 FROM tasks WHERE session = ?2 AND idempotency_key = ?7) "
-    "THEN NULL ELSE ?7 END, 'queued', 0, ?8, ?9, ?9)"
-)
-# A key is free again once its task is forgotten (its envelope unlinked), or, for a task
-# this store journaled, once its record is dropped here (a spawn with the key found none).
-_RELEASE_KEY: Final = (
-    "UPDATE tasks SET idempotency_key = NULL WHERE session = ? AND idempotency_key = ? "
-    "AND state = 'ended' AND (envelope_id IS NULL OR owner = ?)"
-)
-_INSERT_NAME: Final = "INSERT OR IGNORE INTO names (session, agent_path, task_id) VALUES (?, ?, ?)"
-_LAST_ENVELOPE: Final = "SELECT max(id) FROM envelopes WHERE task_id = ?"
-_END: Final = (
-    "UPDATE tasks SET state = 'ended', envelope_id = ?, updated_ms = ? "
-    "WHERE task_id = ? AND state <> 'ended'"
-)
-_DELETE_TASK: Final = "DELETE FROM tasks WHERE task_id = ? AND state = 'ended'"
-# Its deliveries go by the cascade; the foreign key from tasks.envelope_id is checked by
-# the index tasks_envelope (without it every delete would scan the tasks).
-_DELETE_ENVELOPES: Final = (
-    "DELETE FROM envelopes WHERE task_id = ?1 "
-    "AND NOT EXISTS (SELECT 1 FROM tasks WHERE task_id = ?1)"
-)
-_STATE: Final = "SELECT state, envelope_id FROM tasks WHERE task_id = ?"
-
-
-def owner_alive(owner: str | None) -> bool:
-    """Whether the process (and store) that journaled a task may still run it: a store
-    open in this process, or another process that exists. A pid reused by an unrelated
-    process keeps its tasks unrecovered until that process ends."""
-    if not owner:
-        return False
-    if owner in OPEN_ORIGINS:
-        return True
-    pid_text, _, _ = owner.partition("-")
-    try:
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    if pid == os.getpid():
-        return False  # this process, but that store is closed
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True  # it exists (another user's)
-    except (OSError, OverflowError, ValueError):
-        return False
-    return True
-
-
-class _SpawnWrite(Write):
-    __slots__ = ("entry", "owner")
-
-    def __init__(self, entry: SpawnEntry, owner: str) -> None:
-        super().__init__()
-        self.entry = entry
-        self.owner = owner
-
-    @classmethod
-    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        ms = now_ms()
-        keyed = [w for w in writes if w.entry.idempotency_key is not None]
-        if keyed:
-            conn.executemany(
-                _RELEASE_KEY,
-                [(w.entry.session_id, w.entry.idempotency_key, w.owner) for w in keyed],
-            )
-        conn.executemany(
-            _INSERT_TASK,
-            [
-                (
-                    e.task_id,
-                    e.session_id,
-                    e.parent_task,
-                    e.agent,
-                    e.agent_path,
-                    dumps(e.request),
-                    e.idempotency_key,
-                    w.owner,
-                    ms,
-                )
-                for w in writes
-                for e in (w.entry,)
-            ],
-        )
-        conn.executemany(
-            _INSERT_NAME,
-            [(w.entry.session_id, w.entry.agent_path, w.entry.task_id) for w in writes],
-        )
-
-
-class _StartWrite(Write):
-    __slots__ = ("task_id",)
-
-    def __init__(self, task_id: str) -> None:
-        super().__init__()
-        self.task_id = task_id
-
-    @classmethod
-    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        ms = now_ms()
-        conn.executemany(
-            "UPDATE tasks SET state = 'running', attempts = attempts + 1, updated_ms = ? "
-            "WHERE task_id = ? AND state = 'queued'",
-            [(ms, w.task_id) for w in writes],
-        )
-
-
-def _insert_envelope(conn: sqlite3.Connection, session: str, task_id: str, body: bytes) -> int:
-    """An envelope row with no delivery (no mailbox wrote it); returns its id."""
-    ((largest,),) = conn.execute("SELECT coalesce(max(id), 0) FROM envelopes").fetchall()
-    envelope_id = int(largest) + 1
-    conn.execute(
-        "INSERT INTO envelopes (id, session, task_id, body, created_ms) VALUES (?, ?, ?, ?, ?)",
-        (envelope_id, session, task_id, body, now_ms()),
-    )
-    return envelope_id
-
-
-class _EndWrite(Write):
-    __slots__ = ("deliver", "envelope", "origin", "session", "task_id", "then")
-
-    def __init__(
-        self,
-        task_id: str,
-        session: str,
-        envelope: DelegateResult,
-        deliver: bool,
-        origin: str,
-        then: Callable[[], object] | None,
-    ) -> None:
-        super().__init__()
-        self.task_id = task_id
-        self.session = session
-        self.envelope = envelope
-        self.deliver = deliver
-        self.origin = origin
-        self.then = then
-
-    def done(self) -> None:
-        if self.then is not None:
-            self.then()
-
-    def failed(self) -> None:
-        if self.then is not None:
-            self.then()
-
-    @classmethod
-    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        ms = now_ms()
-        for w in writes:
-            ((envelope_id,),) = conn.execute(_LAST_ENVELOPE, (w.task_id,)).fetchall()
-            if envelope_id is None and w.deliver:  # ended as its manager closed
-                envelope_id = _deliver(conn, w.session, w.task_id, w.envelope, w.origin, ms)
-            elif envelope_id is None:  # its mailbox did not write it (full, closed)
-                envelope_id = _insert_envelope(conn, w.session, w.task_id, w.envelope.to_json())
-            conn.execute(_END, (envelope_id, ms, w.task_id))
-
-
-class _ForgetWrite(Write):
-    """A forgotten task's rows deleted: its ``tasks`` row, its envelopes and their
-    deliveries (by the foreign key's cascade); its ``names`` row stays, so its name is
-    never given out again. Only an ended task's: a forget that meets its task not ended
-    (its end write queued behind it: forgotten by a subscriber of its completion, while
-    it was being delivered) is submitted once more, after that write."""
-
-    __slots__ = ("again", "pending", "submit", "task_id", "unended")
-
-    def __init__(
-        self, task_id: str, pending: set[str], submit: Callable[[Write], int], again: bool
-    ) -> None:
-        super().__init__()
-        self.task_id = task_id
-        self.pending = pending  # forgotten, not yet committed: lookup answers None
-        self.submit = submit
-        self.again = again
-        self.unended = False
-
-    def done(self) -> None:
-        if self.unended and self.again:
-            try:
-                self.submit(_ForgetWrite(self.task_id, self.pending, self.submit, again=False))
-                return
-            except Exception:  # the store is closing or failed: the row stays
-                logger.warning("forgetting task %s in the store failed", self.task_id)
-        self.pending.discard(self.task_id)
-
-    @classmethod
-    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        ids = [(w.task_id,) for w in writes]
-        deleted = conn.executemany(_DELETE_TASK, ids).rowcount
-        conn.executemany(_DELETE_ENVELOPES, ids)
-        if deleted < len(writes):  # a task not ended yet (or never stored)
-            for w in writes:
-                w.unended = bool(conn.execute(_STATE, (w.task_id,)).fetchall())
-
-
-@attrs.define(kw_only=True)
-class _Undelivered:
-    """An envelope no mailbox put (a recovered task's, or one ended as its manager closed),
-    as :func:`._deliveries.insert` writes it."""
-
-    session: str
-    task_id: str
-    body: bytes
-    stored_at: float
-    origin: str
-    recipient: str = ""
-    expires_at: float | None = None
-    claimed: bool = False
-
-
-def interrupted_envelope(
-    task_id: str, agent: str, agent_path: str, *, tries: int | None = None
-) -> DelegateResult:
-    """The envelope of a spawn whose process ended before it did; ``tries``: the runs of a
-    re-runnable spawn that all ended so (its cap reached)."""
-    parent_path, _, _ = agent_path.rpartition("/")
-    text = _INTERRUPTED_TEXT
-    if tries is not None:
-        text = (
-            f"the processes running this child ended before it finished, {tries} times "
-            "(its agent's max_attempts): it is not run again"
-        )
-    return DelegateResult(
-        agent=agent,
-        task_id=task_id,
-        status=Status.ERROR,
-        error=text,
-        error_type=INTERRUPTED,
-        agent_path=agent_path,
-        parent_path=parent_path,
-    )
-
-
-def _deliver(
-    conn: sqlite3.Connection,
-    session: str,
-    task_id: str,
-    envelope: DelegateResult,
-    origin: str,
-    ms: int,
-) -> int:
-    """Put ``envelope`` unread in ``session``'s durable mailbox; returns its row's id."""
-    entry = _Undelivered(
-        session=session,
-        task_id=task_id,
-        body=envelope.to_json(),
-        stored_at=time.time(),
-        origin=origin,
-    )
-    rows.insert(conn, [entry], ms)
-    ((envelope_id,),) = conn.execute(_LAST_ENVELOPE, (task_id,)).fetchall()
-    return int(envelope_id)
-
-
-class _RecoverWrite(Write):
-    __slots__ = ("origin", "recovered", "rerun", "reruns")
-
-    def __init__(self, origin: str, reruns: Mapping[str, int]) -> None:
-        super().__init__()
-        self.origin = origin
-        self.reruns = reruns
-        self.recovered = 0
-        self.rerun: list[SpawnEntry] = []
-
-    @classmethod
-    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        for w in writes:
-            w.recovered, w.rerun = _recover(conn, w.origin, w.reruns)
-
-
-def _recover(
-    conn: sqlite3.Connection, origin: str, reruns: Mapping[str, int]
-) -> tuple[int, list[SpawnEntry]]:
-    """Finish every unfinished task of a process that has ended, or claim it for running
-    again (a root spawn of an agent in ``reruns``, under its cap of tries); returns how
-    many were finished, and the claimed ones."""
-    unfinished = conn.execute(
-        "SELECT task_id, session, parent_task, agent, agent_path, request, attempts, owner, "
-        "idempotency_key FROM tasks INDEXED BY tasks_unfinished WHERE state <> 'ended'"
-    ).fetchall()
-    ms = now_ms()
-    recovered = 0
-    claimed: list[SpawnEntry] = []
-    for task_id, session, parent, agent, agent_path, request, attempts, owner, key in unfinished:
-        if owner_alive(owner):
-            continue
-        ((envelope_id,),) = conn.execute(_LAST_ENVELOPE, (task_id,)).fetchall()
-        if envelope_id is None:  # the usual case: it never ended
-            cap = reruns.get(agent)
-            # Only a root session's spawn runs again: a child's parent session ended
-            # with its process, and a parent run again delegates anew.
-            if cap is not None and parent is None and attempts < cap:
-                conn.execute(_CLAIM, (origin, ms, task_id))
-                claimed.append(_claimed(task_id, session, agent, agent_path, request, key))
-                continue
-            envelope = interrupted_envelope(
-                task_id, agent, agent_path, tries=attempts if cap is not None else None
-            )
-            envelope_id = _deliver(conn, session, task_id, envelope, origin, ms)
-        conn.execute(_END, (envelope_id, ms, task_id))
-        recovered += 1
-    return recovered, claimed
-
-
-_CLAIM: Final = (
-    "UPDATE tasks SET state = 'queued', owner = ?, updated_ms = ? "
-    "WHERE task_id = ? AND state <> 'ended'"
-)
-
-
-def _claimed(
-    task_id: str, session: str, agent: str, agent_path: str, request: bytes, key: str | None
-) -> SpawnEntry:
-    data = loads(request)
-    return SpawnEntry(
-        task_id=task_id,
-        session_id=session,
-        parent_task=None,
-        agent=agent,
-        agent_path=agent_path,
-        request=cast("Mapping[str, JSONValue]", data if isinstance(data, dict) else {}),
-        idempotency_key=key,
-    )
-
 
 _LOOKUP: Final = (
     "SELECT t.session, t.request, e.id, e.body FROM tasks t "
@@ -436,12 +80,12 @@ class SqliteJournal:
     def spawned(self, entry: SpawnEntry) -> int:
         """Queue the spawn's ``tasks`` and ``names`` rows; returns the write's sequence
         number (what :meth:`wait_journaled` waits for). Never blocks."""
-        return self._submit(_SpawnWrite(entry, self._origin))
+        return self._submit(SpawnWrite(entry, self._origin))
 
     def started(self, task_id: str) -> int:
         """Queue: the task is ``running`` (``attempts + 1``); returns the write's sequence
         number. Never blocks."""
-        return self._submit(_StartWrite(task_id))
+        return self._submit(StartWrite(task_id))
 
     def ended(
         self,
@@ -456,13 +100,13 @@ class SqliteJournal:
         mailbox); ``then()`` runs on the event loop once that is committed, or once the
         store has failed first. Never blocks."""
         self._last_end = self._submit(
-            _EndWrite(task_id, session_id, envelope, deliver, self._origin, then)
+            EndWrite(task_id, session_id, envelope, deliver, self._origin, then)
         )
 
     def forgotten(self, task_id: str) -> None:
         """Queue: the ended task ``task_id`` was forgotten (its rows are deleted, its name
         kept, so :meth:`lookup` no longer finds it, in any process). Never blocks."""
-        self._submit(_ForgetWrite(task_id, self._forgetting, self._submit, again=True))
+        self._submit(ForgetWrite(task_id, self._forgetting, self._submit, again=True))
         self._forgetting.add(task_id)
 
     def location(self) -> str:
@@ -499,7 +143,7 @@ class SqliteJournal:
             return None
 
         def query(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
-            return conn.execute(_STATE, (task_id,)).fetchall()
+            return conn.execute(TASK_STATE, (task_id,)).fetchall()
 
         found = cast("list[tuple[object, ...]]", self._read(query))
         if not found:
@@ -591,7 +235,7 @@ class SqliteJournal:
         how many were finished. ``reruns`` maps the agents whose spawns run again to
         their cap of tries. Blocks until committed; cancellation stops the wait, not the
         write."""
-        write = _RecoverWrite(self._origin, reruns or {})
+        write = RecoverWrite(self._origin, reruns or {})
         await self._wait(self._submit(write))
         self._claimed.extend(write.rerun)
         return write.recovered

@@ -32,9 +32,10 @@ from .._json import loads
 from .._mailbox import DEFAULT_MAILBOX_CAPACITY
 from .._validators import count, seconds, text
 from ._errors import StoreError
-from ._journal import OPEN_ORIGINS, SqliteJournal
+from ._journal import SqliteJournal
 from ._mailbox import SqliteMailbox
 from ._opening import Connections, close_all, open_connections
+from ._recovery import OPEN_ORIGINS
 from ._sqlite import Connection, Synchronous
 from ._watch import Watcher
 from ._writer import Write, Writer

@@ -258,15 +258,15 @@ async def test_by_key_finds_another_stores_task_until_it_is_forgotten(tmp_path: 
 
 
 def test_the_keys_statements_read_the_idempotency_index(tmp_path: Path) -> None:
-    from subagents.store import _journal
+    from subagents.store import _journal, _journal_writes
 
     path = tmp_path / "s.db"
     anyio.run(_open_and_close, path)
     with sqlite(path) as conn:
         for statement, params in [
             (_journal._BY_KEY, ("s", "k", "o")),
-            (_journal._RELEASE_KEY, ("s", "k", "o")),
-            (_journal._INSERT_TASK, tuple(range(9))),
+            (_journal_writes._RELEASE_KEY, ("s", "k", "o")),
+            (_journal_writes._INSERT_TASK, tuple(range(9))),
         ]:
             plan = " ".join(
                 str(row) for row in conn.execute("EXPLAIN QUERY PLAN " + statement, params)

@@ -18,7 +18,7 @@ from subagents import (
 )
 from subagents._events import COMPLETED, Event
 from subagents.store import SqliteStore
-from subagents.store._journal import _DELETE_ENVELOPES, _DELETE_TASK
+from subagents.store._journal_writes import _DELETE_ENVELOPES, _DELETE_TASK
 from tests.store.support import query_plan, spawn_entry, sqlite
 
 pytestmark = pytest.mark.anyio

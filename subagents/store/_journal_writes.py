@@ -1,0 +1,252 @@
+"""The journal's writes, each a :class:`~._writer.Write` in the writer thread's one queue:
+a spawn's row, its start, its end, a forget; and an envelope put unread into a session's
+mailbox by the journal itself (a recovered task's, or one ended as its manager closed).
+
+They are group-committed with the mailboxes' puts and applied in order with them: a
+child's envelope put (by its session's mailbox) comes before its end write, which links
+the row the mailbox wrote instead of writing the envelope again.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from typing import Final, Self
+
+import attrs
+
+from .._envelope import DelegateResult, now_ms
+from .._journal import SpawnEntry
+from .._json import dumps
+from . import _deliveries as rows
+from ._writer import Write
+
+__all__ = [
+    "END_TASK",
+    "LAST_ENVELOPE",
+    "TASK_STATE",
+    "EndWrite",
+    "ForgetWrite",
+    "SpawnWrite",
+    "StartWrite",
+    "deliver_unread",
+]
+
+logger = logging.getLogger("subagents.store")
+
+# A plain INSERT: an id the store holds already fails the batch loudly, never silently
+# (spawn checks the store first, so only a race with another process could clash). An
+# idempotency key another row holds is not a failure: two processes that both found the
+# key free spawned at once, and the later row is written without it (design/store.md).
+_INSERT_TASK: Final = (
+    "INSERT INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
+    "idempotency_key, state, attempts, owner, created_ms, updated_ms) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?7 IS NULL THEN NULL "
+    "WHEN EXISTS (SELECT 1 FROM tasks WHERE session = ?2 AND idempotency_key = ?7) "
+    "THEN NULL ELSE ?7 END, 'queued', 0, ?8, ?9, ?9)"
+)
+# A key is free again once its task is forgotten (its envelope unlinked), or, for a task
+# this store journaled, once its record is dropped here (a spawn with the key found none).
+_RELEASE_KEY: Final = (
+    "UPDATE tasks SET idempotency_key = NULL WHERE session = ? AND idempotency_key = ? "
+    "AND state = 'ended' AND (envelope_id IS NULL OR owner = ?)"
+)
+_INSERT_NAME: Final = "INSERT OR IGNORE INTO names (session, agent_path, task_id) VALUES (?, ?, ?)"
+LAST_ENVELOPE: Final = "SELECT max(id) FROM envelopes WHERE task_id = ?"
+END_TASK: Final = (
+    "UPDATE tasks SET state = 'ended', envelope_id = ?, updated_ms = ? "
+    "WHERE task_id = ? AND state <> 'ended'"
+)
+_DELETE_TASK: Final = "DELETE FROM tasks WHERE task_id = ? AND state = 'ended'"
+# Its deliveries go by the cascade; the foreign key from tasks.envelope_id is checked by
+# the index tasks_envelope (without it every delete would scan the tasks).
+_DELETE_ENVELOPES: Final = (
+    "DELETE FROM envelopes WHERE task_id = ?1 "
+    "AND NOT EXISTS (SELECT 1 FROM tasks WHERE task_id = ?1)"
+)
+TASK_STATE: Final = "SELECT state, envelope_id FROM tasks WHERE task_id = ?"
+
+
+class SpawnWrite(Write):
+    __slots__ = ("entry", "owner")
+
+    def __init__(self, entry: SpawnEntry, owner: str) -> None:
+        super().__init__()
+        self.entry = entry
+        self.owner = owner
+
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
+        ms = now_ms()
+        keyed = [w for w in writes if w.entry.idempotency_key is not None]
+        if keyed:
+            conn.executemany(
+                _RELEASE_KEY,
+                [(w.entry.session_id, w.entry.idempotency_key, w.owner) for w in keyed],
+            )
+        conn.executemany(
+            _INSERT_TASK,
+            [
+                (
+                    e.task_id,
+                    e.session_id,
+                    e.parent_task,
+                    e.agent,
+                    e.agent_path,
+                    dumps(e.request),
+                    e.idempotency_key,
+                    w.owner,
+                    ms,
+                )
+                for w in writes
+                for e in (w.entry,)
+            ],
+        )
+        conn.executemany(
+            _INSERT_NAME,
+            [(w.entry.session_id, w.entry.agent_path, w.entry.task_id) for w in writes],
+        )
+
+
+class StartWrite(Write):
+    __slots__ = ("task_id",)
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__()
+        self.task_id = task_id
+
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
+        ms = now_ms()
+        conn.executemany(
+            "UPDATE tasks SET state = 'running', attempts = attempts + 1, updated_ms = ? "
+            "WHERE task_id = ? AND state = 'queued'",
+            [(ms, w.task_id) for w in writes],
+        )
+
+
+def _insert_envelope(conn: sqlite3.Connection, session: str, task_id: str, body: bytes) -> int:
+    """An envelope row with no delivery (no mailbox wrote it); returns its id."""
+    ((largest,),) = conn.execute("SELECT coalesce(max(id), 0) FROM envelopes").fetchall()
+    envelope_id = int(largest) + 1
+    conn.execute(
+        "INSERT INTO envelopes (id, session, task_id, body, created_ms) VALUES (?, ?, ?, ?, ?)",
+        (envelope_id, session, task_id, body, now_ms()),
+    )
+    return envelope_id
+
+
+class EndWrite(Write):
+    __slots__ = ("deliver", "envelope", "origin", "session", "task_id", "then")
+
+    def __init__(
+        self,
+        task_id: str,
+        session: str,
+        envelope: DelegateResult,
+        deliver: bool,
+        origin: str,
+        then: Callable[[], object] | None,
+    ) -> None:
+        super().__init__()
+        self.task_id = task_id
+        self.session = session
+        self.envelope = envelope
+        self.deliver = deliver
+        self.origin = origin
+        self.then = then
+
+    def done(self) -> None:
+        if self.then is not None:
+            self.then()
+
+    def failed(self) -> None:
+        if self.then is not None:
+            self.then()
+
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
+        ms = now_ms()
+        for w in writes:
+            ((envelope_id,),) = conn.execute(LAST_ENVELOPE, (w.task_id,)).fetchall()
+            if envelope_id is None and w.deliver:  # ended as its manager closed
+                envelope_id = deliver_unread(conn, w.session, w.task_id, w.envelope, w.origin, ms)
+            elif envelope_id is None:  # its mailbox did not write it (full, closed)
+                envelope_id = _insert_envelope(conn, w.session, w.task_id, w.envelope.to_json())
+            conn.execute(END_TASK, (envelope_id, ms, w.task_id))
+
+
+class ForgetWrite(Write):
+    """A forgotten task's rows deleted: its ``tasks`` row, its envelopes and their
+    deliveries (by the foreign key's cascade); its ``names`` row stays, so its name is
+    never given out again. Only an ended task's: a forget that meets its task not ended
+    (its end write queued behind it: forgotten by a subscriber of its completion, while
+    it was being delivered) is submitted once more, after that write."""
+
+    __slots__ = ("again", "pending", "submit", "task_id", "unended")
+
+    def __init__(
+        self, task_id: str, pending: set[str], submit: Callable[[Write], int], again: bool
+    ) -> None:
+        super().__init__()
+        self.task_id = task_id
+        self.pending = pending  # forgotten, not yet committed: lookup answers None
+        self.submit = submit
+        self.again = again
+        self.unended = False
+
+    def done(self) -> None:
+        if self.unended and self.again:
+            try:
+                self.submit(ForgetWrite(self.task_id, self.pending, self.submit, again=False))
+                return
+            except Exception:  # the store is closing or failed: the row stays
+                logger.warning("forgetting task %s in the store failed", self.task_id)
+        self.pending.discard(self.task_id)
+
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
+        ids = [(w.task_id,) for w in writes]
+        deleted = conn.executemany(_DELETE_TASK, ids).rowcount
+        conn.executemany(_DELETE_ENVELOPES, ids)
+        if deleted < len(writes):  # a task not ended yet (or never stored)
+            for w in writes:
+                w.unended = bool(conn.execute(TASK_STATE, (w.task_id,)).fetchall())
+
+
+@attrs.define(kw_only=True)
+class _Undelivered:
+    """An envelope no mailbox put (a recovered task's, or one ended as its manager closed),
+    as :func:`._deliveries.insert` writes it."""
+
+    session: str
+    task_id: str
+    body: bytes
+    stored_at: float
+    origin: str
+    recipient: str = ""
+    expires_at: float | None = None
+    claimed: bool = False
+
+
+def deliver_unread(
+    conn: sqlite3.Connection,
+    session: str,
+    task_id: str,
+    envelope: DelegateResult,
+    origin: str,
+    ms: int,
+) -> int:
+    """Put ``envelope`` unread in ``session``'s durable mailbox; returns its row's id."""
+    entry = _Undelivered(
+        session=session,
+        task_id=task_id,
+        body=envelope.to_json(),
+        stored_at=time.time(),
+        origin=origin,
+    )
+    rows.insert(conn, [entry], ms)
+    ((envelope_id,),) = conn.execute(LAST_ENVELOPE, (task_id,)).fetchall()
+    return int(envelope_id)
