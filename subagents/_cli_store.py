@@ -130,7 +130,7 @@ def _run_status(args: argparse.Namespace) -> int:
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    if args.output is not None and _same_file(args.output, args.path):
+    if args.output is not None and _store_file(args.output, args.path):
         return _fail("export", f"refusing to write the export over the store {args.path!r}")
     lines = export(
         args.path, session=args.session, unread=args.unread, busy_timeout=args.busy_timeout
@@ -153,9 +153,15 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _same_file(a: str, b: str) -> bool:
+def _store_file(output: str, store: str) -> bool:
+    """Whether ``output`` is the store or one of its side files (``-wal``, ``-shm``,
+    ``-journal``), existing or not: replacing any of them would break it."""
+    target = os.path.realpath(output)
+    base = os.path.realpath(store)
+    if target in {base, *(base + suffix for suffix in ("-wal", "-shm", "-journal"))}:
+        return True
     try:
-        return os.path.samefile(a, b)
+        return os.path.samefile(output, store)
     except OSError:
         return False
 

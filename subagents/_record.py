@@ -27,7 +27,16 @@ if TYPE_CHECKING:
     from ._progress import Progress
     from ._spec import AgentSpec, Request
 
-__all__ = ["NO_LEND", "QUEUED", "RUNNING", "SETTLED", "ChildRecord", "TaskState", "wait_for_record"]
+__all__ = [
+    "JOURNALED_BEFORE",
+    "NO_LEND",
+    "QUEUED",
+    "RUNNING",
+    "SETTLED",
+    "ChildRecord",
+    "TaskState",
+    "wait_for_record",
+]
 
 TaskState = Literal["queued", "running", "done"]
 QUEUED: Final = "queued"
@@ -35,6 +44,9 @@ RUNNING: Final = "running"
 SETTLED: Final = "done"
 
 _NO_USAGE: Final = Usage()
+JOURNALED_BEFORE: Final = 1
+"""The journal token of a re-run's record, whose row an earlier process journaled: the
+store's first write, committed before any recovery returns."""
 NO_LEND: Final[AbstractAsyncContextManager[None]] = nullcontext()
 """What ``lend_slot()`` returns when the caller has no slot to lend (a root parent)."""
 

@@ -22,7 +22,7 @@ from ._journal import Journal
 from ._lookup import UNSET_RETAIN, IdIndex, live_ids_sentence, unknown_task
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._paths import NameAllocator
-from ._record import SETTLED, ChildRecord
+from ._record import JOURNALED_BEFORE, SETTLED, ChildRecord
 
 __all__ = ["CLOSED_MEMORY", "Sessions"]
 
@@ -315,10 +315,11 @@ class Sessions:
 
     def _seed_names(self, allocator: NameAllocator, session_id: str) -> None:
         """Reserve the names earlier processes gave out in ``session_id`` (none for the
-        session of a child this process made)."""
+        session of a child this process made, unless it is a re-run: its first try's
+        children had names)."""
         assert self._journal is not None
         owner = self._tasks.get(session_id)
-        if owner is None or owner.restored:
+        if owner is None or owner.restored or owner.journaled == JOURNALED_BEFORE:
             for path in self._journal.names(session_id):
                 allocator.allocate(path.rpartition("/")[2])
 

@@ -9,12 +9,13 @@ from collections.abc import Mapping
 from time import perf_counter
 from typing import Final
 
+from ._envelope import clean_text
 from ._errors import ConfigError, SpawnRejected, UnknownAgent
 from ._events import SPAWNED, EventBus
 from ._journal import Journal, KeyedTask, SpawnEntry, StoredTask
 from ._json import JSONValue
 from ._paths import AgentPath, child_path
-from ._record import SETTLED, ChildRecord
+from ._record import JOURNALED_BEFORE, SETTLED, ChildRecord
 from ._sessions import Sessions
 from ._spec import UNSET, AgentSpec, Request, SpawnOptions, SubagentConfig, _Unset
 from ._validators import idempotency_key, seconds
@@ -230,11 +231,6 @@ class Spawner:
         return record
 
 
-JOURNALED_BEFORE: Final = 1
-"""The journal token of a record whose row an earlier process journaled: the store's
-first write, committed before any recovery returns."""
-
-
 def _request(agent: str, request: Mapping[str, JSONValue]) -> Request:
     """A :class:`Request` from the journal's record of it."""
     return Request(
@@ -267,11 +263,13 @@ def _entry(record: ChildRecord, parent: ChildRecord | None) -> SpawnEntry:
         parent_task=None if parent is None else parent.task_id,
         agent=request.agent,
         agent_path=str(record.agent_path),
+        # Texts as JSON can hold them: a lone surrogate (undecodable bytes smuggled into a
+        # str) is replaced, so the store's row never fails its batch.
         request={
-            "input": request.input,
-            "prompt": request.prompt,
-            "model": request.model,
-            "files": list(request.files),
+            "input": clean_text(request.input),
+            "prompt": None if request.prompt is None else clean_text(request.prompt),
+            "model": None if request.model is None else clean_text(request.model),
+            "files": [clean_text(f) for f in request.files],
             "timeout": record.timeout,
         },
         idempotency_key=record.idempotency_key,

@@ -188,6 +188,18 @@ def texts(field: str, value: object) -> tuple[str, ...]:
     return plain  # type: ignore[return-value]
 
 
+def utf8(value: str) -> bool:
+    """Whether ``value`` can be encoded as UTF-8 (it holds no lone surrogate), as the
+    store, the events' JSON and the tracing exporters need of every text."""
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def idempotency_key(value: object) -> str:
     """``value`` as a spawn's idempotency key: a plain ``str`` of 1 to
     :data:`MAX_IDEMPOTENCY_KEY` characters.
@@ -196,7 +208,10 @@ def idempotency_key(value: object) -> str:
         ConfigError: ``idempotency_key`` is not such a string.
     """
     key = as_str(value)
-    if key is None or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
-        expected = f"a non-empty string of at most {MAX_IDEMPOTENCY_KEY} characters or None"
+    if key is None or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY or not utf8(key):
+        expected = (
+            f"a non-empty string of at most {MAX_IDEMPOTENCY_KEY} characters, encodable as "
+            "UTF-8, or None"
+        )
         raise ConfigError("idempotency_key", expected, value)
     return key

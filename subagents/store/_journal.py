@@ -66,6 +66,7 @@ class SqliteJournal:
         read: Read,
         wait_committed: Callable[[int], Awaitable[None]],
         decode: Callable[[bytes], DelegateResult],
+        claimed: list[SpawnEntry],
     ) -> None:
         self._origin = origin
         self._path = path
@@ -74,7 +75,7 @@ class SqliteJournal:
         self._wait = wait_committed
         self._decode = decode
         self._last_end = 0
-        self._claimed: list[SpawnEntry] = []
+        self._claimed = claimed  # the store's: re-runs recovered, not yet handed out
         self._forgetting: set[str] = set()
 
     def spawned(self, entry: SpawnEntry) -> int:
@@ -235,13 +236,13 @@ class SqliteJournal:
         how many were finished. ``reruns`` maps the agents whose spawns run again to
         their cap of tries. Blocks until committed; cancellation stops the wait, not the
         write."""
-        write = RecoverWrite(self._origin, reruns or {})
+        write = RecoverWrite(self._origin, reruns or {}, self._claimed)
         await self._wait(self._submit(write))
-        self._claimed.extend(write.rerun)
         return write.recovered
 
     def claimed(self) -> list[SpawnEntry]:
         """The spawns the last :meth:`recover` claimed for running again (now owned by
         this store, ``queued``), handed out once."""
-        claimed, self._claimed = self._claimed, []
+        claimed = self._claimed[:]
+        self._claimed.clear()
         return claimed

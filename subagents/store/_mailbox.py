@@ -92,6 +92,7 @@ class SqliteMailbox(BaseMailbox):
         self._ttl = ttl
         self._clock = clock
         self._pending = Pending(writer.lock, expiring=ttl is not None)
+        self._unrevealed: dict[str, Put] = {}  # put_durable's puts not yet committed
         self._subs = Subscriptions(lambda active: watch(self, active))
         self._closed = False
         self._last_seq = 0
@@ -117,10 +118,12 @@ class SqliteMailbox(BaseMailbox):
         except ValueError as exc:
             raise StoreError(self._conn.path, "corrupt", f"an unreadable envelope: {exc}") from exc
 
-    def _count(self, now: float, limit: int = -1) -> int:
-        """Live entries (at most ``limit``): committed ones not pending, plus pending."""
-        pending = self._pending.live(now)
-        excluding = self._pending.task_ids() if pending else None
+    def _count(self, now: float, limit: int = -1, *, unrevealed: bool = False) -> int:
+        """Live entries (at most ``limit``): committed ones not pending, plus pending
+        (with ``unrevealed``, the durable puts not yet readable too)."""
+        ids = [*self._pending.task_ids(), *self._unrevealed] if unrevealed else None
+        pending = self._pending.live(now) + (len(self._unrevealed) if unrevealed else 0)
+        excluding = (ids if unrevealed else self._pending.task_ids()) if pending else None
         session, recipient = self.session, self.recipient
         return pending + self._conn.read(
             lambda raw: rows.count_live(
@@ -129,10 +132,11 @@ class SqliteMailbox(BaseMailbox):
         )
 
     def _full(self, now: float) -> bool:
-        """At least ``capacity`` live entries? One bounded count, mostly: a pending put
-        may also be committed already, so the sum of both counts only says "not full"."""
+        """At least ``capacity`` live entries, counting the durable puts on their way?
+        One bounded count, mostly: a pending put may also be committed already, so the
+        sum of both counts only says "not full"."""
         capacity = self._capacity
-        pending = self._pending.live(now)
+        pending = self._pending.live(now) + len(self._unrevealed)
         if pending >= capacity:
             return True
         session, recipient = self.session, self.recipient
@@ -141,7 +145,7 @@ class SqliteMailbox(BaseMailbox):
         )
         if committed + pending < capacity:
             return False
-        return not pending or self._count(now, limit=capacity) >= capacity
+        return not pending or self._count(now, limit=capacity, unrevealed=True) >= capacity
 
     def _find(self, task_id: str, now: float) -> bytes | None:
         session, recipient = self.session, self.recipient
@@ -192,14 +196,18 @@ class SqliteMailbox(BaseMailbox):
         transaction holding it has committed; its subscribers are signalled then. If the
         store fails first, it becomes readable in this process as :meth:`put`'s are.
 
-        Its capacity check counts what is readable: puts of this kind still on their way
-        to the database are not counted, as those of other processes are not.
+        Capacity counts these puts from the moment they are accepted, like :meth:`put`'s:
+        exact within a process.
 
         Raises:
             MailboxFull: see :meth:`BaseMailbox.put`.
             StoreError: the store failed earlier and takes no more writes.
         """
-        return self._submit(task_id, envelope, self._revealed, self._kept_here) is not None
+        put = self._submit(task_id, envelope, self._revealed, self._kept_here)
+        if put is None:
+            return False
+        self._unrevealed[task_id] = put
+        return True
 
     def _submit(
         self,
@@ -215,6 +223,7 @@ class SqliteMailbox(BaseMailbox):
         if (
             self._full(now)
             and self._pending.get(task_id) is None
+            and task_id not in self._unrevealed
             and self._find(task_id, now) is None
         ):
             raise MailboxFull(self._capacity, task_id)
@@ -239,6 +248,7 @@ class SqliteMailbox(BaseMailbox):
 
     def _revealed(self, put: Put) -> None:
         """The writer committed a :meth:`put_durable`: it is readable from now on."""
+        self._forget_unrevealed(put)
         if not self._closed:
             self._subs.fire_tasks((put.task_id,))
             self._subs.fire_all()
@@ -247,11 +257,16 @@ class SqliteMailbox(BaseMailbox):
     def _kept_here(self, put: Put) -> None:
         """The store failed before committing a :meth:`put_durable`: it is readable in this
         process alone, from memory, as an uncommitted :meth:`put` is."""
+        self._forget_unrevealed(put)
         if self._closed:
             return
         self._pending.add(put)
         self._subs.fire_tasks((put.task_id,))
         self._subs.fire_all()
+
+    def _forget_unrevealed(self, put: Put) -> None:
+        if self._unrevealed.get(put.task_id) is put:
+            del self._unrevealed[put.task_id]
 
     def _report_committed(self, put: Put) -> None:
         hook = self.committed
@@ -401,6 +416,7 @@ class SqliteMailbox(BaseMailbox):
             return
         self._closed = True
         self._pending.clear()
+        self._unrevealed.clear()
         self._subs.fire_drop()
 
     def __repr__(self) -> str:

@@ -81,14 +81,20 @@ def owner_alive(owner: str | None) -> bool:
 
 
 class RecoverWrite(Write):
-    __slots__ = ("origin", "recovered", "rerun", "reruns")
+    __slots__ = ("claimed", "origin", "recovered", "rerun", "reruns")
 
-    def __init__(self, origin: str, reruns: Mapping[str, int]) -> None:
+    def __init__(self, origin: str, reruns: Mapping[str, int], claimed: list[SpawnEntry]) -> None:
         super().__init__()
         self.origin = origin
         self.reruns = reruns
+        self.claimed = claimed
         self.recovered = 0
         self.rerun: list[SpawnEntry] = []
+
+    def done(self) -> None:
+        # On commit, whether or not anyone still waits for the recovery: a claim whose
+        # waiter was cancelled is handed to the next caller of claimed(), never stranded.
+        self.claimed.extend(self.rerun)
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
@@ -127,7 +133,22 @@ def _recover(
             envelope_id = deliver_unread(conn, session, task_id, envelope, origin, ms)
         conn.execute(END_TASK, (envelope_id, ms, task_id))
         recovered += 1
+    for entry in claimed:
+        # A parent run again delegates anew: what its dead try's children left in its
+        # session (their envelopes unread, their idempotency keys) is not for it. The
+        # rows stay, so their ids still answer; their names stay given out.
+        conn.execute(_RETIRE_UNREAD, (f"recovery:{origin}", ms, entry.task_id))
+        conn.execute(_RELEASE_KEYS, (entry.task_id,))
     return recovered, claimed
+
+
+_RETIRE_UNREAD: Final = (
+    "UPDATE deliveries INDEXED BY deliveries_live SET state = 'read', consumer = ?, "
+    "changed_ms = ? WHERE session = ? AND state = 'stored'"
+)
+_RELEASE_KEYS: Final = (
+    "UPDATE tasks SET idempotency_key = NULL WHERE session = ? AND idempotency_key IS NOT NULL"
+)
 
 
 _CLAIM: Final = (

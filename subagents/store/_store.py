@@ -28,6 +28,7 @@ from anyio.lowlevel import current_token
 
 from .._envelope import DelegateResult
 from .._errors import ConfigError
+from .._journal import SpawnEntry
 from .._json import loads
 from .._mailbox import DEFAULT_MAILBOX_CAPACITY
 from .._validators import count, seconds, text
@@ -130,6 +131,7 @@ class SqliteStore:
         self._mailboxes: weakref.WeakSet[SqliteMailbox] = weakref.WeakSet()
         self._watched: set[SqliteMailbox] = set()
         self._committed = 0
+        self._claimed: list[SpawnEntry] = []  # re-runs recovered, not yet handed out
         self._failure: StoreError | None = None
         self._waiters: list[tuple[int, int, anyio.Event]] = []
         self._tiebreak = itertools.count()
@@ -261,6 +263,7 @@ class SqliteStore:
             read=self._read,
             wait_committed=self._wait_seq,
             decode=self._decode,
+            claimed=self._claimed,
         )
 
     def _submit(self, write: Write) -> int:

@@ -109,6 +109,7 @@ class Writer:
         """Held by the thread around each transaction; see :class:`._sqlite.Connection`."""
         self._wake = threading.Condition(self.lock)
         self._queue: deque[Write] = deque()
+        self._batch: list[Write] = []  # taken into the transaction in flight
         self._seq = 0
         self._idle = False
         self._stopping = False
@@ -180,7 +181,9 @@ class Writer:
         except BaseException:  # a bug: say so, never die silently with writes queued
             logger.exception("the store's writer thread crashed")
             failure = StoreError(self._path, "failed", "the writer thread crashed")
-            self._to_loop(self._on_batch, self._fail(failure, []), self._seq, failure)
+            # The batch in hand is handed back too: each write's failed() must run, or
+            # whoever waits for its commit waits forever.
+            self._to_loop(self._on_batch, self._fail(failure, self._batch), self._seq, failure)
         finally:
             try:
                 self._raw.close()
@@ -205,6 +208,7 @@ class Writer:
         store failed."""
         raw = self._raw
         batch: list[Write] = []
+        self._batch = batch
         watermark = 0
 
         def attempt() -> None:
@@ -219,6 +223,7 @@ class Writer:
         if failure is not None:
             self._to_loop(self._on_batch, lost, self._seq, failure)
             return False
+        self._batch = []
         self.batches += 1
         self.writes += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))

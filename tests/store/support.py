@@ -130,3 +130,15 @@ async def worker(
         with anyio.fail_after(60):
             code = await process.wait()
     assert running.killed or code == 0, f"worker {args[0]} exited with {code}"
+
+
+@contextmanager
+def write_locked(path: Path) -> Iterator[None]:
+    """Hold the database's write lock from another connection (readers go on)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()

@@ -442,9 +442,11 @@ async def test_export_to_a_file(tmp_path: Path, capsysbinary: Capture) -> None:
     code, _, err = run(capsysbinary, "export", str(path), "-o", str(tmp_path / "no" / "x"))
     assert code == 1
     assert err.startswith("subagents store export: cannot write ")
-    code, _, err = run(capsysbinary, "export", str(path), "-o", str(path))
-    assert code == 1
-    assert "over the store" in err
+    for over in ("", "-wal", "-shm", "-journal"):  # the store and its side files
+        code, _, err = run(capsysbinary, "export", str(path), "-o", f"{path}{over}")
+        assert code == 1
+        assert "over the store" in err
+    assert listing(tmp_path) == ["out.jsonl", "runs.db"]
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(os.urandom(4096))
     assert run(capsysbinary, "export", str(garbage), "-o", str(target))[0] == 1

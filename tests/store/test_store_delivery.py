@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -23,12 +22,13 @@ from subagents import (
     SubagentConfig,
     SubagentManager,
 )
-from subagents.store import SqliteStore, _deliveries
-from tests.store.support import sqlite
+from subagents.store import SqliteStore, StoreError, _deliveries, _journal_writes
+from tests.store.support import sqlite, write_locked
 
 pytestmark = pytest.mark.anyio
 
 COMPLETED = "subagent.completed"
+MAILBOX_FULL = "subagent.mailbox_full"
 
 
 @pytest.fixture(autouse=True)
@@ -36,18 +36,6 @@ def _quiet_busy_writer(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """The writer warns while the lock is held, and logs the failure the tests cause."""
     with caplog.at_level(logging.CRITICAL, logger="subagents"):
         yield
-
-
-@contextmanager
-def write_locked(path: Path) -> Iterator[None]:
-    """Hold the database's write lock from another connection (readers go on)."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        yield
-        conn.execute("ROLLBACK")
-    finally:
-        conn.close()
 
 
 def committed_end(path: Path, task_id: str) -> str | None:
@@ -182,3 +170,81 @@ async def test_a_store_failing_before_the_commit_still_hands_the_envelope_on(
         assert envelope.status is Status.COMPLETED
         assert handle.done.is_set()
         assert await handle.wait() == envelope
+
+
+async def test_a_crashing_writer_still_hands_every_envelope_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in a write (anything but an SQLite error) crashes the writer thread: the
+    writes of the batch in hand are failed like the queued ones, so no child waits for a
+    commit that never comes."""
+
+    def broken(cls: object, conn: object, writes: object) -> None:
+        raise TypeError("a bug in a write")
+
+    path = tmp_path / "c.db"
+    async with (
+        SqliteStore(path, busy_timeout=0.05) as store,
+        SubagentManager([AgentSpec(name="echo", runner=_echo)], store=store) as m,
+    ):
+        monkeypatch.setattr(_journal_writes.EndWrite, "apply", classmethod(broken))
+        handles = [m.spawn("echo", str(i)) for i in range(5)]
+        with anyio.fail_after(10):
+            outputs = [(await handle.wait()).output for handle in handles]
+        assert outputs == [f"echo {i}" for i in range(5)]
+        with pytest.raises(StoreError, match="the writer thread crashed"):
+            await store.wait_committed()
+
+
+async def test_text_a_store_cannot_encode_is_journaled_cleaned_or_refused(
+    tmp_path: Path,
+) -> None:
+    """A lone surrogate in a spawn's texts is replaced in its journaled request (the row
+    never fails its batch); an idempotency key, an identifier, is refused instead."""
+    path = tmp_path / "u.db"
+    async with (
+        SqliteStore(path) as store,
+        SubagentManager([AgentSpec(name="echo", runner=_echo)], store=store) as m,
+    ):
+        with pytest.raises(ValueError, match="idempotency_key must be a non-empty string"):
+            m.spawn("echo", "x", idempotency_key="k\ud800")
+        handle = m.spawn("echo", "lone \ud800 surrogate")
+        await handle.journaled()
+        assert (await handle.wait()).status is Status.COMPLETED
+        assert (await m.spawn("echo", "fine").wait()).output == "echo fine"
+    with sqlite(path) as conn:
+        (request,) = conn.execute(
+            "SELECT request FROM tasks WHERE task_id = ?", (handle.task_id,)
+        ).fetchone()
+    assert "lone ? surrogate" in bytes(request).decode()
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_capacity_counts_envelopes_on_their_way_to_the_store(
+    tmp_path: Path, durability: str
+) -> None:
+    """Children ending in one batch do not overfill their mailbox: a put_durable counts
+    from the moment it is accepted; the rest go by the event (mailbox_full) and stay
+    readable through their handles."""
+    config = SubagentConfig(
+        store_path=tmp_path / "cap.db",
+        mailbox_capacity=4,
+        durability=durability,  # type: ignore[arg-type]
+        max_concurrent_spawns=20,
+    )
+    full: list[str] = []
+    async with SubagentManager([AgentSpec(name="echo", runner=_echo)], config=config) as m:
+        m.events.subscribe(
+            lambda event: full.append(event.task_id) if event.type == MAILBOX_FULL else None
+        )
+        handles = [m.spawn("echo", str(i)) for i in range(20)]
+        with anyio.fail_after(10):
+            for handle in handles:
+                await handle.done.wait()
+        assert len(m.mailbox()) == 4
+        assert len(full) == 16
+        assert m.statistics().mailbox_overflows == 16
+        for i, handle in enumerate(handles):  # nothing lost: every one answers
+            envelope = await m.wait_result(handle.task_id, timeout=0)
+            assert envelope is not None
+            assert envelope.output == f"echo {i}"

@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from subagents import AgentSpec, Request, RunContext, Status, SubagentConfig, SubagentManager
-from subagents.store import INTERRUPTED
-from tests.store.support import sqlite, worker
+from subagents.store import INTERRUPTED, SqliteStore
+from tests.store.support import sqlite, worker, write_locked
 
 pytestmark = pytest.mark.anyio
 
@@ -103,6 +103,70 @@ async def test_a_spawn_whose_every_try_dies_ends_interrupted_at_the_cap(
     assert envelope.status is Status.ERROR
     assert envelope.error_type == INTERRUPTED
     assert "2 times" in envelope.error
+    assert _row(path, task_id) == ("ended", 2, 1)
+
+
+async def test_a_rerun_parent_starts_afresh_in_its_session(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """What the dead try's child left in the parent's session (its ``Interrupted``
+    envelope unread, its idempotency key, its name) does not reach the new try: it
+    delegates anew, under a new name."""
+    path = tmp_path / "parent.db"
+    async with worker("parent", str(path), backend=anyio_backend) as proc:
+        with anyio.fail_after(30):
+            kind, parent_id, old_child = (await proc.line()).split()
+        assert kind == "P"
+        proc.process.send_signal(signal.SIGKILL)
+        proc.killed = True
+
+    async def child(request: Request, ctx: RunContext) -> str:
+        return f"child did {request.input}"
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        handle = ctx.spawn("child", "work", idempotency_key="ck")
+        envelope = await handle.wait()
+        left = ctx.mailbox.drain_all()
+        return f"{handle.task_id}|{envelope.agent_path}|{envelope.output}|{len(left)}"
+
+    agents = [
+        AgentSpec(name="parent", runner=parent, resume="rerun"),
+        AgentSpec(name="child", runner=child),
+    ]
+    async with SubagentManager(agents, config=SubagentConfig(store_path=path)) as m:
+        with anyio.fail_after(30):
+            envelope = await m.wait_result(parent_id)
+        assert envelope is not None
+        new_child, child_path, output, left = envelope.output.split("|")
+        assert new_child != old_child  # the key was released: the work ran again
+        assert output == "child did work"
+        assert child_path == "/root/parent/child-2"  # the first try's name stays given
+        assert left == "0"  # nothing stale left in its mailbox
+        old = await m.wait_result(old_child, timeout=0)  # the old child still answers
+        assert old is not None
+        assert old.error_type == INTERRUPTED
+
+
+async def test_a_rerun_claimed_by_a_cancelled_entry_is_run_by_the_next_manager(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.db"
+    task_id = await _killed_while_running(path, "spawn", "asyncio")
+    finisher = Finisher()
+    spec = AgentSpec(name="stuck", runner=finisher, resume="rerun")
+    async with SqliteStore(path, busy_timeout=0.05) as store:
+        with write_locked(path):  # the recovery cannot commit: the entry waits for it
+            with anyio.move_on_after(0.2) as scope:
+                async with SubagentManager([spec], store=store):
+                    raise AssertionError("entered without its recovery")  # pragma: no cover
+            assert scope.cancelled_caught
+        await store.wait_committed()  # the recovery (and its claim) commits anyway
+        async with SubagentManager([spec], store=store) as m:
+            with anyio.fail_after(30):
+                envelope = await m.wait_result(task_id)
+    assert envelope is not None
+    assert envelope.status is Status.COMPLETED
+    assert finisher.runs == [(task_id, "the input")]
     assert _row(path, task_id) == ("ended", 2, 1)
 
 

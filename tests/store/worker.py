@@ -7,6 +7,7 @@
     python tests/store/worker.py count PATH INCREMENTS          # read-then-write in BEGIN IMMEDIATE
     python tests/store/worker.py ack PATH SESSION SEED          # put forever, print the durable
     python tests/store/worker.py rerun PATH spawn|wait CAP      # a re-runnable child never ending
+    python tests/store/worker.py parent PATH                    # a re-runnable parent delegating
     python tests/store/worker.py spawn PATH SESSION SEED        # spawn forever, print the journaled
 
 Every command takes ``--backend asyncio|trio``; lines on stdout are the protocol, anything
@@ -187,6 +188,35 @@ async def rerun(path: str, spawn_one: bool, max_attempts: int) -> None:
         await anyio.sleep_forever()
 
 
+async def rerun_parent(path: str) -> None:
+    """A re-runnable ``parent`` that delegates one ``child`` (idempotency key ``ck``) and
+    never ends; ``P <parent id> <child id>`` once the child's spawn is journaled and it
+    runs."""
+    started = anyio.Event()
+
+    async def child(request: Request, ctx: RunContext) -> str:
+        started.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def parent(request: Request, ctx: RunContext) -> str:
+        handle = ctx.spawn("child", "work", idempotency_key="ck")
+        await handle.journaled()
+        await started.wait()
+        say(f"P {ctx.task_id} {handle.task_id}")
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    agents = [
+        AgentSpec(name="parent", runner=parent, resume="rerun"),
+        AgentSpec(name="child", runner=child),
+    ]
+    async with SubagentManager(agents, config=SubagentConfig(store_path=path)) as manager:
+        handle = manager.spawn("parent", "go", timeout=None)
+        await handle.journaled()
+        await anyio.sleep_forever()
+
+
 def count(path: str, increments: int) -> None:
     """Increment a counter, each time reading it and writing it back in one transaction."""
     raw = connect(path, synchronous="NORMAL", busy_timeout=0.05)  # short: retries do the rest
@@ -224,6 +254,8 @@ def main() -> None:
         anyio.run(spawn, args[0], args[1], int(args[2]), backend=ns.backend)
     elif ns.command == "rerun":
         anyio.run(rerun, args[0], args[1] == "spawn", int(args[2]), backend=ns.backend)
+    elif ns.command == "parent":
+        anyio.run(rerun_parent, args[0], backend=ns.backend)
     elif ns.command == "count":
         count(args[0], int(args[1]))
     else:
