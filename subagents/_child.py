@@ -368,18 +368,21 @@ class ChildRunner:
         self._sessions.ended(record)
 
     def _hand_on(self, record: ChildRecord, envelope: DelegateResult, overflowed: bool) -> None:
-        """The envelope's events, then wake the waiters."""
-        if record.sync:
-            self._completion_events(COMPLETED, record.session_id, envelope)
-        else:
-            self._notifier.announce(
-                record.session_id, record.task_id, envelope, overflowed=overflowed
-            )
-        record.traceback = None
-        if record.trace is not None:
-            self._telemetry.finish(record, envelope)
-        record.mark_delivered()
-        self._sessions.delivered(record)
+        """The envelope's events, then wake the waiters (even if a custom notifier raises:
+        its error goes on, and no waiter is left waiting)."""
+        try:
+            if record.sync:
+                self._completion_events(COMPLETED, record.session_id, envelope)
+            else:
+                self._notifier.announce(
+                    record.session_id, record.task_id, envelope, overflowed=overflowed
+                )
+            record.traceback = None
+            if record.trace is not None:
+                self._telemetry.finish(record, envelope)
+        finally:
+            record.mark_delivered()
+            self._sessions.delivered(record)
 
 
 Check = Callable[[str, object], "Result | str"]

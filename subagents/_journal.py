@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -21,6 +21,8 @@ from ._envelope import DelegateResult
 from ._errors import ConfigError
 from ._json import JSONValue
 from ._mailbox import BaseMailbox
+
+T = TypeVar("T")
 
 __all__ = [
     "NO_JOURNAL",
@@ -324,11 +326,12 @@ class Durability:
 
         return factory
 
-    async def open(self, reruns: Mapping[str, int]) -> list[SpawnEntry]:
+    async def open(self, reruns: Mapping[str, int], make: Callable[[SpawnEntry], T]) -> list[T]:
         """Open the store if owned, then recover what earlier processes left unfinished:
         each such spawn gets its one ``Interrupted`` envelope, but the root spawns of the
         agents in ``reruns`` (name: cap of tries) with tries left, which are returned to
-        run again. A failure closes an owned store again and propagates."""
+        run again, each made by ``make``. A failure closes an owned store again and
+        propagates."""
         store = self.store
         if store is None:
             return []
@@ -336,7 +339,7 @@ class Durability:
             if self.owned:
                 await store.__aenter__()
             await self.journal.recover(reruns)
-            return self.journal.claimed()
+            return [make(entry) for entry in self.journal.claimed()]
         except BaseException:
             if self.owned:
                 with anyio.CancelScope(shield=True):

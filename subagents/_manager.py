@@ -130,7 +130,8 @@ class SubagentManager:
             raise RuntimeError("a SubagentManager can be entered only once")
         self._telemetry.resolve()
         try:
-            reruns = await self._durability.open(self._spawner.reruns())
+            spawner = self._spawner
+            reruns = await self._durability.open(spawner.reruns(), spawner.rerun)
         except BaseException:
             self._state = "closed"
             raise
@@ -141,8 +142,8 @@ class SubagentManager:
         self._sessions.accepting = True
         self._watchdog.start(tg)
         self._limiter.start(tg, self._children.run)
-        for entry in reruns:  # what an ended process left unfinished, run again
-            self._queue(self._traced(self._spawner.rerun(entry), None))
+        for record in reruns:  # what an ended process left unfinished, run again
+            self._queue(self._traced(record, None))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

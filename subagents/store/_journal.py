@@ -66,7 +66,7 @@ class SqliteJournal:
         read: Read,
         wait_committed: Callable[[int], Awaitable[None]],
         decode: Callable[[bytes], DelegateResult],
-        claimed: list[SpawnEntry],
+        orphans: list[SpawnEntry],
     ) -> None:
         self._origin = origin
         self._path = path
@@ -75,7 +75,8 @@ class SqliteJournal:
         self._wait = wait_committed
         self._decode = decode
         self._last_end = 0
-        self._claimed = claimed  # the store's: re-runs recovered, not yet handed out
+        self._orphans = orphans  # the store's: claims an abandoned recovery left
+        self._mine: list[SpawnEntry] = []
         self._forgetting: set[str] = set()
 
     def spawned(self, entry: SpawnEntry) -> int:
@@ -189,7 +190,10 @@ class SqliteJournal:
                 return None
             ((session, request, envelope_id, body),) = found
             unread = bool(conn.execute(_UNREAD, (envelope_id,)).fetchall())
-            data = loads(request)
+            try:
+                data = loads(request)
+            except ValueError:  # a damaged request: the envelope is what matters
+                data = {}
             return StoredTask(
                 task_id=task_id,
                 session_id=str(session),
@@ -236,13 +240,22 @@ class SqliteJournal:
         how many were finished. ``reruns`` maps the agents whose spawns run again to
         their cap of tries. Blocks until committed; cancellation stops the wait, not the
         write."""
-        write = RecoverWrite(self._origin, reruns or {}, self._claimed)
-        await self._wait(self._submit(write))
+        reruns = reruns or {}
+        write = RecoverWrite(self._origin, reruns)
+        try:
+            await self._wait(self._submit(write))
+        except BaseException:
+            write.abandon(self._orphans)  # cancelled: the claims wait for another manager
+            raise
+        orphans = self._orphans
+        taken = [entry for entry in orphans if entry.agent in reruns]
+        orphans[:] = [entry for entry in orphans if entry.agent not in reruns]
+        self._mine = [*write.rerun, *taken]
         return write.recovered
 
     def claimed(self) -> list[SpawnEntry]:
-        """The spawns the last :meth:`recover` claimed for running again (now owned by
-        this store, ``queued``), handed out once."""
-        claimed = self._claimed[:]
-        self._claimed.clear()
-        return claimed
+        """The spawns this journal's last :meth:`recover` claimed for running again (now
+        owned by this store, ``queued``), with those an abandoned recovery left for an
+        agent it runs; handed out once."""
+        mine, self._mine = self._mine, []
+        return mine

@@ -186,6 +186,7 @@ class SqliteMailbox(BaseMailbox):
         put = self._submit(task_id, envelope, self._written, None)
         if put is None:
             return False
+        self._unrevealed.pop(task_id, None)  # counted from now on as the pending one
         self._pending.add(put)  # after the submit: a refused one replaces nothing
         self._subs.fire_tasks((task_id,))
         self._subs.fire_all()
@@ -206,7 +207,8 @@ class SqliteMailbox(BaseMailbox):
         put = self._submit(task_id, envelope, self._revealed, self._kept_here)
         if put is None:
             return False
-        self._unrevealed[task_id] = put
+        if self._pending.get(task_id) is None:  # else counted already, as the pending one
+            self._unrevealed[task_id] = put
         return True
 
     def _submit(

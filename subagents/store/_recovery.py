@@ -8,6 +8,7 @@ processes recovering at once.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -16,10 +17,20 @@ from typing import Final, Self, cast
 from .._envelope import DelegateResult, Status, now_ms
 from .._journal import SpawnEntry
 from .._json import JSONValue, loads
+from .._paths import AgentPath
 from ._journal_writes import END_TASK, LAST_ENVELOPE, deliver_unread
 from ._writer import Write
 
-__all__ = ["INTERRUPTED", "OPEN_ORIGINS", "RecoverWrite", "interrupted_envelope", "owner_alive"]
+__all__ = [
+    "INTERRUPTED",
+    "OPEN_ORIGINS",
+    "RecoverWrite",
+    "ReleaseWrite",
+    "interrupted_envelope",
+    "owner_alive",
+]
+
+logger = logging.getLogger("subagents.store")
 
 INTERRUPTED: Final = "Interrupted"
 """The ``error_type`` of the envelope a restart gives a spawn its process never ended."""
@@ -38,6 +49,10 @@ def interrupted_envelope(
 ) -> DelegateResult:
     """The envelope of a spawn whose process ended before it did; ``tries``: the runs of a
     re-runnable spawn that all ended so (its cap reached)."""
+    try:
+        AgentPath(agent_path)
+    except ValueError:  # a damaged row: an envelope every reader can still decode
+        agent_path = "/root"
     parent_path, _, _ = agent_path.rpartition("/")
     text = _INTERRUPTED_TEXT
     if tries is not None:
@@ -81,25 +96,61 @@ def owner_alive(owner: str | None) -> bool:
 
 
 class RecoverWrite(Write):
-    __slots__ = ("claimed", "origin", "recovered", "rerun", "reruns")
+    """One recovery. Its claims are its waiter's; if the waiter is gone (cancelled) before
+    they are handed over, they go to the store's unclaimed list (:meth:`abandon`), which
+    the next recovery of a manager running their agents takes, and the store's close
+    releases (:class:`ReleaseWrite`)."""
 
-    def __init__(self, origin: str, reruns: Mapping[str, int], claimed: list[SpawnEntry]) -> None:
+    __slots__ = ("committed", "origin", "orphans", "recovered", "rerun", "reruns")
+
+    def __init__(self, origin: str, reruns: Mapping[str, int]) -> None:
         super().__init__()
         self.origin = origin
         self.reruns = reruns
-        self.claimed = claimed
         self.recovered = 0
         self.rerun: list[SpawnEntry] = []
+        self.committed = False
+        self.orphans: list[SpawnEntry] | None = None
+
+    def abandon(self, orphans: list[SpawnEntry]) -> None:
+        """Its waiter is gone: its claims, now or once committed, go to ``orphans``."""
+        if self.committed:
+            orphans.extend(self.rerun)
+            self.rerun = []
+        else:
+            self.orphans = orphans
 
     def done(self) -> None:
-        # On commit, whether or not anyone still waits for the recovery: a claim whose
-        # waiter was cancelled is handed to the next caller of claimed(), never stranded.
-        self.claimed.extend(self.rerun)
+        self.committed = True
+        if self.orphans is not None:
+            self.orphans.extend(self.rerun)
+            self.rerun = []
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         for w in writes:
             w.recovered, w.rerun = _recover(conn, w.origin, w.reruns)
+
+
+class ReleaseWrite(Write):
+    """Claims no manager took, let go as their store closes: owned by nobody, so the next
+    recovery, in any process, takes them (their owner's pid still runs)."""
+
+    __slots__ = ("origin", "task_ids")
+
+    def __init__(self, origin: str, task_ids: list[str]) -> None:
+        super().__init__()
+        self.origin = origin
+        self.task_ids = task_ids
+
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
+        ms = now_ms()
+        conn.executemany(
+            "UPDATE tasks SET owner = NULL, updated_ms = ? "
+            "WHERE task_id = ? AND state = 'queued' AND owner = ?",
+            [(ms, task_id, w.origin) for w in writes for task_id in w.task_ids],
+        )
 
 
 def _recover(
@@ -123,9 +174,12 @@ def _recover(
             cap = reruns.get(agent)
             # Only a root session's spawn runs again: a child's parent session ended
             # with its process, and a parent run again delegates anew.
+            entry = None
             if cap is not None and parent is None and attempts < cap:
+                entry = _claimed(task_id, session, agent, agent_path, request, key)
+            if entry is not None:
                 conn.execute(_CLAIM, (origin, ms, task_id))
-                claimed.append(_claimed(task_id, session, agent, agent_path, request, key))
+                claimed.append(entry)
                 continue
             envelope = interrupted_envelope(
                 task_id, agent, agent_path, tries=attempts if cap is not None else None
@@ -159,14 +213,23 @@ _CLAIM: Final = (
 
 def _claimed(
     task_id: str, session: str, agent: str, agent_path: str, request: bytes, key: str | None
-) -> SpawnEntry:
-    data = loads(request)
+) -> SpawnEntry | None:
+    """The spawn to run again, or ``None`` if its row cannot make one (a damaged request
+    or path): it then ends ``Interrupted`` rather than failing every recovery."""
+    try:
+        data = loads(request)
+        AgentPath(agent_path)
+    except ValueError:
+        logger.warning("task %s cannot be run again: its row is damaged", task_id)
+        return None
+    if not isinstance(data, dict):
+        return None
     return SpawnEntry(
         task_id=task_id,
         session_id=session,
         parent_task=None,
         agent=agent,
         agent_path=agent_path,
-        request=cast("Mapping[str, JSONValue]", data if isinstance(data, dict) else {}),
+        request=cast("Mapping[str, JSONValue]", data),
         idempotency_key=key,
     )

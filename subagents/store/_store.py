@@ -8,6 +8,7 @@ event loop's (reads, and the takes of ``drain``/``drain_all``), the watcher's (p
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -36,7 +37,7 @@ from ._errors import StoreError
 from ._journal import SqliteJournal
 from ._mailbox import SqliteMailbox
 from ._opening import Connections, close_all, open_connections
-from ._recovery import OPEN_ORIGINS
+from ._recovery import OPEN_ORIGINS, ReleaseWrite
 from ._sqlite import Connection, Synchronous
 from ._watch import Watcher
 from ._writer import Write, Writer
@@ -131,7 +132,7 @@ class SqliteStore:
         self._mailboxes: weakref.WeakSet[SqliteMailbox] = weakref.WeakSet()
         self._watched: set[SqliteMailbox] = set()
         self._committed = 0
-        self._claimed: list[SpawnEntry] = []  # re-runs recovered, not yet handed out
+        self._orphans: list[SpawnEntry] = []  # claims an abandoned recovery left
         self._failure: StoreError | None = None
         self._waiters: list[tuple[int, int, anyio.Event]] = []
         self._tiebreak = itertools.count()
@@ -263,7 +264,7 @@ class SqliteStore:
             read=self._read,
             wait_committed=self._wait_seq,
             decode=self._decode,
-            claimed=self._claimed,
+            orphans=self._orphans,
         )
 
     def _submit(self, write: Write) -> int:
@@ -390,6 +391,11 @@ class SqliteStore:
         with anyio.CancelScope(shield=True):
             for box in list(self._mailboxes):
                 box.drop()
+            if self._orphans:  # claims no manager took: the next recovery's, anywhere
+                release = ReleaseWrite(self._origin, [e.task_id for e in self._orphans])
+                self._orphans.clear()
+                with contextlib.suppress(StoreError):  # failed: recovery sees a dead owner
+                    self._writer.submit(release)
             self._writer.stop()
             self._watcher.stop()
             with anyio.move_on_after(self._busy_timeout + _CLOSE_MARGIN):

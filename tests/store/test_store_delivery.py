@@ -15,6 +15,7 @@ import pytest
 
 from subagents import (
     AgentSpec,
+    CompletionNotifier,
     DelegateResult,
     Request,
     RunContext,
@@ -248,3 +249,23 @@ async def test_capacity_counts_envelopes_on_their_way_to_the_store(
             envelope = await m.wait_result(handle.task_id, timeout=0)
             assert envelope is not None
             assert envelope.output == f"echo {i}"
+
+
+async def test_a_raising_notifier_leaves_no_waiter_waiting(tmp_path: Path) -> None:
+    """A custom notifier that raises as the commit hands an envelope on (logged by the
+    store's callback) still lets the child's waiters go."""
+
+    class Broken(CompletionNotifier):
+        def announce(self, *args: object, **kwargs: object) -> None:
+            raise RuntimeError("announce broke")
+
+    managers: list[SubagentManager] = []
+    notifier = Broken(lambda session: managers[0].mailbox(session))
+    async with SqliteStore(tmp_path / "n.db") as store:
+        managers.append(
+            SubagentManager([AgentSpec(name="echo", runner=_echo)], store=store, notifier=notifier)
+        )
+        async with managers[0] as m:
+            handle = m.spawn("echo", "x")
+            with anyio.fail_after(10):
+                assert (await handle.wait()).output == "echo x"

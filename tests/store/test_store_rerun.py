@@ -170,6 +170,53 @@ async def test_a_rerun_claimed_by_a_cancelled_entry_is_run_by_the_next_manager(
     assert _row(path, task_id) == ("ended", 2, 1)
 
 
+async def test_a_cancelled_entrys_claim_waits_for_a_manager_running_its_agent(
+    tmp_path: Path,
+) -> None:
+    """A claim left by a cancelled entry goes to no manager that does not run its agent
+    again; the store's close lets it go, and the next recovery (another store object, as
+    another process would) runs it."""
+    path = tmp_path / "o.db"
+    task_id = await _killed_while_running(path, "spawn", "asyncio")
+    finisher = Finisher()
+    spec = AgentSpec(name="stuck", runner=finisher, resume="rerun")
+    other = AgentSpec(name="other", runner=finisher)
+    async with SqliteStore(path, busy_timeout=0.05) as store:
+        with write_locked(path), anyio.move_on_after(0.2):
+            async with SubagentManager([spec], store=store):
+                raise AssertionError("entered without its recovery")  # pragma: no cover
+        await store.wait_committed()
+        async with SubagentManager([other], store=store) as m:  # not its agent: left alone
+            assert m.tasks() == []
+    assert _row(path, task_id)[0] == "queued"
+    async with SubagentManager([spec], config=SubagentConfig(store_path=path)) as m:
+        with anyio.fail_after(30):
+            envelope = await m.wait_result(task_id)
+    assert envelope is not None
+    assert envelope.status is Status.COMPLETED
+    assert finisher.runs == [(task_id, "the input")]
+
+
+@pytest.mark.parametrize(
+    ("column", "value"), [("request", b"not json"), ("agent_path", "not a path")]
+)
+async def test_a_damaged_row_ends_interrupted_instead_of_failing_recovery(
+    tmp_path: Path, column: str, value: object
+) -> None:
+    path = tmp_path / "d.db"
+    task_id = await _killed_while_running(path, "spawn", "asyncio")
+    with sqlite(path) as conn:
+        conn.execute(f"UPDATE tasks SET {column} = ? WHERE task_id = ?", (value, task_id))
+    finisher = Finisher()
+    spec = AgentSpec(name="stuck", runner=finisher, resume="rerun")
+    async with SubagentManager([spec], config=SubagentConfig(store_path=path)) as m:
+        envelope = await m.wait_result(task_id, timeout=0)
+        assert (await m.spawn("stuck", "new").wait()).output == "done at last: new"
+    assert envelope is not None
+    assert envelope.error_type == INTERRUPTED
+    assert finisher.runs == [(finisher.runs[0][0], "new")]
+
+
 async def test_without_rerun_a_killed_spawn_ends_interrupted(
     tmp_path: Path, anyio_backend: str
 ) -> None:
