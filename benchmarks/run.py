@@ -282,6 +282,21 @@ def in_child(spec: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the runner
 
 
+def interleaved(
+    reps: int, names: tuple[str, ...], measure: Callable[[str], Any]
+) -> dict[str, list[Any]]:
+    """Run ``measure(name)`` ``reps`` times per name, one of each per round, the order
+    rotated each round (so no variant always runs first, or just after another), with a
+    garbage collection before each."""
+    out: dict[str, list[Any]] = {name: [] for name in names}
+    for rep in range(reps):
+        first = rep % len(names)
+        for name in names[first:] + names[:first]:
+            gc.collect()
+            out[name].append(measure(name))
+    return out
+
+
 class Bench:
     def __init__(self, size: dict[str, Any], backend: str, reps: int | None) -> None:
         self.size = dict(size)
@@ -294,13 +309,7 @@ class Bench:
 
     def _rounds(self, reps: int, measure: Callable[[str], Any]) -> dict[str, list[Any]]:
         """Run ``measure(impl)`` ``reps`` times per impl, interleaved and rotated."""
-        out: dict[str, list[Any]] = {impl: [] for impl in IMPLS}
-        for rep in range(reps):
-            order = IMPLS[rep % 3 :] + IMPLS[: rep % 3]
-            for impl in order:
-                gc.collect()
-                out[impl].append(measure(impl))
-        return out
+        return interleaved(reps, IMPLS, measure)
 
     def _timed(self, impl: str, fn: Callable[..., Any], *args: Any) -> float:
         return wl.timed(impl, fn, *args, backend=self.backend)

@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,9 +80,8 @@ RAW_DELIVERY = (
 )
 
 
-def raw_loop(path: str, n: int, batch: int, sync: str) -> float:
-    """Envelopes per second of a plain group-commit loop writing the rows a put writes
-    (the same schema, so the same indexes and overwrite trigger), with executemany."""
+def raw_connection(path: str, sync: str) -> sqlite3.Connection:
+    """A plain connection to a new store file: WAL, ``synchronous``, the store's schema."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {sync}")
@@ -89,7 +89,17 @@ def raw_loop(path: str, n: int, batch: int, sync: str) -> float:
     conn.execute("BEGIN IMMEDIATE")
     migrate(conn, path)
     conn.execute("COMMIT")
-    bodies = [envelope(f"t{i}").to_json() for i in range(n)]
+    return conn
+
+
+def raw_loop(
+    path: str, n: int, batch: int, sync: str, make: Callable[[str], DelegateResult] = envelope
+) -> float:
+    """Envelopes per second of a plain group-commit loop writing the rows a put writes
+    (the same schema, so the same indexes and overwrite trigger), with executemany;
+    ``make(task_id)`` is the envelope."""
+    conn = raw_connection(path, sync)
+    bodies = [make(f"t{i}").to_json() for i in range(n)]
     start = time.perf_counter()
     for first in range(0, n, batch):
         ids = range(first, min(n, first + batch))

@@ -71,7 +71,7 @@ class _Wake:
         self.event.set()
 
 
-async def _collect(mailbox: BaseMailbox, n: int) -> int:
+async def collect(mailbox: BaseMailbox, n: int) -> int:
     """Drain ``n`` envelopes from ``mailbox`` as they arrive (the batch parent's loop)."""
     wake = _Wake()
     subscription = mailbox.subscribe_all(wake.set)
@@ -174,7 +174,7 @@ async def fanout_subagents(
             split.append(perf_counter() - t0)
         if on_queued is not None:
             on_queued()
-        await _collect(mailbox, n)
+        await collect(mailbox, n)
     return split
 
 
@@ -227,7 +227,7 @@ async def io_subagents(n: int, limit: int, sleep: float) -> None:
         text = repr(sleep)
         for _ in range(n):
             m.spawn("sleep", text)
-        await _collect(mailbox, n)
+        await collect(mailbox, n)
 
 
 IO = {"asyncio": io_asyncio, "anyio": io_anyio, "subagents": io_subagents}
@@ -362,7 +362,7 @@ async def _node_runner(request: _Request, ctx: RunContext) -> str:
         mailbox = ctx.mailbox
         for _ in range(fanout):
             ctx.spawn("node")
-        await _collect(mailbox, fanout)
+        await collect(mailbox, fanout)
     return "ok"
 
 
@@ -372,7 +372,7 @@ async def tree_subagents(depth: int, fanout: int, limit: int) -> int:
         mailbox = m.mailbox()
         for _ in range(fanout):
             m.spawn("node")
-        await _collect(mailbox, fanout)
+        await collect(mailbox, fanout)
     return _tree["count"]
 
 
@@ -398,7 +398,7 @@ async def sustained_subagents(batches: int, n: int, limit: int, **config: Any) -
         for _ in range(batches):
             for _ in range(n):
                 spawn("noop")
-            await _collect(mailbox, n)
+            await collect(mailbox, n)
         return len(m.tasks())
 
 
