@@ -43,9 +43,9 @@ logger = logging.getLogger("subagents.store")
 _INSERT_TASK: Final = (
     "INSERT INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
     "idempotency_key, state, attempts, owner, created_ms, updated_ms) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?7 IS NULL THEN NULL "
-    "WHEN EXISTS (SELECT 1 FROM tasks WHERE session = ?2 AND idempotency_key = ?7) "
-    "THEN NULL ELSE ?7 END, 'queued', 0, ?8, ?9, ?9)"
+    "VALUES (:task_id, :session, :parent, :agent, :path, :request, CASE WHEN :key IS NULL "
+    "THEN NULL WHEN EXISTS (SELECT 1 FROM tasks WHERE session = :session AND "
+    "idempotency_key = :key) THEN NULL ELSE :key END, 'queued', 0, :owner, :ms, :ms)"
 )
 # A key is free again once its task is forgotten (its envelope unlinked), or, for a task
 # this store journaled, once its record is dropped here (a spawn with the key found none).
@@ -63,8 +63,8 @@ _DELETE_TASK: Final = "DELETE FROM tasks WHERE task_id = ? AND state = 'ended'"
 # Its deliveries go by the cascade; the foreign key from tasks.envelope_id is checked by
 # the index tasks_envelope (without it every delete would scan the tasks).
 _DELETE_ENVELOPES: Final = (
-    "DELETE FROM envelopes WHERE task_id = ?1 "
-    "AND NOT EXISTS (SELECT 1 FROM tasks WHERE task_id = ?1)"
+    "DELETE FROM envelopes WHERE task_id = :task_id "
+    "AND NOT EXISTS (SELECT 1 FROM tasks WHERE task_id = :task_id)"
 )
 TASK_STATE: Final = "SELECT state, envelope_id FROM tasks WHERE task_id = ?"
 
@@ -89,17 +89,17 @@ class SpawnWrite(Write):
         conn.executemany(
             _INSERT_TASK,
             [
-                (
-                    e.task_id,
-                    e.session_id,
-                    e.parent_task,
-                    e.agent,
-                    e.agent_path,
-                    dumps(e.request),
-                    e.idempotency_key,
-                    w.owner,
-                    ms,
-                )
+                {
+                    "task_id": e.task_id,
+                    "session": e.session_id,
+                    "parent": e.parent_task,
+                    "agent": e.agent,
+                    "path": e.agent_path,
+                    "request": dumps(e.request),
+                    "key": e.idempotency_key,
+                    "owner": w.owner,
+                    "ms": ms,
+                }
                 for w in writes
                 for e in (w.entry,)
             ],
@@ -210,7 +210,7 @@ class ForgetWrite(Write):
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         ids = [(w.task_id,) for w in writes]
         deleted = conn.executemany(_DELETE_TASK, ids).rowcount
-        conn.executemany(_DELETE_ENVELOPES, ids)
+        conn.executemany(_DELETE_ENVELOPES, [{"task_id": w.task_id} for w in writes])
         if deleted < len(writes):  # a task not ended yet (or never stored)
             for w in writes:
                 w.unended = bool(conn.execute(TASK_STATE, (w.task_id,)).fetchall())

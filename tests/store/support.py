@@ -48,7 +48,7 @@ def spawn_entry(task_id: str, agent: str = "echo") -> SpawnEntry:
     )
 
 
-def query_plan(path: Path, statement: str, *params: object) -> list[str]:
+def query_plan(path: Path, statement: str, params: object = ()) -> list[str]:
     """The steps of ``statement``'s plan in a new store at ``path``, foreign keys on (so a
     delete's checks and cascades are planned too)."""
 
@@ -59,7 +59,8 @@ def query_plan(path: Path, statement: str, *params: object) -> list[str]:
     anyio.run(create)
     with sqlite(path) as conn:
         conn.execute("PRAGMA foreign_keys = ON")
-        return [str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}", params)]
+        plan = conn.execute(f"EXPLAIN QUERY PLAN {statement}", params)  # type: ignore[arg-type]
+        return [str(row[3]) for row in plan]
 
 
 def counted_agents(calls: list[str]) -> list[AgentSpec]:

@@ -266,7 +266,13 @@ def test_the_keys_statements_read_the_idempotency_index(tmp_path: Path) -> None:
         for statement, params in [
             (_journal._BY_KEY, ("s", "k", "o")),
             (_journal_writes._RELEASE_KEY, ("s", "k", "o")),
-            (_journal_writes._INSERT_TASK, tuple(range(9))),
+            (
+                _journal_writes._INSERT_TASK,
+                dict.fromkeys(
+                    ("task_id", "session", "parent", "agent", "path", "request", "key"), "x"
+                )
+                | {"owner": "o", "ms": 0},
+            ),
         ]:
             plan = " ".join(
                 str(row) for row in conn.execute("EXPLAIN QUERY PLAN " + statement, params)

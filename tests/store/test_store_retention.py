@@ -250,7 +250,7 @@ async def test_only_an_ended_task_is_deleted(tmp_path: Path) -> None:
 
 
 def test_the_deletes_read_by_index_never_by_scan(tmp_path: Path) -> None:
-    for statement in (_DELETE_TASK, _DELETE_ENVELOPES):
-        plan = query_plan(tmp_path / "s.db", statement, "x")
+    for statement, params in ((_DELETE_TASK, ("x",)), (_DELETE_ENVELOPES, {"task_id": "x"})):
+        plan = query_plan(tmp_path / "s.db", statement, params)
         assert plan
         assert not [step for step in plan if step.startswith("SCAN")], plan

@@ -161,7 +161,7 @@ async def test_suggestions_from_the_store_read_a_bounded_range_of_rows(tmp_path:
 
 def test_the_stores_suggestions_are_range_reads_of_the_primary_key(tmp_path: Path) -> None:
     for statement in (_NEAR_ABOVE, _NEAR_BELOW):
-        assert query_plan(tmp_path / "s.db", statement, "a", "b", 8) == [
+        assert query_plan(tmp_path / "s.db", statement, ("a", "b", 8)) == [
             "SEARCH tasks USING INDEX sqlite_autoindex_tasks_1 (task_id>? AND task_id<?)"
         ]
 
