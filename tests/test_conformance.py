@@ -666,8 +666,8 @@ class Coalescing:
         else:
             done, outcome = flight
             await done.wait()
-        if not outcome:
-            raise RuntimeError("the shared run was cancelled")
+        if not outcome:  # the shared run was cancelled (its own watchdog): run this one
+            return await run_local(spec, request, ctx)
         if isinstance(outcome[0], Exception):
             raise outcome[0]
         return outcome[0]
