@@ -3,8 +3,9 @@
 A remote backend replaces :func:`run_local` with a function of the same signature that
 ships the request elsewhere; everything around it (queueing, watchdog, cancellation,
 envelopes, delivery) stays in the manager. With the default backend, a plain runner (no
-retry policy, no trace) is awaited in place by ``ChildRunner`` with the same checks, to save
-a frame and a ``Result`` per child: a change here must be mirrored there.
+retry policy, no trace) is awaited in place by ``ChildRunner``, through the same
+:func:`awaitable` and :func:`coerce_result` as :func:`run_local` uses, saving a frame and,
+for a ``str``, a ``Result`` per child.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ import math
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from time import perf_counter
-from types import CoroutineType
 from typing import TYPE_CHECKING, Final, cast
 
 import anyio
@@ -202,11 +201,9 @@ class ChildRunner:
         spec = record.spec
         backend = self._backend
         if record.trace is None and backend is run_local and spec.retry is None:
-            # The plain runner is awaited in place (run_local's checks, no retry wrapper).
-            pending = spec.runner(record.request, ctx)
-            if type(pending) is not CoroutineType:  # rare: check what it is
-                pending = awaitable(spec.name, pending)
-            return pending, _plain_or_result
+            # The plain runner is awaited in place: run_local's own awaitable check, no
+            # retry wrapper, and a str kept as the output (no Result made of it).
+            return awaitable(spec.name, spec.runner(record.request, ctx)), _plain_or_result
         if record.trace is None:
             pending = backend(spec, record.request, ctx)
         else:

@@ -44,15 +44,21 @@ def clean_text(text: str) -> str:
     """``text`` with lone surrogates (undecodable bytes smuggled into ``str``, e.g. by
     ``surrogateescape``) replaced, so it always encodes to UTF-8 and JSON. A non-``str``
     passes through unchanged (a converter must not mask a type error checked elsewhere)."""
-    if not isinstance(text, str):
+    if not isinstance(text, str) or encodes(text):
         return text
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def encodes(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (it holds no lone surrogate), as the store, the
+    events' JSON and the tracing exporters need of every text."""
     if text.isascii():  # O(1) in CPython (a flag): no surrogates, and no copy of a big text
-        return text
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
+        return False
+    return True
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:

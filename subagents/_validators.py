@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Final, Literal, overload
 
-from ._envelope import Usage
+from ._envelope import Usage, encodes
 from ._envelope import plain_str as as_str
 from ._errors import ConfigError
 
@@ -188,18 +188,6 @@ def texts(field: str, value: object) -> tuple[str, ...]:
     return plain  # type: ignore[return-value]
 
 
-def utf8(value: str) -> bool:
-    """Whether ``value`` can be encoded as UTF-8 (it holds no lone surrogate), as the
-    store, the events' JSON and the tracing exporters need of every text."""
-    if value.isascii():
-        return True
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def idempotency_key(value: object) -> str:
     """``value`` as a spawn's idempotency key: a plain ``str`` of 1 to
     :data:`MAX_IDEMPOTENCY_KEY` characters.
@@ -208,7 +196,7 @@ def idempotency_key(value: object) -> str:
         ConfigError: ``idempotency_key`` is not such a string.
     """
     key = as_str(value)
-    if key is None or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY or not utf8(key):
+    if key is None or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY or not encodes(key):
         expected = (
             f"a non-empty string of at most {MAX_IDEMPOTENCY_KEY} characters, encodable as "
             "UTF-8, or None"

@@ -121,9 +121,12 @@ class SqliteMailbox(BaseMailbox):
     def _count(self, now: float, limit: int = -1, *, unrevealed: bool = False) -> int:
         """Live entries (at most ``limit``): committed ones not pending, plus pending
         (with ``unrevealed``, the durable puts not yet readable too)."""
-        ids = [*self._pending.task_ids(), *self._unrevealed] if unrevealed else None
-        pending = self._pending.live(now) + (len(self._unrevealed) if unrevealed else 0)
-        excluding = (ids if unrevealed else self._pending.task_ids()) if pending else None
+        pending = self._pending.live(now)  # first: it lets the expired ones go
+        ids = self._pending.task_ids()
+        if unrevealed:
+            pending += len(self._unrevealed)
+            ids.extend(self._unrevealed)
+        excluding = ids if pending else None
         session, recipient = self.session, self.recipient
         return pending + self._conn.read(
             lambda raw: rows.count_live(

@@ -143,3 +143,19 @@ def write_locked(path: Path) -> Iterator[None]:
         conn.execute("ROLLBACK")
     finally:
         conn.close()
+
+
+@contextmanager
+def foreign_wal_database(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another program's database in WAL mode, held open with its table and row still in
+    its ``-wal`` (the header on disk is stale beside it); the open connection."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('mine')")
+        assert path.with_name(path.name + "-wal").stat().st_size > 0
+        yield conn
+    finally:
+        conn.close()

@@ -25,7 +25,7 @@ from subagents._json import loads
 from subagents.store import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
 from subagents.store._inspect import export
 from subagents.store._readonly import ReadOnlyStore
-from tests.store.support import env, snapshot, sqlite, worker
+from tests.store.support import env, foreign_wal_database, snapshot, sqlite, worker
 
 pytestmark = pytest.mark.anyio
 
@@ -268,18 +268,11 @@ async def test_another_programs_wal_database_held_open(
     """Beside a live -wal the header decides nothing: SQLite's own read of the schema
     refuses it."""
     path = tmp_path / "other.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA wal_autocheckpoint = 0")
-        conn.execute("CREATE TABLE notes (body TEXT)")
-        assert (tmp_path / "other.db-wal").stat().st_size > 0
+    with foreign_wal_database(path):
         for command in ["status", "export"]:
             code, _, err = run(capsysbinary, command, str(path))
             assert code == 1
             assert "its application_id is 0x0" in err
-    finally:
-        conn.close()
 
 
 # ---------------------------------------------------------------- a store another process has open

@@ -18,7 +18,7 @@ import pytest
 
 from subagents import ConfigError, SubagentsError
 from subagents.store import APPLICATION_ID, SCHEMA_VERSION, SqliteStore, StoreError
-from tests.store.support import env, snapshot, sqlite
+from tests.store.support import env, foreign_wal_database, snapshot, sqlite
 
 pytestmark = pytest.mark.anyio
 
@@ -84,13 +84,7 @@ async def test_another_programs_database_in_wal_mode_while_it_has_it_open(tmp_pa
     """With a live ``-wal`` the header on disk may be stale, so the check is SQLite's own,
     inside the transaction: it must refuse too, and write nothing."""
     path = tmp_path / "other.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA wal_autocheckpoint = 0")
-        conn.execute("CREATE TABLE notes (body TEXT)")
-        conn.execute("INSERT INTO notes VALUES ('mine')")
-        assert (tmp_path / "other.db-wal").stat().st_size > 0
+    with foreign_wal_database(path) as conn:
         store = SqliteStore(path)
         with pytest.raises(StoreError) as info:
             async with store:
@@ -99,8 +93,6 @@ async def test_another_programs_database_in_wal_mode_while_it_has_it_open(tmp_pa
         tables = conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'").fetchall()
         assert tables == [("notes",)]
         assert conn.execute("PRAGMA application_id").fetchall() == [(0,)]
-    finally:
-        conn.close()
 
 
 async def test_a_newer_schema(tmp_path: Path) -> None:
