@@ -137,8 +137,8 @@ class Journal(Protocol):
         forgotten). One primary-key read."""
         ...
 
-    def taken(self, task_id: str) -> bool:
-        """Whether the store holds ``task_id`` already (a new id must not clash)."""
+    def taken_among(self, task_ids: list[str]) -> set[str]:
+        """Those of ``task_ids`` the store holds already (a new id must not clash)."""
         ...
 
     async def wait_journaled(self, token: int) -> None:
@@ -209,8 +209,8 @@ class _NoJournal:
     def holds(self, task_id: str) -> str | None:
         return None
 
-    def taken(self, task_id: str) -> bool:
-        return False
+    def taken_among(self, task_ids: list[str]) -> set[str]:
+        return set()
 
     async def wait_journaled(self, token: int) -> None:
         await anyio.lowlevel.checkpoint()

@@ -27,6 +27,9 @@ __all__ = ["RunChild", "SpawnLimiter", "start_unowned"]
 RunChild = Callable[[ChildRecord, anyio.CancelScope], Awaitable[None]]
 """``run(record, scope)``: runs one child to its envelope under the worker's scope."""
 
+_YIELD_EVERY = 16
+"""Journaled children a worker runs in a row before it yields to the event loop."""
+
 # The spawned child whose slot the current task runs on (None outside worker runs).
 _SLOT_OWNER: ContextVar[tuple[SpawnLimiter, ChildRecord] | None] = ContextVar(
     "subagents_slot_owner", default=None
@@ -189,6 +192,7 @@ class SpawnLimiter:
         """Run queued children under ``scope`` until it is cancelled (True: go on with a
         new scope) or the queue stays empty (False: the worker exits)."""
         lingered = False
+        unyielded = 0  # journaled children run since this worker last yielded
         while self._active < self._limit and not scope.cancel_called:
             record = self._next_queued()
             if record is None:
@@ -214,6 +218,14 @@ class SpawnLimiter:
                 self._busy -= 1
                 if record.holds_slot:
                     self._release_slot(record)
+            if record.journaled:
+                # A store's commits reach the event loop as callbacks, which never run
+                # while a worker runs no-op children back to back; their envelopes would
+                # wait for the whole queue.
+                unyielded += 1
+                if unyielded == _YIELD_EVERY:
+                    unyielded = 0
+                    await anyio.lowlevel.checkpoint()
         return True
 
     def _next_queued(self) -> ChildRecord | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from collections.abc import Callable, Container
 from contextlib import AbstractAsyncContextManager
 from typing import Final
@@ -23,6 +22,7 @@ from ._lookup import UNSET_RETAIN, IdIndex, live_ids_sentence, unknown_task
 from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
 from ._paths import NameAllocator
 from ._record import JOURNALED_BEFORE, SETTLED, ChildRecord
+from ._task_ids import TaskIds
 
 __all__ = ["CLOSED_MEMORY", "Sessions"]
 
@@ -64,6 +64,7 @@ class Sessions:
         self.shut = False
         """The owner has closed: every mailbox reads as dropped."""
         self._tasks: dict[str, ChildRecord] = {}
+        self._ids_drawn = TaskIds(self._tasks, journal)
         # Records by (session, idempotency key): a key is held while its record is kept.
         self._keys: dict[tuple[str, str], ChildRecord] = {}
         self._ids = IdIndex()  # what an unknown id was probably meant to be
@@ -114,25 +115,8 @@ class Sessions:
         self._keys[record.session_id, key] = record
 
     def new_task_id(self, journaled: bool = True) -> str:
-        """A task id no record has (nor, for a ``journaled`` child, the store's rows): 12
-        random hex digits, 48 bits from the OS."""
-        task_id = os.urandom(6).hex()
-        while self._taken(task_id, journaled):
-            task_id = os.urandom(6).hex()
-        return task_id
-
-    def _taken(self, task_id: str, journaled: bool) -> bool:
-        if task_id in self._tasks:
-            return True
-        if self._journal is None or not journaled:
-            return False
-        try:
-            return self._journal.taken(task_id)
-        except Exception:
-            # A store that cannot answer: the spawn's own row then fails loudly on a clash
-            # (journaled() raises), so nothing is lost by drawing on.
-            logger.exception("checking task id %s against the store failed", task_id)
-            return False
+        """A task id no record has (nor, for a ``journaled`` child, the store's rows)."""
+        return self._ids_drawn.draw(journaled)
 
     def require(self, task_id: str, session_id: str | None = None) -> ChildRecord:
         """The record of ``task_id``; raises :class:`UnknownTask` naming the ids probably

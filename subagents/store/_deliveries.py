@@ -18,7 +18,7 @@ milliseconds, for the ``*_ms`` columns.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 from .._json import dumps_str
@@ -40,12 +40,21 @@ _LIVE: Final = "state = 'stored' AND (expires_at IS NULL OR expires_at > :now)"
 _KEY: Final = "session = :session AND recipient = :recipient"
 _EXPIRED_OR: Final = "CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN 'expired' ELSE"
 
-_INSERT_ENVELOPE: Final = (
-    "INSERT INTO envelopes (id, session, task_id, body, created_ms) VALUES (?, ?, ?, ?, ?)"
+# A whole list of puts at once, as one JSON array (``json_each``): SQLite steps each
+# statement once, not once a row (see the journal's spawn inserts for why that matters).
+_INSERT_ENVELOPES: Final = (
+    "INSERT INTO envelopes (id, session, task_id, body, created_ms) "
+    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+    "json_extract(value, '$[3]'), CAST(json_extract(value, '$[9]') AS BLOB), :ms "
+    "FROM json_each(:rows) ORDER BY key"
 )
-_INSERT_DELIVERY: Final = (
+_INSERT_DELIVERIES: Final = (
     "INSERT INTO deliveries (envelope_id, session, recipient, task_id, state, stored_at, "
-    "expires_at, origin, consumer, changed_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "expires_at, origin, consumer, changed_ms) "
+    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+    "json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), "
+    "json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]'), "
+    "json_extract(value, '$[8]'), :ms FROM json_each(:rows) ORDER BY key"
 )
 
 
@@ -62,22 +71,21 @@ class Entry(Protocol):
     origin: str
     claimed: bool
     """Consumed (by ``origin``) before it was written: it arrives ``read``."""
+    envelope_id: int
+    """Set by :func:`insert`: the id of the envelope row written for it."""
 
 
 def insert(conn: sqlite3.Connection, entries: Sequence[Entry], ms: int) -> None:
     """Put envelopes, in order: each arrives ``stored`` (or already ``read``), and the
     schema's ``deliveries_overwrite`` trigger retires the unread row of the same key. Two
-    statements for the whole list (``executemany``); call inside ``BEGIN IMMEDIATE``,
+    statements for the whole list; call inside ``BEGIN IMMEDIATE``,
     which makes the envelope ids taken here (after the largest) free to use."""
     ((largest,),) = conn.execute("SELECT coalesce(max(id), 0) FROM envelopes").fetchall()
-    ids = range(int(largest) + 1, int(largest) + 1 + len(entries))
-    conn.executemany(
-        _INSERT_ENVELOPE,
-        [(i, e.session, e.task_id, e.body, ms) for i, e in zip(ids, entries, strict=True)],
-    )
-    conn.executemany(
-        _INSERT_DELIVERY,
-        [
+    first = int(largest) + 1
+    listed = []
+    for i, e in enumerate(entries, first):
+        e.envelope_id = i
+        listed.append(
             (
                 i,
                 e.session,
@@ -88,11 +96,12 @@ def insert(conn: sqlite3.Connection, entries: Sequence[Entry], ms: int) -> None:
                 e.expires_at,
                 e.origin,
                 e.origin if e.claimed else None,
-                ms,
+                e.body.decode(),
             )
-            for i, e in zip(ids, entries, strict=True)
-        ],
-    )
+        )
+    params = {"rows": dumps_str(listed), "ms": ms}
+    conn.execute(_INSERT_ENVELOPES, params)
+    conn.execute(_INSERT_DELIVERIES, params)
 
 
 def find(
@@ -221,10 +230,12 @@ def claim_all(
     now: float,
     ms: int,
     excluding: list[str] | None = None,
-) -> list[tuple[str, bytes]]:
+    known: Callable[[str, int], bool] | None = None,
+) -> list[tuple[str, int, bytes | None]]:
     """Take every live entry but those of the task ids in ``excluding``, in arrival order,
-    as ``(task_id, body)``; entries past their TTL become ``expired``. Call inside
-    ``BEGIN IMMEDIATE``."""
+    as ``(task_id, envelope_id, body)``, the body ``None`` where ``known(task_id,
+    envelope_id)`` (the caller has that envelope in hand); entries past their TTL become
+    ``expired``. Call inside ``BEGIN IMMEDIATE``."""
     params = {
         "session": session,
         "recipient": recipient,
@@ -248,10 +259,20 @@ def claim_all(
     if not taken:
         return []
     taken.sort()
-    bodies = dict(
-        conn.execute(
+    held = {
+        envelope_id
+        for _, task_id, envelope_id in taken
+        if known is not None and known(task_id, envelope_id)
+    }
+    wanted = [envelope_id for _, _, envelope_id in taken if envelope_id not in held]
+    bodies: dict[int, bytes] = {}
+    if wanted:
+        found = conn.execute(
             "SELECT id, body FROM envelopes WHERE id IN (SELECT value FROM json_each(?))",
-            (dumps_str([envelope_id for _, _, envelope_id in taken]),),
+            (dumps_str(wanted),),
         ).fetchall()
-    )
-    return [(str(task_id), bytes(bodies[envelope_id])) for _, task_id, envelope_id in taken]
+        bodies = {int(envelope_id): bytes(body) for envelope_id, body in found}
+    return [
+        (str(task_id), int(envelope_id), bodies.get(envelope_id))
+        for _, task_id, envelope_id in taken
+    ]

@@ -14,7 +14,7 @@ from typing import Final, cast
 
 from .._envelope import DelegateResult
 from .._journal import KeyedTask, SpawnEntry, StoredTask
-from .._json import JSONValue, loads
+from .._json import JSONValue, dumps_str, loads
 from ._errors import StoreError
 from ._journal_writes import TASK_STATE, EndWrite, ForgetWrite, SpawnWrite, StartWrite
 from ._recovery import RecoverWrite, owner_alive
@@ -30,8 +30,9 @@ _LOOKUP: Final = (
     "AND t.owner IS NOT ?"
 )
 _TAKEN: Final = (
-    "SELECT 1 FROM tasks WHERE task_id = ? UNION ALL "
-    "SELECT 1 FROM envelopes INDEXED BY envelopes_task WHERE task_id = ? LIMIT 1"
+    "SELECT j.value FROM json_each(:ids) j WHERE EXISTS "
+    "(SELECT 1 FROM tasks WHERE task_id = j.value) OR EXISTS "
+    "(SELECT 1 FROM envelopes INDEXED BY envelopes_task WHERE task_id = j.value)"
 )
 _UNREAD: Final = "SELECT 1 FROM deliveries WHERE envelope_id = ? AND state = 'stored' LIMIT 1"
 _NEAR: Final = 8
@@ -153,14 +154,15 @@ class SqliteJournal:
         ((state, envelope_id),) = found
         return None if state == "ended" and envelope_id is None else str(state)
 
-    def taken(self, task_id: str) -> bool:
-        """Whether the store holds a task or an envelope of ``task_id`` (one indexed read
-        each on the event loop's connection)."""
+    def taken_among(self, task_ids: list[str]) -> set[str]:
+        """Those of ``task_ids`` the store holds a task or an envelope of (one read on the
+        event loop's connection: two indexed lookups an id)."""
 
-        def query(conn: sqlite3.Connection) -> bool:
-            return bool(conn.execute(_TAKEN, (task_id, task_id)).fetchall())
+        def query(conn: sqlite3.Connection) -> set[str]:
+            found = conn.execute(_TAKEN, {"ids": dumps_str(task_ids)}).fetchall()
+            return {str(task_id) for (task_id,) in found}
 
-        return bool(self._read(query))
+        return cast("set[str]", self._read(query))
 
     async def wait_journaled(self, token: int) -> None:
         """Block until the write ``token`` (and every one before it) is committed.

@@ -2,9 +2,19 @@
 a spawn's row, its start, its end, a forget; and an envelope put unread into a session's
 mailbox by the journal itself (a recovered task's, or one ended as its manager closed).
 
-They are group-committed with the mailboxes' puts and applied in order with them: a
-child's envelope put (by its session's mailbox) comes before its end write, which links
-the row the mailbox wrote instead of writing the envelope again.
+They are group-committed with the mailboxes' puts: a child's envelope put (by its
+session's mailbox) comes before its end write, which links the row the mailbox wrote
+instead of writing the envelope again.
+
+Between two writes that keep their places (:meth:`~._writer.Write.order`), a batch's
+spawns, starts, puts and ends are applied in that order, class by class, which is the
+order one task's writes are submitted in. A write of a later class commutes with one of
+an earlier class submitted after it, because the two are another task's: a spawn inserts
+a new id, a start needs its task queued (so never follows its end), a put touches only
+the mailbox's rows. A keyed spawn keeps its place: it frees its key from an ended task,
+whose end must come first. An end links its task's newest envelope row when the end is
+applied, so a put of the same task id submitted after its end (a user's own put into the
+mailbox, in the same batch) is the one it links: either is that task's envelope.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import attrs
 
 from .._envelope import DelegateResult, now_ms
 from .._journal import SpawnEntry
-from .._json import dumps
+from .._json import dumps, dumps_str
 from . import _deliveries as rows
 from ._writer import Write
 
@@ -54,10 +64,39 @@ _RELEASE_KEY: Final = (
     "AND state = 'ended' AND (envelope_id IS NULL OR owner = ?)"
 )
 _INSERT_NAME: Final = "INSERT OR IGNORE INTO names (session, agent_path, task_id) VALUES (?, ?, ?)"
+# Unkeyed spawns, a whole run at once: each statement takes its rows as one JSON array
+# (``json_each``), so SQLite steps it once instead of once a row. (Every step releases
+# the GIL and must take it back; while the event loop runs Python that can wait up to a
+# switch interval, so a row-by-row executemany crawls exactly when the loop is busiest.)
+# Texts and blobs travel as JSON strings; ``CAST ... AS BLOB`` gives back their bytes.
+_INSERT_TASKS: Final = (
+    "INSERT INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
+    "state, attempts, owner, created_ms, updated_ms) "
+    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+    "json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), "
+    "CAST(json_extract(value, '$[5]') AS BLOB), 'queued', 0, :owner, :ms, :ms "
+    "FROM json_each(:rows) ORDER BY key"
+)
+_INSERT_NAMES: Final = (
+    "INSERT OR IGNORE INTO names (session, agent_path, task_id) "
+    "SELECT json_extract(value, '$[1]'), json_extract(value, '$[4]'), "
+    "json_extract(value, '$[0]') FROM json_each(:rows) ORDER BY key"
+)
+_START_TASKS: Final = (
+    "UPDATE tasks SET state = 'running', attempts = attempts + 1, updated_ms = :ms "
+    "WHERE task_id IN (SELECT value FROM json_each(:ids)) AND state = 'queued'"
+)
 LAST_ENVELOPE: Final = "SELECT max(id) FROM envelopes WHERE task_id = ?"
 END_TASK: Final = (
     "UPDATE tasks SET state = 'ended', envelope_id = ?, updated_ms = ? "
     "WHERE task_id = ? AND state <> 'ended'"
+)
+# The usual end, for a whole batch at once: its mailbox wrote the envelope row.
+_END_LINKED: Final = (
+    "UPDATE tasks SET state = 'ended', updated_ms = :ms, "
+    "envelope_id = (SELECT max(e.id) FROM envelopes e WHERE e.task_id = tasks.task_id) "
+    "WHERE task_id IN (SELECT value FROM json_each(:ids)) AND state <> 'ended' "
+    "AND EXISTS (SELECT 1 FROM envelopes e WHERE e.task_id = tasks.task_id)"
 )
 _DELETE_TASK: Final = "DELETE FROM tasks WHERE task_id = ? AND state = 'ended'"
 # Its deliveries go by the cascade; the foreign key from tasks.envelope_id is checked by
@@ -72,15 +111,23 @@ TASK_STATE: Final = "SELECT state, envelope_id FROM tasks WHERE task_id = ?"
 class SpawnWrite(Write):
     __slots__ = ("entry", "owner")
 
+    ORDER = 0
+
     def __init__(self, entry: SpawnEntry, owner: str) -> None:
         super().__init__()
         self.entry = entry
         self.owner = owner
 
+    def order(self) -> int | None:
+        return None if self.entry.idempotency_key is not None else self.ORDER
+
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        ms = now_ms()
         keyed = [w for w in writes if w.entry.idempotency_key is not None]
+        if not keyed:
+            cls._apply_unkeyed(conn, writes)
+            return
+        ms = now_ms()
         if keyed:
             conn.executemany(
                 _RELEASE_KEY,
@@ -109,9 +156,29 @@ class SpawnWrite(Write):
             [(w.entry.session_id, w.entry.agent_path, w.entry.task_id) for w in writes],
         )
 
+    @staticmethod
+    def _apply_unkeyed(conn: sqlite3.Connection, writes: Sequence[SpawnWrite]) -> None:
+        # One owner for the lot: every write of a store carries its origin.
+        params = {
+            "owner": writes[0].owner,
+            "ms": now_ms(),
+            "rows": dumps_str(
+                [
+                    (e.task_id, e.session_id, e.parent_task, e.agent, e.agent_path, r)
+                    for w in writes
+                    for e in (w.entry,)
+                    for r in (dumps(e.request).decode(),)
+                ]
+            ),
+        }
+        conn.execute(_INSERT_TASKS, params)
+        conn.execute(_INSERT_NAMES, {"rows": params["rows"]})
+
 
 class StartWrite(Write):
     __slots__ = ("task_id",)
+
+    ORDER = 1
 
     def __init__(self, task_id: str) -> None:
         super().__init__()
@@ -119,12 +186,8 @@ class StartWrite(Write):
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        ms = now_ms()
-        conn.executemany(
-            "UPDATE tasks SET state = 'running', attempts = attempts + 1, updated_ms = ? "
-            "WHERE task_id = ? AND state = 'queued'",
-            [(ms, w.task_id) for w in writes],
-        )
+        ids = dumps_str([w.task_id for w in writes])
+        conn.execute(_START_TASKS, {"ms": now_ms(), "ids": ids})
 
 
 def _insert_envelope(conn: sqlite3.Connection, session: str, task_id: str, body: bytes) -> int:
@@ -140,6 +203,8 @@ def _insert_envelope(conn: sqlite3.Connection, session: str, task_id: str, body:
 
 class EndWrite(Write):
     __slots__ = ("deliver", "envelope", "origin", "session", "task_id", "then")
+
+    ORDER = 3  # after the puts (Put.ORDER), whose rows it links
 
     def __init__(
         self,
@@ -169,6 +234,12 @@ class EndWrite(Write):
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         ms = now_ms()
+        ids = dumps_str([w.task_id for w in writes])
+        linked = conn.execute(_END_LINKED, {"ids": ids, "ms": ms})
+        if linked.rowcount == len(writes):
+            return
+        # Some task's mailbox wrote no envelope (or the task is ended or not stored): each
+        # one alone, the ones just linked now ended (END_TASK leaves them as they are).
         for w in writes:
             ((envelope_id,),) = conn.execute(LAST_ENVELOPE, (w.task_id,)).fetchall()
             if envelope_id is None and w.deliver:  # ended as its manager closed
@@ -229,6 +300,7 @@ class _Undelivered:
     recipient: str = ""
     expires_at: float | None = None
     claimed: bool = False
+    envelope_id: int = 0
 
 
 def deliver_unread(

@@ -59,9 +59,11 @@ class SqliteMailbox(BaseMailbox):
     logged and ignored.
 
     Across processes, ``capacity`` counts committed entries and this process's pending
-    ones: processes putting new ids at the same moment may together exceed it by what the
-    others have not committed yet. Expiry reads ``clock`` (default: unix time), so every
-    process sharing a session with a TTL must use the same clock.
+    ones. A put counts the committed ones only once its mailbox's own tally (the last
+    count plus its puts since) reaches ``capacity``, so processes putting new ids into one
+    session may together exceed it by what the others put since that count. Expiry reads
+    ``clock`` (default: unix time), so every process sharing a session with a TTL must use
+    the same clock.
     """
 
     committed: Callable[[DelegateResult], object] | None = None
@@ -93,9 +95,18 @@ class SqliteMailbox(BaseMailbox):
         self._clock = clock
         self._pending = Pending(writer.lock, expiring=ttl is not None)
         self._unrevealed: dict[str, Put] = {}  # put_durable's puts not yet committed
+        # This mailbox's committed puts by envelope id, unread when committed: a take of
+        # one hands on the object put instead of decoding its row (the oldest go first
+        # past capacity, as another process may have taken them). A durable put is in
+        # hand from _unrevealed until its commit is reported.
+        self._held: dict[int, DelegateResult] = {}
         self._subs = Subscriptions(lambda active: watch(self, active))
         self._closed = False
         self._last_seq = 0
+        # An upper bound of the live entries when last counted, and the puts since (what
+        # _full reads instead of counting again while their sum is below capacity).
+        self._bound = capacity
+        self._puts_since = 0
         self._seen = 0  # the newest delivery id looked at for other processes' puts
 
     @property
@@ -136,16 +147,23 @@ class SqliteMailbox(BaseMailbox):
 
     def _full(self, now: float) -> bool:
         """At least ``capacity`` live entries, counting the durable puts on their way?
-        One bounded count, mostly: a pending put may also be committed already, so the
-        sum of both counts only says "not full"."""
+
+        Mostly no read at all: the last count of the committed entries plus this
+        mailbox's pending puts then, plus every put it accepted since, is more than it
+        holds (entries consumed, expired or double-counted since only make it less), so
+        below ``capacity`` it says "not full". Otherwise one bounded count; a pending put
+        may also be committed already, so the sum of both counts only says "not full"."""
         capacity = self._capacity
         pending = self._pending.live(now) + len(self._unrevealed)
         if pending >= capacity:
             return True
+        if self._bound + self._puts_since < capacity:
+            return False
         session, recipient = self.session, self.recipient
         committed = self._conn.read(
             lambda raw: rows.count_live(raw, session, recipient, now, limit=capacity)
         )
+        self._bound, self._puts_since = committed + pending, 0
         if committed + pending < capacity:
             return False
         return not pending or self._count(now, limit=capacity, unrevealed=True) >= capacity
@@ -244,16 +262,27 @@ class SqliteMailbox(BaseMailbox):
             on_failed=on_failed,
         )
         self._last_seq = self._writer.submit(put)
+        self._puts_since += 1
         return put
 
     def _written(self, put: Put) -> None:
         """The writer committed ``put``: from now on the database has it."""
         self._pending.discard(put)
+        self._hold(put)
         self._report_committed(put)
+
+    def _hold(self, put: Put) -> None:
+        if put.claimed or put.taken or self._closed:  # nobody takes it from the database
+            return
+        held = self._held
+        held[put.envelope_id] = put.envelope
+        if len(held) > self._capacity:
+            del held[next(iter(held))]
 
     def _revealed(self, put: Put) -> None:
         """The writer committed a :meth:`put_durable`: it is readable from now on."""
         self._forget_unrevealed(put)
+        self._hold(put)
         if not self._closed:
             self._subs.fire_tasks((put.task_id,))
             self._subs.fire_all()
@@ -341,14 +370,21 @@ class SqliteMailbox(BaseMailbox):
         session, recipient, consumer = self.session, self.recipient, self.origin
         here: list[Put] = []
 
-        def body(raw: sqlite3.Connection) -> list[tuple[str, bytes]]:
+        def body(raw: sqlite3.Connection) -> list[tuple[str, int, bytes | None]]:
             # The gate is held, so the writer takes no put meanwhile: the ones it took are
             # committed (and taken below, unless another process took them), the rest are
             # consumed here, and their task ids' older rows are left for them to replace.
             here.extend(self._pending.claim_untaken())
             newer = [put.task_id for put in here]
             return rows.claim_all(
-                raw, session, recipient, consumer=consumer, now=now, ms=now_ms(), excluding=newer
+                raw,
+                session,
+                recipient,
+                consumer=consumer,
+                now=now,
+                ms=now_ms(),
+                excluding=newer,
+                known=self._in_hand,
             )
 
         def undo() -> None:  # the transaction rolled back; the gate is still held
@@ -360,10 +396,32 @@ class SqliteMailbox(BaseMailbox):
 
         # With puts pending, always through the gate: one may be in the writer's hands.
         taken = self._conn.write(body, precheck=None if self._pending else anything, undo=undo)
+        envelopes = [
+            self._take_in_hand(task_id, envelope_id) if data is None else self._decode(data)
+            for task_id, envelope_id, data in taken or ()
+        ]
         self._pending.clear()
-        envelopes = [self._decode(data) for _, data in taken or ()]
         envelopes.extend(put.envelope for put in here)
         return self._consumed(envelopes)
+
+    def _in_hand(self, task_id: str, envelope_id: int) -> bool:
+        """Whether this mailbox has the envelope of row ``envelope_id`` in memory. Called
+        with the gate held: the writer assigns no envelope ids meanwhile."""
+        if envelope_id in self._held:
+            return True
+        put = self._unrevealed.get(task_id) or self._pending.get(task_id)
+        return put is not None and put.envelope_id == envelope_id
+
+    def _take_in_hand(self, task_id: str, envelope_id: int) -> DelegateResult:
+        """The envelope :meth:`_in_hand` found, taken (its put's commit, reported later,
+        finds it gone)."""
+        envelope = self._held.pop(envelope_id, None)
+        if envelope is not None:
+            return envelope
+        put = self._unrevealed.pop(task_id, None) or self._pending.get(task_id)
+        assert put is not None  # _in_hand found it, in the same synchronous take
+        put.taken = True
+        return put.envelope
 
     # ------------------------------------------------------------ subscriptions and drop
 
@@ -411,6 +469,7 @@ class SqliteMailbox(BaseMailbox):
                 lambda raw: rows.puts_since(raw, session, recipient, after, origin)
             )
             if foreign:
+                self._bound = self._capacity  # count again at the next put
                 self._subs.fire_all()
 
     def drop(self) -> None:
@@ -422,6 +481,7 @@ class SqliteMailbox(BaseMailbox):
         self._closed = True
         self._pending.clear()
         self._unrevealed.clear()
+        self._held.clear()
         self._subs.fire_drop()
 
     def __repr__(self) -> str:

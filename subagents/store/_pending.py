@@ -29,6 +29,7 @@ class Put(Write):
         "body",
         "claimed",
         "envelope",
+        "envelope_id",
         "expires_at",
         "on_failed",
         "on_written",
@@ -38,8 +39,11 @@ class Put(Write):
         "session",
         "stored_at",
         "superseded",
+        "taken",
         "task_id",
     )
+
+    ORDER = 2  # after the journal's spawns and starts, before its ends (_journal_writes)
 
     def __init__(
         self,
@@ -65,12 +69,16 @@ class Put(Write):
         self.expires_at = expires_at
         self.on_written = on_written
         self.on_failed = on_failed
+        self.envelope_id = 0
+        """Its envelope row's id, once the writer has written it."""
         self.picked = False
         """The writer has taken it: it is in a transaction in flight, or committed."""
         self.claimed = False
         """Consumed in this process before the writer took it: written as ``read``."""
         self.superseded = False
         """Overwritten by a later put before the writer took it: never written."""
+        self.taken = False
+        """Consumed from the database by its own mailbox, before its commit was reported."""
 
     def live(self, now: float) -> bool:
         return self.expires_at is None or self.expires_at > now
@@ -83,6 +91,7 @@ class Put(Write):
 
     def release(self) -> None:
         self.picked = False
+        self.envelope_id = 0  # its transaction rolled back: no row has that id for it
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Put]) -> None:

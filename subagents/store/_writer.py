@@ -2,13 +2,23 @@
 
 Callers on the event loop :meth:`Writer.submit` writes (never blocking: a lock held for a
 deque append). The thread takes every write pending when its transaction opens (up to
-``max_batch``) into one ``BEGIN IMMEDIATE`` transaction, commits, then calls back into the
-event loop once for the whole batch (``anyio.from_thread.run_sync`` with the loop's token,
-which works on asyncio and trio alike). While it waits for that call, new writes pile up
-for the next batch: the slower the commits, the larger the batches.
+``max_batch``) into one ``BEGIN IMMEDIATE`` transaction, commits, hands the batch's
+callback to the :class:`~._courier.Courier` (which calls into the event loop without the
+writer waiting for it) and goes on. It opens its next transaction once that callback has
+run, or at once if ``eager_batch`` writes are queued by then: so while the event loop is
+busy (a fan-out running its children back to back) the writer commits alongside it in
+batches of a useful size, and while it is idle each commit's writes are handed on before
+the next begins. Committing whatever is queued as soon as possible would instead make
+batches of a few writes, each with its own commit, whose Python steps fight the event
+loop for the GIL at every statement.
 
-Writes are applied in submission order, and a batch is a prefix of what was submitted, so
-"every write up to sequence number n is committed" is one number (the watermark).
+A batch is a prefix of what was submitted, so "every write up to sequence number n is
+committed" is one number (the watermark). Inside its transaction the writes are applied
+in submission order, but for those whose class gives them an :meth:`Write.order`: between
+two writes without one, they are applied class by class in increasing order (each class's
+in submission order), so that each class runs its statements once for the lot, as a raw
+``executemany`` loop would, instead of once for each of the interleaved runs a fan-out
+submits (a child's start, its put, its end, the next child's start, ...).
 
 A busy database is retried for as long as it stays busy (the writes must not be lost; a
 warning is logged every ``busy_timeout``). Any other SQLite error (disk full, I/O error,
@@ -23,12 +33,13 @@ import logging
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Final, Self
+from collections.abc import Callable, Iterator, Sequence
+from typing import ClassVar, Final, Self
 
-import anyio.from_thread
+import anyio
 from anyio.lowlevel import EventLoopToken
 
+from ._courier import Courier
 from ._errors import StoreError
 from ._sqlite import immediate, retrying
 
@@ -37,6 +48,7 @@ __all__ = ["DEFAULT_MAX_BATCH", "OnBatch", "Write", "Writer"]
 logger = logging.getLogger("subagents.store")
 
 DEFAULT_MAX_BATCH: Final = 1024
+DEFAULT_EAGER_BATCH: Final = 256
 
 
 class Write:
@@ -50,8 +62,19 @@ class Write:
 
     __slots__ = ("seq",)
 
+    ORDER: ClassVar[int | None] = None
+    """What :meth:`order` answers unless a class says otherwise."""
+
     def __init__(self) -> None:
         self.seq = 0
+
+    def order(self) -> int | None:
+        """``None``: applied in its place, after every write submitted before it and before
+        every one after it. A number: between two writes that answer ``None``, applied
+        with its class's writes, the classes in increasing order. So a class with an order
+        must commute with every write of a lower order submitted after it: swapping the
+        two leaves the database as applying them in submission order would."""
+        return self.ORDER
 
     def take(self) -> bool:
         """The writer takes this write into a batch; ``False`` skips it (superseded)."""
@@ -77,6 +100,40 @@ def _kind(write: Write) -> type[Write]:
     return type(write)
 
 
+def _runs(batch: list[Write]) -> Iterator[tuple[type[Write], list[Write]]]:
+    """``batch`` as the runs its classes apply, in the order :meth:`Write.order` allows."""
+    movable: list[tuple[int, Write]] = []  # since the last write that keeps its place
+    fixed: list[Write] = []  # consecutive writes of one class that keep their places
+    for write in batch:
+        order = write.order()
+        if order is not None:
+            if fixed:
+                yield type(fixed[0]), fixed
+                fixed = []
+            movable.append((order, write))
+            continue
+        yield from _by_class(movable)
+        movable = []
+        if fixed and type(fixed[0]) is not type(write):
+            yield type(fixed[0]), fixed
+            fixed = []
+        fixed.append(write)
+    if fixed:
+        yield type(fixed[0]), fixed
+    yield from _by_class(movable)
+
+
+def _by_class(movable: list[tuple[int, Write]]) -> Iterator[tuple[type[Write], list[Write]]]:
+    movable.sort(key=_first)  # stable: each class's writes stay in submission order
+    writes = [write for _, write in movable]
+    for kind, run in itertools.groupby(writes, _kind):
+        yield kind, list(run)
+
+
+def _first(pair: tuple[int, Write]) -> int:
+    return pair[0]
+
+
 OnBatch = Callable[[list[Write], int, "StoreError | None"], object]
 """``on_batch(writes, watermark, failure)``: runs on the event loop after each batch; every
 write with ``seq <= watermark`` is committed (``failure is None``) or never will be."""
@@ -95,14 +152,16 @@ class Writer:
         on_batch: OnBatch,
         on_stopped: Callable[[], object],
         max_batch: int = DEFAULT_MAX_BATCH,
+        eager_batch: int = DEFAULT_EAGER_BATCH,
     ) -> None:
         self._raw = raw
         self._path = path
         self._busy_timeout = busy_timeout
-        self._token = token
+        self._courier = Courier(token, name="subagents-store-courier")
         self._on_batch = on_batch
         self._on_stopped = on_stopped
         self._max_batch = max_batch
+        self._eager_batch = eager_batch
         self.lock = threading.Lock()
         """Guards the queue and what :meth:`Write.take` decides (held for microseconds)."""
         self.gate = threading.Lock()
@@ -111,9 +170,9 @@ class Writer:
         self._queue: deque[Write] = deque()
         self._batch: list[Write] = []  # taken into the transaction in flight
         self._seq = 0
-        self._idle = False
+        self._unseen = 0  # batches committed whose callback has not run yet
+        self._want = 0  # queued writes that wake the waiting thread (0: it is not waiting)
         self._stopping = False
-        self._loop_alive = True
         self.failure: StoreError | None = None
         self.batches = 0
         self.writes = 0
@@ -122,7 +181,13 @@ class Writer:
         self._thread.daemon = True  # an unclosed store must not hang interpreter exit
 
     def start(self) -> None:
+        self._courier.start()
         self._thread.start()
+
+    @property
+    def trips(self) -> int:
+        """Calls into the event loop so far (each carrying the batches committed by then)."""
+        return self._courier.trips
 
     @property
     def queued(self) -> int:
@@ -153,8 +218,8 @@ class Writer:
             self._seq += 1
             write.seq = self._seq
             self._queue.append(write)
-            if self._idle:
-                self._idle = False
+            if self._want and len(self._queue) >= self._want:
+                self._want = 0
                 self._wake.notify()
             return self._seq
 
@@ -170,10 +235,12 @@ class Writer:
         try:
             while True:
                 with self.lock:
-                    while not self._queue and not self._stopping:
-                        self._idle = True
+                    while not self._stopping and (
+                        not self._queue or (self._unseen and len(self._queue) < self._eager_batch)
+                    ):
+                        self._want = self._eager_batch if self._queue else 1
                         self._wake.wait()
-                    self._idle = False
+                    self._want = 0
                     if not self._queue:
                         break
                 if not self._commit_batch():
@@ -183,13 +250,14 @@ class Writer:
             failure = StoreError(self._path, "failed", "the writer thread crashed")
             # The batch in hand is handed back too: each write's failed() must run, or
             # whoever waits for its commit waits forever.
-            self._to_loop(self._on_batch, self._fail(failure, self._batch), self._seq, failure)
+            self._courier.send(self._on_batch, self._fail(failure, self._batch), self._seq, failure)
         finally:
             try:
                 self._raw.close()
             except sqlite3.Error:
                 logger.exception("closing the writer's connection failed")
-            self._to_loop(self._on_stopped)
+            self._courier.send(self._on_stopped)  # after every batch's callback
+            self._courier.stop()
 
     def _take(self, batch: list[Write]) -> int:
         """Move up to ``max_batch`` queued writes into ``batch``; returns the watermark."""
@@ -204,8 +272,8 @@ class Writer:
         return watermark
 
     def _commit_batch(self) -> bool:
-        """One transaction, then the batch's call into the event loop; False when the
-        store failed."""
+        """One transaction, then the batch's callback handed to the courier; False when
+        the store failed."""
         raw = self._raw
         batch: list[Write] = []
         self._batch = batch
@@ -216,19 +284,32 @@ class Writer:
             with immediate(raw):
                 if not watermark:  # taken once the lock is held; a retry keeps the batch
                     watermark = self._take(batch)
-                for kind, writes in itertools.groupby(batch, _kind):
-                    kind.apply(raw, list(writes))
+                for kind, writes in _runs(batch):
+                    kind.apply(raw, writes)
 
         failure, lost = self._commit_under_gate(attempt, batch)
         if failure is not None:
-            self._to_loop(self._on_batch, lost, self._seq, failure)
+            self._courier.send(self._on_batch, lost, self._seq, failure)
             return False
         self._batch = []
         self.batches += 1
         self.writes += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
-        self._to_loop(self._on_batch, batch, watermark, None)
+        with self.lock:
+            self._unseen += 1
+        self._courier.send(self._seen, batch, watermark)
         return True
+
+    def _seen(self, batch: list[Write], watermark: int) -> None:
+        """On the event loop: a committed batch's callback; the thread may go on."""
+        try:
+            self._on_batch(batch, watermark, None)
+        finally:
+            with self.lock:
+                self._unseen -= 1
+                if self._want:
+                    self._want = 0
+                    self._wake.notify()
 
     def _commit_under_gate(
         self, attempt: Callable[[], None], batch: list[Write]
@@ -270,18 +351,6 @@ class Writer:
             for write in lost:
                 write.release()
         return lost
-
-    def _to_loop(self, fn: Callable[..., object], *args: object) -> None:
-        """Call ``fn(*args)`` on the event loop and wait for it; once the loop has ended
-        (a store never closed), writes still commit and nobody is told."""
-        if not self._loop_alive:
-            return
-        try:
-            anyio.from_thread.run_sync(fn, *args, token=self._token)
-        except anyio.RunFinishedError:
-            self._loop_alive = False
-        except Exception:
-            logger.exception("a store callback on the event loop raised")
 
     def join(self, timeout: float | None) -> bool:
         """Wait for the thread (blocking); True if it ended."""

@@ -3,7 +3,8 @@ store's recovery window, id clashes, children cancelled by close, error messages
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -156,10 +157,11 @@ async def test_a_child_cancelled_by_close_is_delivered_to_its_open_mailbox(tmp_p
         assert [e.task_id for e in got] == [h.task_id]
 
 
-def _ids(*chunks: bytes) -> Iterator[bytes]:
-    yield from chunks
-    while True:
-        yield b"\xcc" * 6
+def _ids(*chunks: bytes) -> Callable[[int], bytes]:
+    """An ``os.urandom`` that draws ``chunks`` (6 bytes each: task ids) first, then
+    ``cc``-bytes ids."""
+    draws = itertools.chain(chunks, itertools.repeat(b"\xcc" * 6))
+    return lambda n: b"".join(next(draws) for _ in range(n // 6))
 
 
 async def test_a_task_id_the_store_holds_is_drawn_again(
@@ -170,11 +172,11 @@ async def test_a_task_id_the_store_holds_is_drawn_again(
     the acknowledged spawn has its own row."""
     path = tmp_path / "s.db"
     config = SubagentConfig(store_path=path)
-    draws = _ids(b"\xaa" * 6, b"\xaa" * 6, b"\xbb" * 6)
-    monkeypatch.setattr("subagents._sessions.os.urandom", lambda n: next(draws))
+    monkeypatch.setattr("subagents._task_ids.os.urandom", _ids(b"\xaa" * 6))
     async with SubagentManager(AGENTS, config=config) as m:
         first = m.spawn("echo", "first")
         await first.wait()
+    monkeypatch.setattr("subagents._task_ids.os.urandom", _ids(b"\xaa" * 6, b"\xbb" * 6))
     async with SubagentManager(AGENTS, config=config) as m:
         second = m.spawn("echo", "second")
         await second.journaled()
@@ -223,8 +225,7 @@ async def test_a_task_id_clashing_with_a_concurrent_row_fails_the_spawn_loudly(
 
     path = tmp_path / "s.db"
     config = SubagentConfig(store_path=path)
-    draws = _ids(b"\xaa" * 6)
-    monkeypatch.setattr("subagents._sessions.os.urandom", lambda n: next(draws))
+    monkeypatch.setattr("subagents._task_ids.os.urandom", _ids(b"\xaa" * 6))
     async with SubagentManager(FOREVER, config=config) as m:
         gate = m.store._writer.gate  # type: ignore[union-attr]
         gate.acquire()  # hold the writer back

@@ -1,0 +1,365 @@
+"""How the store batches: the writer's reordering of a batch by class, its hand-off that
+never waits for the event loop, whole lists in one statement, new ids checked 64 at a
+time, the mailbox's capacity tally, and takes that hand on the envelopes put."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar, Self
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from subagents import AgentSpec, Request, RunContext, SubagentConfig, SubagentManager
+from subagents._journal import SpawnEntry
+from subagents.store import SqliteStore
+from subagents.store._journal import _TAKEN
+from subagents.store._journal_writes import _END_LINKED, _START_TASKS
+from subagents.store._sqlite import Connection
+from subagents.store._writer import Write, _runs
+from tests.store.support import env, query_plan, sqlite
+
+pytestmark = pytest.mark.anyio
+
+
+# ---------------------------------------------------------------- reordering a batch
+
+
+class _Probe(Write):
+    """A write that only says who it is; subclasses set the order."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
+        raise AssertionError("not applied here")
+
+
+class _First(_Probe):
+    ORDER: ClassVar[int | None] = 0
+
+
+class _Second(_Probe):
+    ORDER: ClassVar[int | None] = 1
+
+
+class _Third(_Probe):
+    ORDER: ClassVar[int | None] = 2
+
+
+class _InPlace(_Probe):
+    pass
+
+
+_KINDS: dict[str, type[_Probe]] = {"a": _First, "b": _Second, "c": _Third, "x": _InPlace}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(sorted(_KINDS)), max_size=40))
+def test_a_batch_runs_by_class_between_writes_that_keep_their_place(kinds: list[str]) -> None:
+    batch: list[Write] = [_KINDS[kind](f"{kind}{i}") for i, kind in enumerate(kinds)]
+    runs = list(_runs(batch))
+    applied = [write for _, run in runs for write in run]
+    # Every write once.
+    assert sorted(id(w) for w in applied) == sorted(id(w) for w in batch)
+    for kind, run in runs:
+        assert run
+        assert all(type(w) is kind for w in run)
+    # A write with no order keeps its place: everything before it is applied before it.
+    position = {id(w): i for i, w in enumerate(applied)}
+    for i, write in enumerate(batch):
+        if write.order() is None:
+            assert {id(w) for w in applied[: position[id(write)]]} == {id(w) for w in batch[:i]}
+    # Between two of them each class runs once, in increasing order, its writes in order.
+    segments: list[list[Write]] = [[]]
+    for write in batch:
+        if write.order() is None:
+            segments.append([])
+        else:
+            segments[-1].append(write)
+    movable_runs = [run for kind, run in runs if kind.ORDER is not None]
+    expected = []
+    for segment in segments:
+        for kind in (_First, _Second, _Third):
+            run = [w for w in segment if type(w) is kind]
+            if run:
+                expected.append(run)
+    assert movable_runs == expected
+    # Consecutive writes without an order, of one class, make one run.
+    for _kind, run in runs:
+        if run[0].order() is None:
+            at = [batch.index(w) for w in run]
+            assert at == list(range(at[0], at[0] + len(at)))
+
+
+def test_a_keyed_spawn_keeps_its_place() -> None:
+    from subagents.store._journal_writes import SpawnWrite
+
+    def entry(key: str | None) -> SpawnEntry:
+        return SpawnEntry(
+            task_id="t",
+            session_id="root",
+            parent_task=None,
+            agent="a",
+            agent_path="/root/a",
+            request={},
+            idempotency_key=key,
+        )
+
+    assert SpawnWrite(entry(None), "me").order() == 0
+    assert SpawnWrite(entry("k"), "me").order() is None
+
+
+def test_the_whole_list_statements_read_by_index(tmp_path: Path) -> None:
+    """Each runs one step over the JSON list and finds every row by an index."""
+    for name, statement, params in (
+        ("end", _END_LINKED, {"ids": '["a"]', "ms": 1}),
+        ("start", _START_TASKS, {"ids": '["a"]', "ms": 1}),
+        ("taken", _TAKEN, {"ids": '["a"]'}),
+    ):
+        plan = query_plan(tmp_path / f"{name}.db", statement, params)
+        scans = [step for step in plan if step.startswith("SCAN")]
+        assert scans
+        assert all("VIRTUAL TABLE" in step for step in scans), plan  # json_each alone
+
+
+# ---------------------------------------------------------------- what the rows hold
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(outputs=st.lists(_TEXT, min_size=1, max_size=8), prompt=_TEXT)
+def test_bodies_and_requests_written_as_lists_keep_every_byte(
+    tmp_path_factory: pytest.TempPathFactory, outputs: list[str], prompt: str
+) -> None:
+    """Texts travel to SQLite inside one JSON list and back as blobs: what another
+    mailbox object reads (decoding the row) is what was put, byte for byte."""
+    path = tmp_path_factory.mktemp("bytes") / "s.db"
+    entry = SpawnEntry(
+        task_id="t0",
+        session_id="root",
+        parent_task=None,
+        agent="a",
+        agent_path="/root/a",
+        request={"input": prompt},
+    )
+
+    async def main() -> list[bytes]:
+        async with SqliteStore(path) as store:
+            journal = store.journal()
+            await journal.wait_journaled(journal.spawned(entry))
+            box = store.mailbox("root", capacity=64)
+            for i, output in enumerate(outputs):
+                box.put(f"t{i}", env(f"t{i}", output))
+            await box.wait_committed()
+            other = store.mailbox("root", capacity=64)  # holds none of them in memory
+            got = other.drain_all()
+            assert [e.output for e in got] == [
+                e or f"output of t{i}" for i, e in enumerate(outputs)
+            ]
+            return [e.to_json() for e in got]
+
+    bodies = anyio.run(main)
+    expected = [env(f"t{i}", output).to_json() for i, output in enumerate(outputs)]
+    assert bodies == expected
+    with sqlite(path) as conn:
+        stored = [bytes(b) for (b,) in conn.execute("SELECT body FROM envelopes ORDER BY id")]
+        ((request,),) = conn.execute("SELECT request FROM tasks").fetchall()
+    assert stored == expected
+    from subagents._json import dumps
+
+    assert bytes(request) == dumps({"input": prompt})
+
+
+# ---------------------------------------------------------------- the hand-off
+
+
+def _block_the_loop_until_committed(path: Path, envelopes: int) -> None:
+    """Keep the calling thread (the event loop's, on purpose) until another connection
+    sees ``envelopes`` envelope rows committed."""
+    deadline = time.monotonic() + 60
+    with sqlite(path) as conn:
+        while conn.execute("SELECT count(*) FROM envelopes").fetchone()[0] < envelopes:
+            assert time.monotonic() < deadline, "the writer waited for the event loop"
+            time.sleep(0.001)
+
+
+async def test_the_writer_commits_while_the_event_loop_is_busy(tmp_path: Path) -> None:
+    """The writer hands each batch's callback to the courier and goes on: with the event
+    loop thread blocked (a runner that never yields, a long computation), several batches
+    still commit, and their callbacks run, in order, once the loop is back."""
+    path = tmp_path / "s.db"
+    async with SqliteStore(path) as store:
+        box = store.mailbox("root", capacity=10_000)
+        order: list[str] = []
+        box.committed = lambda envelope: order.append(envelope.task_id)
+        box.put("first", env("first"))
+        await box.wait_committed()
+        order.clear()
+        # From here the loop thread does not return to the event loop until a second
+        # connection sees every one of 2,000 puts committed, in batches of at most 1,024.
+        for i in range(2_000):
+            box.put(f"t{i}", env(f"t{i}"))
+        _block_the_loop_until_committed(path, 2_001)
+        assert order == []  # no callback ran: the loop was busy all along
+        await box.wait_committed()
+        assert store.statistics().batches >= 3
+        assert order == [f"t{i}" for i in range(2_000)]
+
+
+async def test_journaled_children_run_back_to_back_yield_to_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """A worker running queued journaled children that never yield still lets other
+    tasks (and the store's callbacks) run every few children."""
+    ran: list[int] = []
+    seen: list[int] = []
+
+    async def noop(request: Request, ctx: RunContext) -> str:
+        ran.append(1)
+        return "ok"
+
+    config = SubagentConfig(store_path=tmp_path / "s.db", max_concurrent_spawns=1)
+    async with SubagentManager([AgentSpec(name="noop", runner=noop)], config=config) as m:
+        handles = [m.spawn("noop", "") for _ in range(64)]
+
+        async def watch() -> None:
+            while len(ran) < 64:
+                seen.append(len(ran))
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+        for handle in handles:
+            await handle.wait()
+    assert any(0 < count < 64 for count in seen), seen
+
+
+# ---------------------------------------------------------------- reads on the loop
+
+
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    reads: list[int] = []
+    original = Connection.read
+
+    def read(self: Connection, query):  # type: ignore[no-untyped-def]
+        reads.append(1)
+        return original(self, query)
+
+    monkeypatch.setattr(Connection, "read", read)
+    return reads
+
+
+async def test_new_ids_are_checked_against_the_store_64_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def noop(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    config = SubagentConfig(store_path=tmp_path / "s.db", mailbox_capacity=1_000)
+    async with SubagentManager([AgentSpec(name="noop", runner=noop)], config=config) as m:
+        reads = _counting_reads(monkeypatch)
+        ids = [m.spawn("noop", "").task_id for _ in range(640)]
+    assert len(set(ids)) == 640
+    assert 10 <= len(reads) <= 12  # 10 checks of 64 ids (and the names read, once)
+
+
+async def test_puts_far_below_capacity_read_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put counts the live entries only once its mailbox's tally (the last count plus
+    the puts since) reaches capacity; the count then is exact, so capacity still holds."""
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("root", capacity=100)
+        reads = _counting_reads(monkeypatch)
+        for i in range(99):
+            box.put(f"t{i}", env(f"t{i}"))
+        assert len(reads) == 1  # the first put's count (nothing was counted before)
+        box.put("t99", env("t99"))
+        from subagents import MailboxFull
+
+        with pytest.raises(MailboxFull):
+            box.put("t100", env("t100"))
+        assert len(box.drain_all()) == 100
+        reads.clear()
+        box.put("again", env("again"))  # counted once more: the tally had reached capacity
+        box.put("again2", env("again2"))
+        assert len(reads) == 1
+
+
+async def test_a_take_hands_on_the_envelope_put_not_a_decoded_copy(tmp_path: Path) -> None:
+    """Envelopes this mailbox put are taken from the database (exactly once, with other
+    processes) but handed on from memory; one another mailbox object put is decoded."""
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("root", capacity=64)
+        other = store.mailbox("root", capacity=64)
+        mine, durable, theirs = env("mine"), env("durable"), env("theirs")
+        box.put("mine", mine)
+        box.put_durable("durable", durable)
+        other.put("theirs", theirs)
+        await store.wait_committed()
+        got = {e.task_id: e for e in box.drain_all()}
+    assert got["mine"] is mine
+    assert got["durable"] is durable
+    assert got["theirs"] == theirs
+    assert got["theirs"] is not theirs
+
+
+async def test_a_durable_put_taken_before_its_commit_is_reported_is_taken_once(
+    tmp_path: Path,
+) -> None:
+    """The writer committed it; the take (through the gate) finds the row before the
+    batch's callback reveals it: it is handed on once, and its late report adds nothing
+    readable."""
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("root", capacity=64)
+        reported: list[str] = []
+        box.committed = lambda envelope: reported.append(envelope.task_id)
+        sent = env("d")
+        box.put_durable("d", sent)
+        # Wait for the commit from another connection, without letting the loop run.
+        _block_the_loop_until_committed(tmp_path / "s.db", 1)
+        assert reported == []
+        (got,) = box.drain_all()
+        assert got is sent
+        await store.wait_committed()
+        assert reported == ["d"]
+        assert box.drain_all() == []
+        assert box.peek("d") is None
+
+
+def test_the_courier_drops_calls_once_the_event_loop_has_ended(tmp_path: Path) -> None:
+    """A store never closed: the put still commits after the event loop has ended, and
+    the writer and courier threads end when stopped, with nobody left to tell."""
+    stores: list[SqliteStore] = []
+
+    async def main() -> None:
+        store = SqliteStore(tmp_path / "s.db")
+        await store.__aenter__()
+        stores.append(store)
+        store._writer.gate.acquire()  # the put commits only after the loop has ended
+        store.mailbox("root").put("a", env("a"))
+
+    anyio.run(main)
+    (store,) = stores
+    store._writer.gate.release()
+    store._writer.stop()
+    store._watcher.stop()
+    try:
+        assert store._writer.join(30)
+        assert store._writer._courier.join(30)
+        assert store._watcher.join(30)
+    finally:
+        store._conn.close()
+    with sqlite(tmp_path / "s.db") as conn:
+        assert conn.execute("SELECT task_id FROM envelopes").fetchall() == [("a",)]
