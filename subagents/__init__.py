@@ -10,6 +10,7 @@ test helpers in :mod:`subagents.testing`.
 from typing import TYPE_CHECKING
 
 from ._backend import run_local
+from ._budget import Budget
 from ._completions import Completions
 from ._context import RunContext
 from ._envelope import DelegateResult, Status, Usage
@@ -62,6 +63,7 @@ __all__ = [
     # agents and their runs
     "AgentPath",
     "AgentSpec",
+    "Budget",
     "Request",
     "Result",
     "RetryPolicy",

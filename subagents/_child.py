@@ -23,6 +23,7 @@ from ._envelope import DelegateResult, Status
 from ._events import COMPLETED, MAILBOX_FULL, STARTED, EventBus
 from ._journal import NO_JOURNAL, Journal
 from ._json import JSONValue
+from ._ledger import charge_result
 from ._limiter import SpawnLimiter
 from ._notifier import CompletionNotifier
 from ._outcome import envelope_for
@@ -175,6 +176,8 @@ class ChildRunner:
         the start's journal token when the try must be committed before the runner runs
         (a re-runnable agent's, so that its cap of tries counts every one), else 0."""
         record.state = RUNNING
+        if record.account is not None:  # a seconds budget above it may end it sooner
+            record.timeout = record.account.start(record.timeout, anyio.current_time())
         started = record.started_at = perf_counter()
         counted = 0
         if record.journaled:
@@ -251,6 +254,8 @@ class ChildRunner:
         error: BaseException | None,
     ) -> None:
         keep_traceback = self._events.active
+        if record.account is not None:
+            charge_result(record, status, result)
         envelope = envelope_for(
             record, status, attempt, result=result, error=error, keep_traceback=keep_traceback
         )

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from ._account import remaining
+from ._budget import Budget
 from ._envelope import DelegateResult, Usage, clean_text
 from ._errors import ConfigError
 from ._events import PROGRESS
@@ -91,6 +93,12 @@ class RunContext:
             return None
         return max(0.0, self.deadline - anyio.current_time())
 
+    def remaining_budget(self) -> Budget:
+        """What this run and its subtree may still spend: in every field the least that
+        its own budget and each ancestor's (its session's too) have left, ``None`` where
+        none limits it; ``seconds`` counts down from now. Never blocks."""
+        return remaining(self._record.account)
+
     def allows(self, tool: str) -> bool:
         """Whether this agent may use ``tool`` under its effective permissions."""
         return self.permissions.allows(tool)
@@ -108,7 +116,9 @@ class RunContext:
 
         ``output`` replaces the partial output, ``append`` extends it; ``usage`` and
         ``iterations`` replace the running totals; ``files_changed`` adds paths. Publishes
-        ``subagent.progress``. Never blocks. Each call costs time linear in what it
+        ``subagent.progress``. Never blocks. The change of ``usage`` is charged to the
+        budgets of this run and its ancestors at once: one it exceeds stops that agent's
+        subtree (design/budgets.md). Each call costs time linear in what it
         reports; the envelope keeps the first million characters of output and the first
         thousand distinct paths, and says how much it dropped past them.
 
@@ -135,7 +145,11 @@ class RunContext:
         if paths:
             progress.add_files(paths)
         if usage is not None:
-            record.usage = usage
+            old, record.usage = record.usage, usage
+            if record.account is not None:  # charged to each ancestor as it arrives
+                record.account.charge(
+                    usage.input_tokens - old.input_tokens, usage.output_tokens - old.output_tokens
+                )
         if iterations is not None:
             record.iterations = iterations
         bus = self._manager.events
@@ -161,6 +175,7 @@ class RunContext:
         timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
         idempotency_key: str | None = None,
+        budget: Budget | None = None,
     ) -> SpawnHandle:
         """Spawn a grandchild into this run's session; see :meth:`SubagentManager.spawn`
         (an ``idempotency_key`` is this session's: a retry of this run is the same run, so
@@ -177,6 +192,7 @@ class RunContext:
             timeout=timeout,
             options=options,
             idempotency_key=idempotency_key,
+            budget=budget,
         )
 
     async def execute(
@@ -187,6 +203,7 @@ class RunContext:
         name: str | None = None,
         timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
+        budget: Budget | None = None,
     ) -> DelegateResult:
         """Delegate synchronously from this run; see :meth:`SubagentManager.execute`.
 
@@ -194,7 +211,13 @@ class RunContext:
         """
         self._record.check_can_delegate()
         return await self._manager.execute(
-            agent, input, session_id=self.session_id, name=name, timeout=timeout, options=options
+            agent,
+            input,
+            session_id=self.session_id,
+            name=name,
+            timeout=timeout,
+            options=options,
+            budget=budget,
         )
 
     @property

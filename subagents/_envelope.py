@@ -130,7 +130,8 @@ class DelegateResult:
 
     Times are integer unix milliseconds. ``to_dict``/``to_json`` omit the optional fields
     (``output``, ``files_changed``, ``error``, ``error_type``, ``agent_path``,
-    ``parent_path``, ``queue_ms`` when 0, ``attempts`` when 1) when they are empty.
+    ``parent_path``, ``queue_ms`` when 0, ``attempts`` when 1) when they are empty, and
+    ``tree_usage`` when it equals ``usage``.
     """
 
     agent: str
@@ -163,6 +164,9 @@ class DelegateResult:
     """Place in the delegation tree, e.g. ``/root/general``."""
     parent_path: str = ""
     """Path of the agent that delegated, e.g. ``/root``."""
+    tree_usage: Usage = attrs.field(default=attrs.Factory(lambda self: self.usage, takes_self=True))
+    """Token usage of this run and of every subagent below it, as their envelopes were
+    made (default: ``usage``, a run that delegated nothing)."""
 
     @property
     def ok(self) -> bool:
@@ -196,6 +200,8 @@ class DelegateResult:
             data["agent_path"] = self.agent_path
         if self.parent_path:
             data["parent_path"] = self.parent_path
+        if self.tree_usage != self.usage:
+            data["tree_usage"] = dict(self.tree_usage.to_dict())
         return data
 
     def to_json(self) -> bytes:
@@ -215,6 +221,9 @@ class DelegateResult:
         usage = data.get("usage") or {}
         if not isinstance(usage, Mapping):
             raise ValueError(f"envelope field 'usage' must be an object, got {usage!r}")
+        tree = data.get("tree_usage", usage)
+        if not isinstance(tree, Mapping):
+            raise ValueError(f"envelope field 'tree_usage' must be an object, got {tree!r}")
         files = data.get("files_changed") or ()
         if not isinstance(files, (list, tuple)) or not all(isinstance(f, str) for f in files):
             raise ValueError("envelope field 'files_changed' must be a list of strings")
@@ -241,6 +250,7 @@ class DelegateResult:
             timestamp_ms=_as_int(data.get("timestamp_ms", 0), "timestamp_ms"),
             agent_path=_as_str(data.get("agent_path", ""), "agent_path"),
             parent_path=_as_str(data.get("parent_path", ""), "parent_path"),
+            tree_usage=Usage.from_dict(tree),
         )
 
     def truncated(self, max_chars: int = DEFAULT_TRUNCATE_CHARS) -> str:
@@ -282,6 +292,9 @@ class DelegateResult:
             facts.append(f"{self.attempts} attempts")
         if self.usage:
             facts.append(f"tokens in {self.usage.input_tokens} / out {self.usage.output_tokens}")
+        if self.tree_usage != self.usage:
+            tree = self.tree_usage
+            facts.append(f"with its subagents in {tree.input_tokens} / out {tree.output_tokens}")
         lines.append(" · ".join(facts))
         if self.files_changed:
             shown = ", ".join(self.files_changed[:10])
@@ -382,6 +395,7 @@ _TRUSTED_FIELDS: Final = (
     "timestamp_ms",
     "agent_path",
     "parent_path",
+    "tree_usage",
 )
 if tuple(f.name for f in attrs.fields(DelegateResult)) != _TRUSTED_FIELDS:  # pragma: no cover
     raise RuntimeError("trusted_envelope() is out of date with DelegateResult's fields")
@@ -401,6 +415,7 @@ if tuple(f.name for f in attrs.fields(DelegateResult)) != _TRUSTED_FIELDS:  # pr
     _set_timestamp_ms,
     _set_agent_path,
     _set_parent_path,
+    _set_tree_usage,
 ) = (vars(DelegateResult)[name].__set__ for name in _TRUSTED_FIELDS)
 _new = object.__new__
 
@@ -421,6 +436,7 @@ def trusted_envelope(
     timestamp_ms: int,
     agent_path: str,
     parent_path: str,
+    tree_usage: Usage,
     /,
 ) -> DelegateResult:
     """``DelegateResult(...)`` for values of the right types (``status`` a :class:`Status`,
@@ -444,4 +460,5 @@ def trusted_envelope(
     _set_timestamp_ms(envelope, timestamp_ms)
     _set_agent_path(envelope, agent_path)
     _set_parent_path(envelope, parent_path)
+    _set_tree_usage(envelope, tree_usage)
     return envelope

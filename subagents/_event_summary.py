@@ -1,7 +1,10 @@
-"""What an event log says about a run: counts, latency percentiles, tokens, failures.
+"""What an event log says about a run: counts, latency percentiles, tokens, failures,
+and the totals of each delegation tree.
 
 Built from ``subagent.completed`` events (whose payload is the full envelope); a task
-that was spawned but never completed is counted as unfinished.
+that was spawned but never completed is counted as unfinished. A tree is a task spawned
+into a session that is no task of the log (a root session) with everything below it: a
+child's events name its parent's task id as their session.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import attrs
 from ._events import COMPLETED, MISSED, SPAWNED, Event
 from ._json import JSONValue
 
-__all__ = ["EventSummary", "TaskLine", "percentile", "summarize_events"]
+__all__ = ["EventSummary", "TaskLine", "TreeLine", "percentile", "summarize_events"]
 
 SLOWEST_SHOWN = 5
+TREES_SHOWN = 10
 
 
 def percentile(values: Sequence[int], p: float) -> int:
@@ -47,6 +51,32 @@ class TaskLine:
     """For failures: ``timeout``, ``cancelled`` or the exception class."""
     error: str = ""
     """For failures: the short error message."""
+
+    def to_dict(self) -> dict[str, JSONValue]:
+        """JSON-ready dict."""
+        return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
+class TreeLine:
+    """The totals of one delegation tree: its top task and everything below it."""
+
+    task_id: str
+    """The top task's id."""
+    agent: str
+    """Its agent type (``?`` if the log has no end of it)."""
+    agent_path: str
+    """Its place, e.g. ``/root/planner``."""
+    session_id: str
+    """The root session it was spawned into."""
+    status: str
+    """How the top task ended, or ``unfinished``."""
+    agents: int
+    """Tasks in the tree, the top one included."""
+    input_tokens: int
+    """Input tokens of every ended task of the tree, each its own."""
+    output_tokens: int
+    """Output tokens, likewise."""
 
     def to_dict(self) -> dict[str, JSONValue]:
         """JSON-ready dict."""
@@ -107,6 +137,8 @@ class EventSummary:
     """The slowest ended tasks, slowest first."""
     failed: list[TaskLine]
     """Every task that did not complete, in log order."""
+    trees: list[TreeLine] = attrs.field(factory=list)
+    """Every delegation tree of the log, the most tokens first."""
 
     def to_dict(self) -> dict[str, JSONValue]:
         """JSON-ready dict."""
@@ -122,6 +154,7 @@ class EventSummary:
             "tokens_by_agent": {k: dict(v) for k, v in self.tokens_by_agent.items()},
             "slowest": [t.to_dict() for t in self.slowest],
             "failed": [t.to_dict() for t in self.failed],
+            "trees": [t.to_dict() for t in self.trees],
         }
 
     def format(self) -> str:
@@ -168,6 +201,15 @@ class EventSummary:
                     f"  {t.task_id}  {t.agent_path or t.agent}  {t.status}"
                     f" ({t.error_type or t.status}){detail}"
                 )
+        if self.trees:
+            out += ["", f"trees ({len(self.trees)}, the most tokens first):"]
+            out += [
+                f"  tokens in {t.input_tokens} / out {t.output_tokens}  agents {t.agents}  "
+                f"{t.task_id}  {t.agent_path or t.agent}  {t.status}"
+                for t in self.trees[:TREES_SHOWN]
+            ]
+            if len(self.trees) > TREES_SHOWN:
+                out.append(f"  (+{len(self.trees) - TREES_SHOWN} more; --json lists them all)")
         if self.unfinished:
             shown = ", ".join(self.unfinished[:10])
             more = len(self.unfinished) - 10
@@ -191,10 +233,13 @@ def summarize_events(events: Iterable[Event], *, slowest: int = SLOWEST_SHOWN) -
     count = 0
     missed = 0
     spawned: dict[str, None] = {}
+    parents: dict[str, tuple[str, str]] = {}  # task id -> (its session, its path)
     ended: dict[str, TaskLine] = {}
     usage: dict[str, tuple[int, int]] = {}
     for event in events:
         count += 1
+        if event.type in (SPAWNED, COMPLETED) and event.task_id:
+            parents.setdefault(event.task_id, (event.session_id, event.agent_path))
         if event.type == SPAWNED:
             spawned[event.task_id] = None
         elif event.type == MISSED:
@@ -248,4 +293,46 @@ def summarize_events(events: Iterable[Event], *, slowest: int = SLOWEST_SHOWN) -
         tokens_by_agent=tokens_by_agent,
         slowest=ordered[:slowest],
         failed=[t for t in ended.values() if t.status != "completed"],
+        trees=_trees(parents, ended, usage),
     )
+
+
+def _trees(
+    parents: dict[str, tuple[str, str]],
+    ended: dict[str, TaskLine],
+    usage: dict[str, tuple[int, int]],
+) -> list[TreeLine]:
+    """Each task summed into the tree of its top task (found by following sessions up)."""
+    top_of: dict[str, str] = {}
+    totals: dict[str, list[int]] = {}
+    for task_id in parents:
+        chain = [task_id]
+        session = parents[task_id][0]
+        while session in parents and session not in top_of and session not in chain:
+            chain.append(session)
+            session = parents[session][0]
+        top = top_of.get(session, chain[-1])
+        for member in chain:
+            top_of[member] = top
+        tin, tout = usage.get(task_id, (0, 0))
+        total = totals.setdefault(top, [0, 0, 0])
+        total[0] += 1
+        total[1] += tin
+        total[2] += tout
+    lines = []
+    for top, (agents, tin, tout) in totals.items():
+        line = ended.get(top)
+        lines.append(
+            TreeLine(
+                task_id=top,
+                agent="?" if line is None else line.agent,
+                agent_path=parents[top][1] if line is None else line.agent_path,
+                session_id=parents[top][0],
+                status="unfinished" if line is None else line.status,
+                agents=agents,
+                input_tokens=tin,
+                output_tokens=tout,
+            )
+        )
+    lines.sort(key=lambda t: t.input_tokens + t.output_tokens, reverse=True)
+    return lines

@@ -30,6 +30,7 @@ __all__ = [
     "MailboxStatistics",
     "Signal",
     "closed_mailbox",
+    "default_mailbox_factory",
     "release",
 ]
 
@@ -396,6 +397,15 @@ def closed_mailbox() -> Mailbox:
     mailbox = Mailbox(capacity=1)
     mailbox.drop()
     return mailbox
+
+
+def default_mailbox_factory(capacity: int, ttl: float | None) -> Callable[[str], BaseMailbox]:
+    """The in-memory :class:`Mailbox` of the configured capacity and TTL, per session."""
+
+    def factory(session_id: str) -> BaseMailbox:
+        return Mailbox(capacity=capacity, ttl=ttl)
+
+    return factory
 
 
 def release(mailbox: BaseMailbox) -> None:

@@ -14,22 +14,24 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Final, Literal
 
-import anyio
 from anyio.abc import TaskGroup
 
 from ._backend import Backend, run_local
+from ._budget import Budget
 from ._child import ChildRunner, CompletionEvents
 from ._completions import Completions
 from ._context import RunContext
-from ._envelope import DelegateResult
+from ._envelope import DelegateResult, Usage
 from ._events import EventBus
 from ._handle import SpawnHandle, handle_of, record_of
 from ._journal import Durability, DurableStore
+from ._ledger import Ledger, usage_of, with_budget
+from ._lifecycle import start_parts, stop_parts
 from ._limiter import SpawnLimiter
-from ._mailbox import BaseMailbox
+from ._mailbox import BaseMailbox, default_mailbox_factory
 from ._notifier import CompletionNotifier
 from ._record import ChildRecord, wait_for_record
-from ._sessions import Sessions, default_mailbox_factory
+from ._sessions import Sessions
 from ._spawning import Spawner, publish_spawned
 from ._spec import UNSET, AgentSpec, SpawnOptions, SubagentConfig, _Unset
 from ._statistics import ManagerStatistics, snapshot
@@ -37,7 +39,7 @@ from ._tracing import Telemetry
 from ._validators import seconds
 from ._watchdog import Watchdog
 
-__all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager", "telemetry_of"]
+__all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager", "budgets_of", "telemetry_of"]
 
 DEFAULT_SESSION: Final = "root"
 
@@ -121,6 +123,7 @@ class SubagentManager:
             journal=journal,
             commit_first=stored is not None and config.durability == "sync",
         )
+        self._spawner.budgets.cancel = self._children.cancel
         self._spawned = 0
         self._tg: TaskGroup | None = None
         self._state: Literal["new", "running", "closing", "closed"] = "new"
@@ -135,13 +138,9 @@ class SubagentManager:
         except BaseException:
             self._state = "closed"
             raise
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        self._tg = tg
+        parts = self._sessions, self._watchdog, self._limiter, self._children
+        self._tg = await start_parts(*parts)
         self._state = "running"
-        self._sessions.accepting = True
-        self._watchdog.start(tg)
-        self._limiter.start(tg, self._children.run)
         for record in reruns:  # what an ended process left unfinished, run again
             self._queue(self._traced(record, None))
         return self
@@ -166,21 +165,10 @@ class SubagentManager:
             self._sessions.shut = True
             return
         self._state = "closing"
-        self._sessions.accepting = False
-        self._limiter.stop()
-        self._sessions.fire_watchers()
-        live = self._sessions.all_live()
-        for record in live:
-            self._children.cancel(record, "the manager was closed")
-        tg = self._tg
-        assert tg is not None
+        assert self._tg is not None
         try:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.settle_timeout):
-                for record in live:
-                    await record.done.wait()
-            # Whatever still runs ignored cancellation for settle_timeout: cut it off.
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
+            parts = self._sessions, self._limiter, self._children, self._tg
+            await stop_parts(*parts, self.config.settle_timeout)
         finally:
             self._state = "closed"
             self._sessions.shut = True
@@ -250,6 +238,7 @@ class SubagentManager:
         timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
         idempotency_key: str | None = None,
+        budget: Budget | None = None,
     ) -> SpawnHandle:
         """Start a child fire-and-forget and return its handle at once. Never blocks.
 
@@ -272,11 +261,14 @@ class SubagentManager:
             idempotency_key: a repeat with this key in ``session_id`` returns the first
                 spawn's handle (live or ended; after a restart, from the store) and runs
                 nothing, until that record is forgotten (README, "Idempotency keys").
+            budget: what the child and its subtree may spend, within the agent's budget
+                and what its ancestors have left (here or in ``options``, not both).
 
         Raises:
             UnknownAgent: no such agent type (the message lists the registered ones).
-            SpawnRejected: the depth limit, a closed session, a manager not running; the
-                key held for another agent or input, or by another process's live spawn.
+            SpawnRejected: the depth limit, a fan-out limit, an exhausted budget, a closed
+                session, a manager not running; the key held for another agent or input,
+                or by another process's live spawn.
             ConfigError: a malformed timeout, or one given twice, or a malformed key;
                 InvalidName: a malformed name.
             StoreError: its store has failed; anyio.ClosedResourceError: it was closed.
@@ -284,8 +276,9 @@ class SubagentManager:
         held = self._spawner.held(agent, input, session_id, idempotency_key)
         if held is not None:
             return handle_of(held, self)
-        new = self._new_record
-        record = new(agent, input, session_id, name, timeout, options, idempotency_key, False)
+        new, options = self._spawner.new_record, with_budget(options, budget)
+        made = new(agent, input, session_id, name, timeout, options, idempotency_key, False)
+        record = self._traced(*made)
         self._queue(record)
         return handle_of(record, self)
 
@@ -306,6 +299,7 @@ class SubagentManager:
         name: str | None = None,
         timeout: float | _Unset | None = UNSET,
         options: SpawnOptions | None = None,
+        budget: Budget | None = None,
     ) -> DelegateResult:
         """Delegate synchronously: run a child in the calling task and return its envelope.
 
@@ -319,7 +313,8 @@ class SubagentManager:
         Raises:
             UnknownAgent, SpawnRejected, ConfigError: as :meth:`spawn`.
         """
-        record = self._new_record(agent, input, session_id, name, timeout, options, None, True)
+        new, options = self._spawner.new_record, with_budget(options, budget)
+        record = self._traced(*new(agent, input, session_id, name, timeout, options, None, True))
         if self.events.active:
             publish_spawned(self.events, record)
         await self._children.run(record)
@@ -328,20 +323,6 @@ class SubagentManager:
         self._sessions.collect(record)
         assert record.envelope is not None
         return record.envelope
-
-    def _new_record(
-        self,
-        agent: str,
-        input: str,
-        session_id: str,
-        name: str | None,
-        timeout: float | _Unset | None,
-        options: SpawnOptions | None,
-        key: str | None,
-        sync: bool,
-    ) -> ChildRecord:
-        new = self._spawner.new_record
-        return self._traced(*new(agent, input, session_id, name, timeout, options, key, sync))
 
     def _traced(self, record: ChildRecord, parent: ChildRecord | None) -> ChildRecord:
         self._spawned += 1
@@ -373,7 +354,23 @@ class SubagentManager:
         (their envelopes stay in :meth:`result`). Idempotent; a cancelled caller still
         releases the mailbox.
         """
+        self._spawner.budgets.close_session(session_id)
         await self._children.close_session(session_id)
+
+    def open_session(self, session_id: str, *, budget: Budget) -> None:
+        """Give root session ``session_id`` a :class:`Budget` that every tree spawned into
+        it from now on shares (``seconds`` count from now), until :meth:`close_session`.
+
+        Raises:
+            ConfigError: not a Budget; the session has one or unfinished children already,
+                or is a child's own. SpawnRejected: the session is closed.
+        """
+        self._spawner.budgets.open_session(session_id, budget)
+
+    def usage(self, task_id: str, *, tree: bool = False) -> Usage:
+        """The tokens ``task_id`` has used (its envelope's once ended); with ``tree``, its
+        own and every subagent's below it. Raises :class:`UnknownTask` for an unknown id."""
+        return usage_of(self._sessions.require(task_id), tree)
 
     def session_closed(self, session_id: str) -> bool:
         """True once :meth:`close_session` was called (or the child owning it ended).
@@ -490,6 +487,11 @@ class SubagentManager:
         Cancelling the waiter changes nothing. See :class:`~subagents.Completions`.
         """
         return Completions(self._sessions, self.lend_slot, lambda: self.running, session_id)
+
+
+def budgets_of(manager: SubagentManager) -> Ledger:
+    """The ledger of ``manager``'s budgets: the tools read a session's remaining budget."""
+    return manager._spawner.budgets
 
 
 def telemetry_of(manager: SubagentManager) -> Telemetry:

@@ -19,6 +19,7 @@ from ._envelope import (
     now_ms,
     trusted_envelope,
 )
+from ._ledger import budget_outcome, tree_usage
 from ._progress import cap_files, cap_output
 from ._record import ChildRecord
 from ._spec import Result
@@ -64,6 +65,7 @@ def envelope_for(
             now_ms(),
             record.agent_path,
             record.parent_path,
+            Usage(),
         )
 
 
@@ -130,6 +132,9 @@ def _envelope(
         status, message, error_type = _from_result(result)
     else:
         message, error_type = _problem(record, status, error, keep_traceback)
+    stopped = None if record.account is None else budget_outcome(record, status)
+    if stopped is not None:  # a budget that stopped it names itself
+        status, message, error_type = stopped
     # trusted_envelope makes output, error and paths JSON-safe (clean_text).
     files = cap_files(extra_files) if progress is None else progress.files(extra_files)
     if files:
@@ -151,4 +156,5 @@ def _envelope(
         now_ms(),
         record.agent_path,
         record.parent_path,
+        tree_usage(record, usage),
     )

@@ -6,7 +6,8 @@ run fields (``state``, ``scope``, ``ending``, ``envelope``, ``done``), with the 
 :class:`~subagents.RunContext` writing what ``ctx.report`` records (``progress``,
 ``usage``, ``iterations``); the sessions part the index fields (``collected``,
 ``owns_session``; ``view`` is made by ``handle_of`` and let go when the record is
-forgotten); the manager the ``trace`` it starts. Everything else is set
+forgotten); the manager the ``trace`` it starts; the ledger the ``account`` of its
+subtree's spending (charged by ``ctx.report`` and the child runner). Everything else is set
 when the record is made and never changes.
 """
 
@@ -22,6 +23,7 @@ from ._envelope import DelegateResult, Usage
 from ._errors import SpawnRejected
 
 if TYPE_CHECKING:
+    from ._account import Account
     from ._paths import AgentPath
     from ._permissions import Ruleset
     from ._progress import Progress
@@ -60,6 +62,7 @@ class ChildRecord:
 
     __slots__ = (
         "_done",
+        "account",
         "agent_path",
         "cancel_reason",
         "collected",
@@ -148,6 +151,8 @@ class ChildRecord:
         self.journaled = 0  # the journal's token for its row; 0: not journaled
         self.restored = False  # made from a store's row: it ran in an earlier process
         self.idempotency_key: str | None = None  # the key it holds in its session, if any
+        # Budget field (the ledger's; charged by the runner's RunContext and its result).
+        self.account: Account | None = None  # what its subtree spent, if anything counts it
 
     @property
     def done(self) -> anyio.Event:

@@ -141,10 +141,13 @@ def input_attributes(prompt: str | None, text: str) -> Attributes:
 
 def end_attributes(envelope: DelegateResult, *, capture_content: bool) -> Attributes:
     """The attributes set on an ``invoke_agent`` span when its envelope exists."""
-    usage = envelope.usage
+    usage, tree = envelope.usage, envelope.tree_usage
     attributes: Attributes = {
         "gen_ai.usage.input_tokens": usage.input_tokens,
         "gen_ai.usage.output_tokens": usage.output_tokens,
+        # Not in the GenAI conventions: the usage of the agent and its whole subtree.
+        "subagents.tree_usage.input_tokens": tree.input_tokens,
+        "subagents.tree_usage.output_tokens": tree.output_tokens,
         "subagents.status": envelope.status.value,
         "subagents.iterations": envelope.iterations,
         "subagents.queue_ms": envelope.queue_ms,

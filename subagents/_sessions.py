@@ -19,7 +19,7 @@ from ._envelope import DelegateResult
 from ._errors import SpawnRejected, UnknownTask
 from ._journal import Journal
 from ._lookup import UNSET_RETAIN, IdIndex, live_ids_sentence, unknown_task
-from ._mailbox import BaseMailbox, Mailbox, closed_mailbox, release
+from ._mailbox import BaseMailbox, closed_mailbox, release
 from ._paths import NameAllocator
 from ._record import JOURNALED_BEFORE, SETTLED, ChildRecord
 from ._task_ids import TaskIds
@@ -69,6 +69,7 @@ class Sessions:
         self._keys: dict[tuple[str, str], ChildRecord] = {}
         self._ids = IdIndex()  # what an unknown id was probably meant to be
         self._live: dict[str, dict[ChildRecord, None]] = {}
+        self._trees: dict[str, int] = {}  # unfinished records by the root session of their tree
         # Every recorded child by session, oldest first (a dict: forgetting one is O(1)).
         self._by_session: dict[str, dict[ChildRecord, None]] = {}
         self._mailboxes: dict[str, BaseMailbox] = {}
@@ -95,6 +96,8 @@ class Sessions:
         if live is None:
             live = self._live[session] = {}
         live[record] = None
+        root = record.root_session
+        self._trees[root] = self._trees.get(root, 0) + 1
         listing = self._by_session.get(session)
         if listing is None:
             listing = self._by_session[session] = {}
@@ -177,6 +180,14 @@ class Sessions:
         live = self._live.get(record.session_id)
         if live is not None:
             live.pop(record, None)
+        root = record.root_session
+        left = self._trees.pop(root, 1) - 1
+        if left:
+            self._trees[root] = left
+
+    def tree_size(self, root_session: str) -> int:
+        """The unfinished records of the tree hanging from ``root_session``."""
+        return self._trees.get(root_session, 0)
 
     def delivered(self, record: ChildRecord) -> None:
         """``record``'s envelope has been delivered."""
@@ -470,12 +481,3 @@ class Sessions:
             oldest = next(iter(idle))
             del idle[oldest]
             self._closed.discard(oldest)
-
-
-def default_mailbox_factory(capacity: int, ttl: float | None) -> MailboxFactory:
-    """The in-memory :class:`Mailbox` of the configured capacity and TTL, per session."""
-
-    def factory(session_id: str) -> BaseMailbox:
-        return Mailbox(capacity=capacity, ttl=ttl)
-
-    return factory

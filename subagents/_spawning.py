@@ -14,6 +14,7 @@ from ._errors import ConfigError, SpawnRejected, UnknownAgent
 from ._events import SPAWNED, EventBus
 from ._journal import Journal, KeyedTask, SpawnEntry, StoredTask
 from ._json import JSONValue
+from ._ledger import Ledger
 from ._paths import AgentPath, child_path
 from ._record import JOURNALED_BEFORE, SETTLED, ChildRecord
 from ._sessions import Sessions
@@ -40,6 +41,8 @@ class Spawner:
         self._sessions = sessions
         self._config = config
         self._journal = journal
+        self.budgets = Ledger(sessions, config.max_children, config.max_agents)
+        """The fan-out limits and budgets every spawn is checked against and charged to."""
         if journal is not None:
             sessions.restore = self.restore
 
@@ -140,6 +143,7 @@ class Spawner:
         options = _NO_OPTIONS if options is None else _spawn_options(options, timeout, name)
         default = self._config.execute_timeout if sync else self._config.spawn_timeout
         timeout = _spawn_timeout(timeout, options, spec, default)
+        budget = self.budgets.admit(session_id, parent, spec, options)
         segment = self._sessions.allocate_name(
             session_id, name if name is not None else options.name or spec.name
         )
@@ -165,6 +169,7 @@ class Spawner:
             sync=sync,
         )
         record.idempotency_key = key
+        self.budgets.opened(record, parent, budget)
         # Not an execute(): its envelope goes back to its caller, who is gone after a crash.
         if self._journal is not None and not sync:
             record.journaled = self._journal.spawned(_entry(record, parent))
@@ -227,6 +232,7 @@ class Spawner:
         )
         record.journaled = JOURNALED_BEFORE
         record.idempotency_key = entry.idempotency_key  # its key is its own again
+        self.budgets.rerun(record, entry.request)
         self._sessions.add(record)
         return record
 
@@ -271,9 +277,16 @@ def _entry(record: ChildRecord, parent: ChildRecord | None) -> SpawnEntry:
             "model": None if request.model is None else clean_text(request.model),
             "files": [clean_text(f) for f in request.files],
             "timeout": record.timeout,
+            **_budget_of(record),
         },
         idempotency_key=record.idempotency_key,
     )
+
+
+def _budget_of(record: ChildRecord) -> dict[str, JSONValue]:
+    """The budget a spawn holds, as its journaled request keeps it (for a re-run)."""
+    account = record.account
+    return {} if account is None or account.limit is None else {"budget": account.limit.to_dict()}
 
 
 def _spawn_options(

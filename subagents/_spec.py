@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias
 
 import attrs
 
+from ._budget import Budget, check_budget
 from ._envelope import DEFAULT_TRUNCATE_CHARS, Status, Usage
 from ._errors import ConfigError
 from ._mailbox import DEFAULT_MAILBOX_CAPACITY
@@ -209,6 +210,9 @@ class AgentSpec:
     """With ``resume="rerun"``: the tries a spawn gets in all, the first included; a spawn
     whose processes ended this many times ends in an ``Interrupted`` error envelope
     instead of running again (a task that kills its process is not retried forever)."""
+    budget: Budget | None = attrs.field(default=None, validator=check_budget)
+    """What a child of this agent and its subtree may spend; a spawn's own budget and
+    what its ancestors have left can only narrow it (design/budgets.md)."""
 
 
 class TracerProviderLike(Protocol):
@@ -239,7 +243,7 @@ def _check_depth(instance: object, attribute: attrs.Attribute[int], value: int) 
     _keep_plain(instance, attribute, value, count(attribute.name, value, minimum=0))
 
 
-def _check_retain(
+def _check_optional_count(
     instance: object, attribute: attrs.Attribute[int | None], value: int | None
 ) -> None:
     plain = count(attribute.name, value, minimum=0, none_ok=True)
@@ -260,6 +264,9 @@ class SpawnOptions:
     """Model override."""
     files: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     """Paths of files handed to the agent."""
+    budget: Budget | None = attrs.field(default=None, validator=check_budget)
+    """What this child and its subtree may spend, within the agent's budget and what its
+    ancestors have left; ``None``: those alone."""
 
 
 def _check_path(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -288,13 +295,20 @@ class SubagentConfig:
     """Timeout of a synchronous :meth:`SubagentManager.execute` in seconds."""
     max_depth: int = attrs.field(default=DEFAULT_MAX_DEPTH, validator=_check_depth)
     """Deepest allowed child: 1 lets only the root delegate; 3 allows ``/root/a/b/c``."""
+    max_children: int | None = attrs.field(default=None, validator=_check_optional_count)
+    """Unfinished children (queued or running) one parent, an agent or a root session,
+    may have at once; ``None``: no limit. A spawn past it is refused (``SpawnRejected``,
+    reason ``max_children``)."""
+    max_agents: int | None = attrs.field(default=None, validator=_check_optional_count)
+    """Unfinished agents one tree (everything spawned into a root session, every depth)
+    may have at once; ``None``: no limit (reason ``max_agents``)."""
     mailbox_capacity: int = attrs.field(
         default=DEFAULT_MAILBOX_CAPACITY, validator=_check_positive_int
     )
     """Unread envelopes a session's mailbox holds before degrading to events."""
     mailbox_ttl: float | None = attrs.field(default=None, validator=_check_timeout)
     """Seconds an unread envelope stays in the mailbox; ``None`` keeps it until read."""
-    retain_collected: int | None = attrs.field(default=None, validator=_check_retain)
+    retain_collected: int | None = attrs.field(default=None, validator=_check_optional_count)
     """How many collected children's records the manager keeps (the newest by collection):
     ``None`` keeps every record for the manager's lifetime; ``0`` forgets a record once its
     envelope is collected (mailbox, ``wait_result``, ``wait_agent``, or returned by

@@ -340,6 +340,7 @@ def test_trusted_envelope_equals_the_attrs_built_one() -> None:
         "timestamp_ms": 1234,
         "agent_path": "/root/a",
         "parent_path": "/root",
+        "tree_usage": Usage(input_tokens=5, output_tokens=7),
     }
     fast = trusted_envelope(*values.values())
     slow = DelegateResult(**values)  # type: ignore[arg-type]

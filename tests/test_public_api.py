@@ -19,7 +19,7 @@ TOP_LEVEL = {
     "DEFAULT_SESSION", "Completions", "ManagerStatistics", "SpawnHandle", "SpawnOptions",
     "SubagentConfig", "SubagentManager",
     # agents and their runs
-    "AgentPath", "AgentSpec", "Request", "Result", "RetryPolicy", "RunContext", "Ruleset",
+    "AgentPath", "AgentSpec", "Budget", "Request", "Result", "RetryPolicy", "RunContext", "Ruleset",
     "run_local",
     # results and their delivery
     "BaseMailbox", "CompletionNotifier", "DelegateResult", "Mailbox", "MailboxStatistics",

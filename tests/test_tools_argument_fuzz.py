@@ -18,9 +18,9 @@ from tests.helpers import substitute
 
 VALID_ID = "@valid-id"
 FIELDS = {
-    "spawn_agent": ["agent", "input", "name", "timeout_ms", "idempotency_key"],
+    "spawn_agent": ["agent", "input", "name", "timeout_ms", "budget", "idempotency_key"],
     "wait_agent": ["task_ids", "mode", "timeout_ms"],
-    "delegate_to_agent": ["agent", "input", "timeout_ms"],
+    "delegate_to_agent": ["agent", "input", "timeout_ms", "budget"],
     "cancel_agent": ["task_id"],
     "list_agents": [],
 }
@@ -52,6 +52,10 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     | json_values,
     "mode": st.sampled_from(["any", "all", "x"]) | json_values,
     "task_id": st.sampled_from([VALID_ID, "abc", VALID_ID.upper()]) | json_values,
+    "budget": st.dictionaries(
+        st.sampled_from(["tokens", "spawns", "time_ms", "x"]), json_values, max_size=3
+    )
+    | json_values,
 }
 
 

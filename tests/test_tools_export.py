@@ -50,6 +50,7 @@ async def test_input_schemas_are_draft_2020_12(tools: Toolset) -> None:
         "input",
         "name",
         "timeout_ms",
+        "budget",
         "idempotency_key",
     }
     assert set(by_name["wait_agent"]["required"]) == {"task_ids"}

@@ -124,11 +124,21 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "mode": st.sampled_from(["all", "any", None, "ALL", "some", ""]),
     "idempotency_key": st.sampled_from(["k1", "", "k" * 256, "k" * 257, None]) | strings,
     "task_id": ids | edge_strings,
+    "budget": st.none()
+    | st.fixed_dictionaries(
+        {},
+        optional={
+            name: st.none() | st.integers(-2, 10**6) | st.sampled_from([2**60, 1.0, 1.5, "5"])
+            for name in ("tokens", "input_tokens", "output_tokens", "spawns", "time_ms")
+        },
+    )
+    | st.dictionaries(strings, json_values, max_size=2)
+    | json_values,
 }
 PARAMS = {
-    "spawn_agent": ("agent", "input", "name", "timeout_ms", "idempotency_key"),
+    "spawn_agent": ("agent", "input", "name", "timeout_ms", "budget", "idempotency_key"),
     "wait_agent": ("task_ids", "mode", "timeout_ms"),
-    "delegate_to_agent": ("agent", "input", "timeout_ms"),
+    "delegate_to_agent": ("agent", "input", "timeout_ms", "budget"),
     "cancel_agent": ("task_id",),
     "list_agents": (),
 }
@@ -250,6 +260,14 @@ CASES = [
     ("spawn_agent", {"agent": "echo", "input": "x", "idempotency_key": ""}, False),
     ("spawn_agent", {"agent": "echo", "input": "x", "idempotency_key": "k" * 257}, False),
     ("spawn_agent", {"agent": "echo", "input": "x", "idempotency_key": "k" * 256}, True),
+    ("spawn_agent", {"agent": "echo", "input": "x", "budget": {}}, True),
+    ("spawn_agent", {"agent": "echo", "input": "x", "budget": {"tokens": None}}, True),
+    ("spawn_agent", {"agent": "echo", "input": "x", "budget": {"tokens": 2**60}}, True),
+    ("spawn_agent", {"agent": "echo", "input": "x", "budget": {"time_ms": 0}}, False),
+    ("spawn_agent", {"agent": "echo", "input": "x", "budget": {"spawns": -1}}, False),
+    ("spawn_agent", {"agent": "echo", "input": "x", "budget": {"token": 5}}, False),
+    ("spawn_agent", {"agent": "echo", "input": "x", "budget": "tokens=5"}, False),
+    ("delegate_to_agent", {"agent": "echo", "input": "x", "budget": {"tokens": 1.0}}, True),
     ("wait_agent", {"task_ids": " "}, False),
     ("wait_agent", {"task_ids": [DONE, " "]}, False),
     ("wait_agent", {"task_ids": DONE + " "}, False),

@@ -9,10 +9,10 @@
   "annotations"}``.
 
 ``strict=True`` (OpenAI) rewrites the schema the way OpenAI's strict mode demands: every
-property listed in ``required``, optional ones nullable (the input schemas already say
-so), keywords strict mode does not support (``minLength``, ``maxLength``, ``default``)
-dropped (``pattern`` stays); the tools treat ``null`` as omitted and still check
-everything, so both forms are accepted at execution time.
+property listed in ``required`` (a nested object's too), optional ones nullable (the input
+schemas already say so), keywords strict mode does not support (``minLength``,
+``maxLength``, ``default``) dropped (``pattern`` stays); the tools treat ``null`` as
+omitted and still check everything, so both forms are accepted at execution time.
 """
 
 from __future__ import annotations
@@ -87,7 +87,22 @@ def _strict(schema: dict[str, JSONValue]) -> dict[str, JSONValue]:
             if isinstance(enum, list):
                 prop["enum"] = [*enum, None]
     out["required"] = list(props)
+    _require_nested(props)
     return out
+
+
+def _require_nested(node: JSONValue) -> None:
+    """Strict mode asks the same of a nested object: every property listed in
+    ``required`` (the tools' nested fields are all nullable already)."""
+    if isinstance(node, dict):
+        nested = node.get("properties")
+        if isinstance(nested, dict) and node.get("type") == "object":
+            node["required"] = list(nested)
+        for value in node.values():
+            _require_nested(value)
+    elif isinstance(node, list):
+        for item in node:
+            _require_nested(item)
 
 
 def _parameters(tool: Described, strict: bool) -> dict[str, JSONValue]:

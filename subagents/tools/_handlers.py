@@ -12,6 +12,7 @@ from .._json import JSONValue
 from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
 from .._tracing import ToolSpan
 from .._validators import MAX_IDEMPOTENCY_KEY
+from ._budgets import BUDGET, budget_arg, budget_field, budget_left, budget_sentence
 from ._output import output_schema
 from ._schema import Param
 from ._tool import Tool, ToolLimits, ToolResult, make_tool
@@ -81,6 +82,7 @@ class SessionTools(WaitAgent):
             session_id=self.session_id,
             name=None if name is None else str(name),
             idempotency_key=None if key is None else str(key),
+            budget=budget_arg(args.get("budget")),
             **kwargs,  # type: ignore[arg-type]
         )
         stats = manager.statistics()
@@ -110,20 +112,20 @@ class SessionTools(WaitAgent):
                 f"concurrency limit {stats.limit}. Keep working; when you need the result "
                 f'call wait_agent with task_ids ["{handle.task_id}"].'
             )
-        return ToolResult(
-            content=content,
-            details={
-                "task_id": handle.task_id,
-                "agent": agent,
-                "agent_path": str(handle.agent_path),
-                "status": status,
-                "existing": existing,
-                "queue_position": handle.queue_position,
-                "concurrency_limit": stats.limit,
-                "running": stats.running + starting,
-                "queued": stats.queued - starting,
-            },
-        )
+        left = budget_left(manager, self.session_id, self._owner)
+        details: dict[str, JSONValue] = {
+            "task_id": handle.task_id,
+            "agent": agent,
+            "agent_path": str(handle.agent_path),
+            "status": status,
+            "existing": existing,
+            "queue_position": handle.queue_position,
+            "concurrency_limit": stats.limit,
+            "running": stats.running + starting,
+            "queued": stats.queued - starting,
+        }
+        details.update(budget_field(left))
+        return ToolResult(content=content + budget_sentence(left), details=details)
 
     # ------------------------------------------------------------------ delegate_to_agent
 
@@ -143,7 +145,11 @@ class SessionTools(WaitAgent):
             clamped = requested is not None
             timeout = ceiling
         envelope = await manager.execute(
-            agent, str(args["input"]), session_id=self.session_id, timeout=timeout
+            agent,
+            str(args["input"]),
+            session_id=self.session_id,
+            timeout=timeout,
+            budget=budget_arg(args.get("budget")),
         )
         limit = self.limits.truncate_chars
         details: dict[str, JSONValue] = {
@@ -154,6 +160,8 @@ class SessionTools(WaitAgent):
         }
         if requested is not None:
             details["requested_timeout_ms"] = int_arg(requested)
+        left = budget_left(manager, self.session_id, self._owner)
+        details.update(budget_field(left))
         if self.limits.return_mode == "string":
             if envelope.ok:
                 text = envelope.output
@@ -177,6 +185,7 @@ class SessionTools(WaitAgent):
                 f"note: timeout_ms {requested} was lowered to {ms(timeout or 0)} so the "
                 "result arrives before this tool call itself times out.\n"
             )
+        note += budget_sentence(left).lstrip() + ("\n" if left else "")
         return ToolResult(content=note + envelope.truncated(limit - len(note)), details=details)
 
     # ------------------------------------------------------------------ cancel_agent
@@ -341,6 +350,7 @@ def build_session_tools(
                     "starting with a letter or digit",
                 ),
                 _TIMEOUT_SPAWN,
+                BUDGET,
                 Param(
                     name="idempotency_key",
                     kind="string",
@@ -420,7 +430,7 @@ def build_session_tools(
                 "hint on failure. A long task is stopped before this call's own time limit "
                 "and returned with status timeout and its partial output."
             ),
-            params=[_AGENT, _INPUT, _TIMEOUT_SPAWN],
+            params=[_AGENT, _INPUT, _TIMEOUT_SPAWN, BUDGET],
             handler=impl.delegate,
             annotations=_hints(
                 read_only=False, destructive=False, idempotent=False, open_world=True

@@ -70,6 +70,11 @@ _ENVELOPE_PROPERTIES: Final[dict[str, JSONValue]] = {
     "iterations": _COUNT,
     "attempts": _COUNT,
     "usage": _object({"input_tokens": _COUNT, "output_tokens": _COUNT}, []),
+    "tree_usage": _object(
+        {"input_tokens": _COUNT, "output_tokens": _COUNT},
+        [],
+        "Usage of the task and every subagent below it (omitted when equal to usage).",
+    ),
     "timestamp_ms": _INT,
     "agent_path": _STR,
     "parent_path": _STR,
@@ -80,6 +85,19 @@ _ENVELOPE_REQUIRED: Final = ["agent", "task_id", "status", "duration_ms", "itera
 def _envelope(extra: dict[str, JSONValue], description: str) -> dict[str, JSONValue]:
     return _object({**_ENVELOPE_PROPERTIES, **extra}, [*_ENVELOPE_REQUIRED, *extra], description)
 
+
+_BUDGET: Final = _object(
+    {
+        "tokens": _COUNT,
+        "input_tokens": _COUNT,
+        "output_tokens": _COUNT,
+        "spawns": _COUNT,
+        "time_ms": _COUNT,
+    },
+    [],
+    "What this session's agent has left to spend (only the limited fields; absent "
+    "without a budget).",
+)
 
 _PENDING: Final = _object(
     {
@@ -121,6 +139,7 @@ _ANSWERS: Final[dict[str, dict[str, JSONValue]]] = {
             "concurrency_limit": _COUNT,
             "running": _COUNT,
             "queued": _COUNT,
+            "budget": _BUDGET,
         },
         [
             "task_id",
@@ -156,6 +175,7 @@ _ANSWERS: Final[dict[str, dict[str, JSONValue]]] = {
             "pending": {"type": "array", "items": _PENDING},
             "deferred": _STRS,
             "task_id": _STR,
+            "budget": _BUDGET,
         },
         [
             "completed",
@@ -180,6 +200,7 @@ _ANSWERS: Final[dict[str, dict[str, JSONValue]]] = {
             "requested_timeout_ms": _COUNT,
             "clamped": _BOOL,
             "envelope": _envelope({}, "The delegated task's full envelope (envelope mode)."),
+            "budget": _BUDGET,
         },
         ["task_id", "status", "timeout_ms", "clamped"],
         "How the delegated task ended; its envelope unless the return mode is string.",

@@ -25,7 +25,7 @@ MAX_INT: Final = 2**53 - 1
 """Largest integer a JSON number carries exactly; larger integer arguments are clamped to it."""
 _SHOW_CHARS: Final = 80
 
-Kind = Literal["string", "integer", "ids", "enum"]
+Kind = Literal["string", "integer", "ids", "enum", "object"]
 
 
 class ArgumentError(ValueError):
@@ -43,8 +43,8 @@ class Param:
     name: str
     """The field name."""
     kind: Kind
-    """``string``, ``integer``, ``enum`` (a string from ``choices``) or ``ids`` (a task id
-    string or a non-empty list of them)."""
+    """``string``, ``integer``, ``enum`` (a string from ``choices``), ``ids`` (a task id
+    string or a non-empty list of them) or ``object`` (of the optional ``fields``)."""
     description: str
     """What the field means, for a model."""
     required: bool = False
@@ -67,6 +67,9 @@ class Param:
     ``re.fullmatch`` agree, with no lookaround (some providers refuse it)."""
     form: str = ""
     """What ``max_length`` and ``pattern`` ask for, in words, for the error message."""
+    fields: tuple[Param, ...] = ()
+    """The fields of an ``object``, each optional (``null`` counts as omitted); no other
+    key is accepted."""
 
 
 def schema_for(params: Sequence[Param]) -> dict[str, JSONValue]:
@@ -84,6 +87,14 @@ def schema_for(params: Sequence[Param]) -> dict[str, JSONValue]:
             prop = {"type": "integer", "minimum": p.minimum}
         elif p.kind == "enum":
             prop = {"type": "string", "enum": list(p.choices)}
+        elif p.kind == "object":
+            inner = schema_for(p.fields)
+            prop = {
+                "type": "object",
+                "properties": inner["properties"],
+                "required": [],
+                "additionalProperties": False,
+            }
         else:
             item = _string(p, min_length=1)
             prop = {
@@ -216,17 +227,10 @@ def _check(p: Param, value: object) -> object:
         if not isinstance(value, str) or value not in p.choices:
             raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
         return value
+    if p.kind == "object":
+        return _object(p, value)
     if p.kind == "integer":
-        expected = f"an integer >= {p.minimum}"
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
-        if isinstance(value, float):
-            if not math.isfinite(value) or not value.is_integer():
-                raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
-            value = int(value)
-        if value < p.minimum:
-            raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
-        return min(value, MAX_INT)
+        return _integer(p, value)
     # ids: one id or a list of them
     expected = f"a task id string or a non-empty array of at most {p.max_items} of them"
     items = [value] if isinstance(value, str) else value
@@ -239,6 +243,40 @@ def _check(p: Param, value: object) -> object:
             raise ArgumentError(f"{p.name} must not contain an empty task id", p.name)
         ids[_constrained(p, text, f"every id in {p.name}")] = None
     return list(ids)
+
+
+def _integer(p: Param, value: object) -> int:
+    """``value`` as an integer >= ``p.minimum`` (an integral float taken as one), clamped
+    to :data:`MAX_INT`."""
+    expected = f"an integer >= {p.minimum}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
+        value = int(value)
+    if value < p.minimum:
+        raise ArgumentError(f"{p.name} must be {expected}, got {show(value)}", p.name)
+    return min(value, MAX_INT)
+
+
+def _object(p: Param, value: object) -> dict[str, object]:
+    """``value`` checked as an object of ``p.fields``; a field's problem is named
+    ``<p.name>.<field>`` (the error's ``field`` is ``p.name``)."""
+    names = [f.name for f in p.fields]
+    if not isinstance(value, dict):
+        raise ArgumentError(
+            f"{p.name} must be an object with the optional fields {', '.join(names)}, "
+            f"got {show(value)}",
+            p.name,
+        )
+    try:
+        return parse_args(p.name, p.fields, value)
+    except ArgumentError as exc:
+        text = str(exc)
+        if exc.field in names:
+            text = f"{p.name}.{text}"  # "budget.tokens must be an integer >= 0, got -1"
+        raise ArgumentError(text, p.name) from None
 
 
 def _constrained(p: Param, value: str, what: str) -> str:

@@ -409,6 +409,11 @@ _SPAWN_REJECTED_HINTS: Final = {
     "get that task's result, call wait_agent with its task id",
     "idempotency_pending": "call spawn_agent with the same arguments again later (it then "
     "answers with that task), or do the task yourself",
+    "budget_exhausted": "do the rest yourself",
+    "max_children": "wait for one of your subagents to finish (wait_agent) before starting "
+    "another, or do the task yourself",
+    "max_agents": "wait for running subagents to finish (wait_agent) before starting "
+    "another, or do the task yourself",
 }
 """What a model should do about each :class:`SpawnRejected` reason."""
 

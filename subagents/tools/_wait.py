@@ -13,6 +13,7 @@ from .._handle import SpawnHandle
 from .._json import JSONValue
 from .._record import QUEUED
 from .._tracing import ToolSpan
+from ._budgets import budget_field, budget_left
 from ._structured import water_fill
 from ._tool import ToolLimits, ToolResult, error_result
 
@@ -53,6 +54,7 @@ class WaitAgent:
     manager: SubagentManager
     session_id: str
     limits: ToolLimits
+    _owner: SpawnHandle | None
 
     def _wait_ms(self, requested: int | None) -> tuple[int, bool]:
         ceiling = ms(self.limits.wait_ceiling)
@@ -219,6 +221,8 @@ class WaitAgent:
             details["requested_timeout_ms"] = requested
         if len(ids) == 1:
             details["task_id"] = ids[0]
+        # What the finished children spent is charged by now.
+        details.update(budget_field(budget_left(self.manager, self.session_id, self._owner)))
         return ToolResult(content=bound_text(content, limit), details=details)
 
     def _pending_detail(self, handle: SpawnHandle) -> JSONValue:
