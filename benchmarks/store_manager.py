@@ -36,8 +36,8 @@ a fresh database file.
 - ``wake``: ``store_throughput.py``'s cross-process ping-pong through ``SqliteMailbox.wait``.
 - ``--where``: one more run of each durability (and of the one-at-a-time window) timing
   the spawn calls, the reads on the event loop's connection, the writer thread's
-  transactions, its callbacks into the event loop (waiting for the loop to get to them,
-  then running them) and the parent's takes. It wraps private methods of the store, so it
+  transactions, how long a committed batch waits for its callback on the event loop (the
+  courier's calls) and running them, and the parent's takes. It wraps private methods of the store, so it
   is a diagnostic of this checkout, not a figure.
 """
 
