@@ -10,7 +10,7 @@ since its last one.
 
 Calls run on the loop in the order they were sent, each alone: one that raises is logged
 and does not keep the rest from running. Once the event loop has ended (a store never
-closed), calls are dropped.
+closed), calls are dropped, and ``on_lost`` tells the writer not to wait for them.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ _Call = tuple[Callable[..., object], tuple[object, ...]]
 class Courier:
     """One thread that carries calls to the event loop of ``token``."""
 
-    def __init__(self, token: EventLoopToken, *, name: str) -> None:
+    def __init__(self, token: EventLoopToken, *, name: str, on_lost: Callable[[], object]) -> None:
         self._token = token
+        self._on_lost = on_lost  # called in this thread once calls stop reaching the loop
         self._cond = threading.Condition()
         self._calls: deque[_Call] = deque()
         self._stopping = False
@@ -79,13 +80,16 @@ class Courier:
             self.trips += 1
             try:
                 anyio.from_thread.run_sync(_run_all, calls, token=self._token)
+                calls.clear()  # this thread's frame must not keep the last trip's writes
             except anyio.RunFinishedError:  # the event loop has ended: nobody is left to tell
                 with self._cond:
                     self._loop_alive = False
                     self._calls.clear()
+                self._on_lost()
                 return
             except BaseException:  # a bug: say so, and keep carrying
                 logger.exception("the store's courier failed to reach the event loop")
+                self._on_lost()
 
 
 def _run_all(calls: list[_Call]) -> None:

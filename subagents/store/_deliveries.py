@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 from .._json import dumps_str
+from ._bulk import has_nul, segments
 
 __all__ = [
     "Entry",
@@ -40,21 +41,36 @@ _LIVE: Final = "state = 'stored' AND (expires_at IS NULL OR expires_at > :now)"
 _KEY: Final = "session = :session AND recipient = :recipient"
 _EXPIRED_OR: Final = "CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN 'expired' ELSE"
 
-# A whole list of puts at once, as one JSON array (``json_each``): SQLite steps each
-# statement once, not once a row (see the journal's spawn inserts for why that matters).
+# A list of puts at once, as one JSON array (``json_each``): SQLite steps each statement
+# once, not once a row (see the journal's spawn inserts for why that matters). Rows
+# ``_bulk`` keeps out of a list go one by one, with the same columns.
 _INSERT_ENVELOPES: Final = (
     "INSERT INTO envelopes (id, session, task_id, body, created_ms) "
-    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
-    "json_extract(value, '$[3]'), CAST(json_extract(value, '$[9]') AS BLOB), :ms "
+    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[2]'), "
+    "json_extract(value, '$[4]'), CAST(json_extract(value, '$[10]') AS BLOB), :ms "
     "FROM json_each(:rows) ORDER BY key"
 )
 _INSERT_DELIVERIES: Final = (
-    "INSERT INTO deliveries (envelope_id, session, recipient, task_id, state, stored_at, "
-    "expires_at, origin, consumer, changed_ms) "
-    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+    "INSERT INTO deliveries (id, envelope_id, session, recipient, task_id, state, "
+    "stored_at, expires_at, origin, consumer, changed_ms) "
+    "SELECT json_extract(value, '$[1]'), json_extract(value, '$[0]'), "
     "json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), "
     "json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]'), "
-    "json_extract(value, '$[8]'), :ms FROM json_each(:rows) ORDER BY key"
+    "json_extract(value, '$[8]'), json_extract(value, '$[9]'), :ms "
+    "FROM json_each(:rows) ORDER BY key"
+)
+_INSERT_ENVELOPE: Final = (
+    "INSERT INTO envelopes (id, session, task_id, body, created_ms) VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_DELIVERY: Final = (
+    "INSERT INTO deliveries (id, envelope_id, session, recipient, task_id, state, "
+    "stored_at, expires_at, origin, consumer, changed_ms) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# Delivery ids are AUTOINCREMENT (never reused, unlike envelope ids, whose newest is
+# free again once its task is forgotten): the next is above this.
+_LAST_DELIVERY: Final = (
+    "SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'deliveries'"
 )
 
 
@@ -73,21 +89,25 @@ class Entry(Protocol):
     """Consumed (by ``origin``) before it was written: it arrives ``read``."""
     envelope_id: int
     """Set by :func:`insert`: the id of the envelope row written for it."""
+    delivery_id: int
+    """Set by :func:`insert`: the id of its delivery row, never given to another."""
 
 
 def insert(conn: sqlite3.Connection, entries: Sequence[Entry], ms: int) -> None:
     """Put envelopes, in order: each arrives ``stored`` (or already ``read``), and the
     schema's ``deliveries_overwrite`` trigger retires the unread row of the same key. Two
-    statements for the whole list; call inside ``BEGIN IMMEDIATE``,
-    which makes the envelope ids taken here (after the largest) free to use."""
+    statements for the whole list, mostly (``_bulk``); call inside ``BEGIN IMMEDIATE``,
+    which makes the ids taken here (after the largest) free to use."""
     ((largest,),) = conn.execute("SELECT coalesce(max(id), 0) FROM envelopes").fetchall()
-    first = int(largest) + 1
-    listed = []
-    for i, e in enumerate(entries, first):
-        e.envelope_id = i
-        listed.append(
+    ((last,),) = conn.execute(_LAST_DELIVERY).fetchall()
+    rows = []
+    for n, e in enumerate(entries, 1):
+        e.envelope_id = int(largest) + n
+        e.delivery_id = int(last) + n
+        rows.append(
             (
-                i,
+                e.envelope_id,
+                e.delivery_id,
                 e.session,
                 e.recipient,
                 e.task_id,
@@ -96,12 +116,29 @@ def insert(conn: sqlite3.Connection, entries: Sequence[Entry], ms: int) -> None:
                 e.expires_at,
                 e.origin,
                 e.origin if e.claimed else None,
-                e.body.decode(),
+                e.body,
             )
         )
-    params = {"rows": dumps_str(listed), "ms": ms}
-    conn.execute(_INSERT_ENVELOPES, params)
-    conn.execute(_INSERT_DELIVERIES, params)
+    for as_json, part in segments(conn, rows, size=_size, nul=_nul):
+        if as_json:
+            listed = [(*row[:10], row[10].decode()) for row in part]
+            params = {"rows": dumps_str(listed), "ms": ms}
+            conn.execute(_INSERT_ENVELOPES, params)
+            conn.execute(_INSERT_DELIVERIES, params)
+        else:
+            conn.executemany(_INSERT_ENVELOPE, [(r[0], r[2], r[4], r[10], ms) for r in part])
+            conn.executemany(_INSERT_DELIVERY, [(r[1], r[0], *r[2:10], ms) for r in part])
+
+
+_Row = tuple[int, int, str, str, str, str, float, "float | None", str, "str | None", bytes]
+
+
+def _size(row: _Row) -> int:
+    return len(row[10])
+
+
+def _nul(row: _Row) -> bool:
+    return has_nul((row[2], row[3], row[4], row[8]))
 
 
 def find(
@@ -195,10 +232,13 @@ def claim(
     consumer: str,
     now: float,
     ms: int,
-) -> bytes | None:
-    """Take ``task_id``'s live entry (it becomes ``read``) and return its body; an entry
-    past its TTL becomes ``expired`` instead. Call inside ``BEGIN IMMEDIATE``: the one
-    ``UPDATE … RETURNING`` is what makes a take exactly-once across processes."""
+    known: Callable[[str, int], bool] | None = None,
+) -> tuple[int, bytes | None] | None:
+    """Take ``task_id``'s live entry (it becomes ``read``): ``(delivery_id, body)``, the
+    body ``None`` where ``known(task_id, delivery_id)`` (the caller has the envelope in
+    hand); an entry past its TTL becomes ``expired`` instead (``None``). Call inside
+    ``BEGIN IMMEDIATE``: the one ``UPDATE … RETURNING`` is what makes a take exactly-once
+    across processes."""
     params = {
         "session": session,
         "recipient": recipient,
@@ -212,13 +252,16 @@ def claim(
         "consumer = CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN NULL "
         "ELSE :consumer END, changed_ms = :ms "
         f"WHERE {_KEY} AND task_id = :task_id AND state = 'stored' "
-        "RETURNING state, envelope_id",
+        "RETURNING id, state, envelope_id",
         params,
     ).fetchall()
-    if not rows or rows[0][0] != "read":
+    if not rows or rows[0][1] != "read":
         return None
-    body = conn.execute("SELECT body FROM envelopes WHERE id = ?", (rows[0][1],)).fetchall()
-    return bytes(body[0][0])
+    delivery_id, _, envelope_id = rows[0]
+    if known is not None and known(task_id, int(delivery_id)):
+        return int(delivery_id), None
+    body = conn.execute("SELECT body FROM envelopes WHERE id = ?", (envelope_id,)).fetchall()
+    return int(delivery_id), bytes(body[0][0])
 
 
 def claim_all(
@@ -233,8 +276,8 @@ def claim_all(
     known: Callable[[str, int], bool] | None = None,
 ) -> list[tuple[str, int, bytes | None]]:
     """Take every live entry but those of the task ids in ``excluding``, in arrival order,
-    as ``(task_id, envelope_id, body)``, the body ``None`` where ``known(task_id,
-    envelope_id)`` (the caller has that envelope in hand); entries past their TTL become
+    as ``(task_id, delivery_id, body)``, the body ``None`` where ``known(task_id,
+    delivery_id)`` (the caller has that envelope in hand); entries past their TTL become
     ``expired``. Call inside ``BEGIN IMMEDIATE``."""
     params = {
         "session": session,
@@ -260,11 +303,11 @@ def claim_all(
         return []
     taken.sort()
     held = {
-        envelope_id
-        for _, task_id, envelope_id in taken
-        if known is not None and known(task_id, envelope_id)
+        delivery_id
+        for delivery_id, task_id, _ in taken
+        if known is not None and known(task_id, delivery_id)
     }
-    wanted = [envelope_id for _, _, envelope_id in taken if envelope_id not in held]
+    wanted = [envelope_id for delivery_id, _, envelope_id in taken if delivery_id not in held]
     bodies: dict[int, bytes] = {}
     if wanted:
         found = conn.execute(
@@ -273,6 +316,6 @@ def claim_all(
         ).fetchall()
         bodies = {int(envelope_id): bytes(body) for envelope_id, body in found}
     return [
-        (str(task_id), int(envelope_id), bodies.get(envelope_id))
-        for _, task_id, envelope_id in taken
+        (str(task_id), int(delivery_id), None if delivery_id in held else bodies[envelope_id])
+        for delivery_id, task_id, envelope_id in taken
     ]

@@ -7,6 +7,7 @@ thread; its reads through the event loop's connection, one indexed statement eac
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Mapping
@@ -68,6 +69,7 @@ class SqliteJournal:
         wait_committed: Callable[[int], Awaitable[None]],
         decode: Callable[[bytes], DelegateResult],
         orphans: list[SpawnEntry],
+        delivered: Callable[[str | None], object],
     ) -> None:
         self._origin = origin
         self._path = path
@@ -77,6 +79,7 @@ class SqliteJournal:
         self._decode = decode
         self._last_end = 0
         self._orphans = orphans  # the store's: claims an abandoned recovery left
+        self._delivered = delivered  # the journal puts into a session's mailbox itself
         self._mine: list[SpawnEntry] = []
         self._forgetting: set[str] = set()
 
@@ -102,9 +105,16 @@ class SqliteJournal:
         if none did, to one written here: with ``deliver``, unread in the session's
         mailbox); ``then()`` runs on the event loop once that is committed, or once the
         store has failed first. Never blocks."""
+        if deliver:  # it may put the envelope into the mailbox itself, which no put counts
+            then = functools.partial(self._delivered_then, session_id, then)
         self._last_end = self._submit(
             EndWrite(task_id, session_id, envelope, deliver, self._origin, then)
         )
+
+    def _delivered_then(self, session_id: str, then: Callable[[], object] | None) -> None:
+        self._delivered(session_id)
+        if then is not None:
+            then()
 
     def forgotten(self, task_id: str) -> None:
         """Queue: the ended task ``task_id`` was forgotten (its rows are deleted, its name
@@ -249,6 +259,7 @@ class SqliteJournal:
         except BaseException:
             write.abandon(self._orphans)  # cancelled: the claims wait for another manager
             raise
+        self._delivered(None)  # its envelopes went unread into their sessions
         orphans = self._orphans
         taken = [entry for entry in orphans if entry.agent in reruns]
         orphans[:] = [entry for entry in orphans if entry.agent not in reruns]

@@ -31,6 +31,7 @@ from .._envelope import DelegateResult, now_ms
 from .._journal import SpawnEntry
 from .._json import dumps, dumps_str
 from . import _deliveries as rows
+from ._bulk import has_nul, segments
 from ._writer import Write
 
 __all__ = [
@@ -82,6 +83,10 @@ _INSERT_NAMES: Final = (
     "SELECT json_extract(value, '$[1]'), json_extract(value, '$[4]'), "
     "json_extract(value, '$[0]') FROM json_each(:rows) ORDER BY key"
 )
+_START_TASK: Final = (
+    "UPDATE tasks SET state = 'running', attempts = attempts + 1, updated_ms = ? "
+    "WHERE task_id = ? AND state = 'queued'"
+)
 _START_TASKS: Final = (
     "UPDATE tasks SET state = 'running', attempts = attempts + 1, updated_ms = :ms "
     "WHERE task_id IN (SELECT value FROM json_each(:ids)) AND state = 'queued'"
@@ -123,56 +128,72 @@ class SpawnWrite(Write):
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        keyed = [w for w in writes if w.entry.idempotency_key is not None]
-        if not keyed:
-            cls._apply_unkeyed(conn, writes)
-            return
         ms = now_ms()
+        keyed = [w for w in writes if w.entry.idempotency_key is not None]
         if keyed:
             conn.executemany(
                 _RELEASE_KEY,
                 [(w.entry.session_id, w.entry.idempotency_key, w.owner) for w in keyed],
             )
-        conn.executemany(
-            _INSERT_TASK,
-            [
-                {
-                    "task_id": e.task_id,
-                    "session": e.session_id,
-                    "parent": e.parent_task,
-                    "agent": e.agent,
-                    "path": e.agent_path,
-                    "request": dumps(e.request),
-                    "key": e.idempotency_key,
-                    "owner": w.owner,
-                    "ms": ms,
-                }
-                for w in writes
-                for e in (w.entry,)
-            ],
-        )
-        conn.executemany(
-            _INSERT_NAME,
-            [(w.entry.session_id, w.entry.agent_path, w.entry.task_id) for w in writes],
-        )
+            # Row by row: a key is taken only if no row of the session holds it, rows
+            # written earlier in this run included.
+            _insert_rows(conn, [(w, dumps(w.entry.request)) for w in writes], ms)
+            return
+        rows = [(w, dumps(w.entry.request)) for w in writes]
+        for as_json, part in segments(conn, rows, size=_request_size, nul=_spawn_nul):
+            if as_json:
+                _insert_list(conn, part, ms)
+            else:
+                _insert_rows(conn, part, ms)
 
-    @staticmethod
-    def _apply_unkeyed(conn: sqlite3.Connection, writes: Sequence[SpawnWrite]) -> None:
-        # One owner for the lot: every write of a store carries its origin.
-        params = {
-            "owner": writes[0].owner,
-            "ms": now_ms(),
-            "rows": dumps_str(
-                [
-                    (e.task_id, e.session_id, e.parent_task, e.agent, e.agent_path, r)
-                    for w in writes
-                    for e in (w.entry,)
-                    for r in (dumps(e.request).decode(),)
-                ]
-            ),
-        }
-        conn.execute(_INSERT_TASKS, params)
-        conn.execute(_INSERT_NAMES, {"rows": params["rows"]})
+
+_SpawnRow = tuple[SpawnWrite, bytes]  # a spawn write and its request as JSON
+
+
+def _request_size(row: _SpawnRow) -> int:
+    return len(row[1])
+
+
+def _spawn_nul(row: _SpawnRow) -> bool:
+    e = row[0].entry
+    return has_nul((e.task_id, e.session_id, e.parent_task, e.agent, e.agent_path))
+
+
+def _insert_list(conn: sqlite3.Connection, rows: Sequence[_SpawnRow], ms: int) -> None:
+    """Unkeyed spawns, their rows as one JSON list (one owner: every write of a store
+    carries its origin)."""
+    listed = [
+        (e.task_id, e.session_id, e.parent_task, e.agent, e.agent_path, request.decode())
+        for w, request in rows
+        for e in (w.entry,)
+    ]
+    text = dumps_str(listed)
+    conn.execute(_INSERT_TASKS, {"owner": rows[0][0].owner, "ms": ms, "rows": text})
+    conn.execute(_INSERT_NAMES, {"rows": text})
+
+
+def _insert_rows(conn: sqlite3.Connection, rows: Sequence[_SpawnRow], ms: int) -> None:
+    conn.executemany(
+        _INSERT_TASK,
+        [
+            {
+                "task_id": e.task_id,
+                "session": e.session_id,
+                "parent": e.parent_task,
+                "agent": e.agent,
+                "path": e.agent_path,
+                "request": request,
+                "key": e.idempotency_key,
+                "owner": w.owner,
+                "ms": ms,
+            }
+            for w, request in rows
+            for e in (w.entry,)
+        ],
+    )
+    conn.executemany(
+        _INSERT_NAME, [(w.entry.session_id, w.entry.agent_path, w.entry.task_id) for w, _ in rows]
+    )
 
 
 class StartWrite(Write):
@@ -186,8 +207,12 @@ class StartWrite(Write):
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        ids = dumps_str([w.task_id for w in writes])
-        conn.execute(_START_TASKS, {"ms": now_ms(), "ids": ids})
+        ms = now_ms()
+        ids = [w.task_id for w in writes]
+        if has_nul(ids):  # never a task id this library draws; json_each would cut it
+            conn.executemany(_START_TASK, [(ms, task_id) for task_id in ids])
+        else:
+            conn.execute(_START_TASKS, {"ms": ms, "ids": dumps_str(ids)})
 
 
 def _insert_envelope(conn: sqlite3.Connection, session: str, task_id: str, body: bytes) -> int:
@@ -301,6 +326,7 @@ class _Undelivered:
     expires_at: float | None = None
     claimed: bool = False
     envelope_id: int = 0
+    delivery_id: int = 0
 
 
 def deliver_unread(

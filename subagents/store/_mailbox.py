@@ -26,8 +26,8 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
 
-from .._envelope import DelegateResult, now_ms
-from .._errors import MailboxFull
+from .._envelope import DelegateResult, encodes, now_ms
+from .._errors import ConfigError, MailboxFull
 from .._json import loads
 from .._mailbox import BaseMailbox, MailboxStatistics, Signal
 from . import _deliveries as rows
@@ -37,10 +37,27 @@ from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
 from ._writer import Writer
 
-__all__ = ["SqliteMailbox"]
+__all__ = ["SqliteMailbox", "Tally"]
 
 logger = logging.getLogger("subagents.mailbox")
+_UTF8 = "a str that encodes as UTF-8 (no lone surrogate)"
 _instances = itertools.count(1)
+
+
+class Tally:
+    """What this process's mailbox objects of one session know of its live entries: an
+    upper bound of them when last counted (``None``: count at the next put), and the puts
+    any of them accepted since."""
+
+    __slots__ = ("bound", "since")
+
+    def __init__(self) -> None:
+        self.bound: int | None = None
+        self.since = 0
+
+    def stale(self) -> None:
+        """Entries arrived that no put here counted (another process's, the journal's)."""
+        self.bound = None
 
 
 class SqliteMailbox(BaseMailbox):
@@ -59,9 +76,10 @@ class SqliteMailbox(BaseMailbox):
     logged and ignored.
 
     Across processes, ``capacity`` counts committed entries and this process's pending
-    ones. A put counts the committed ones only once its mailbox's own tally (the last
-    count plus its puts since) reaches ``capacity``, so processes putting new ids into one
-    session may together exceed it by what the others put since that count. Expiry reads
+    ones. A put counts the committed ones only once the tally of the session's objects in
+    this process (the last count plus their puts since) reaches ``capacity``, so processes
+    putting new ids into one session may together exceed it by what the others put since
+    that count. Expiry reads
     ``clock`` (default: unix time), so every process sharing a session with a TTL must use
     the same clock.
     """
@@ -80,6 +98,7 @@ class SqliteMailbox(BaseMailbox):
         capacity: int,
         ttl: float | None,
         clock: Callable[[], float],
+        tally: Tally,
         recipient: str = "",
     ) -> None:
         self.session = session
@@ -95,18 +114,15 @@ class SqliteMailbox(BaseMailbox):
         self._clock = clock
         self._pending = Pending(writer.lock, expiring=ttl is not None)
         self._unrevealed: dict[str, Put] = {}  # put_durable's puts not yet committed
-        # This mailbox's committed puts by envelope id, unread when committed: a take of
-        # one hands on the object put instead of decoding its row (the oldest go first
-        # past capacity, as another process may have taken them). A durable put is in
-        # hand from _unrevealed until its commit is reported.
+        # This mailbox's committed puts by delivery id (never reused), unread when
+        # committed: a take of one hands on the object put instead of decoding its row
+        # (the oldest go first past capacity: another process may have taken them). A put
+        # is in hand from _unrevealed or _pending until its commit is reported.
         self._held: dict[int, DelegateResult] = {}
         self._subs = Subscriptions(lambda active: watch(self, active))
         self._closed = False
         self._last_seq = 0
-        # An upper bound of the live entries when last counted, and the puts since (what
-        # _full reads instead of counting again while their sum is below capacity).
-        self._bound = capacity
-        self._puts_since = 0
+        self._tally = tally  # shared with the other objects of the session
         self._seen = 0  # the newest delivery id looked at for other processes' puts
 
     @property
@@ -149,21 +165,23 @@ class SqliteMailbox(BaseMailbox):
         """At least ``capacity`` live entries, counting the durable puts on their way?
 
         Mostly no read at all: the last count of the committed entries plus this
-        mailbox's pending puts then, plus every put it accepted since, is more than it
-        holds (entries consumed, expired or double-counted since only make it less), so
-        below ``capacity`` it says "not full". Otherwise one bounded count; a pending put
+        mailbox's pending puts then, plus every put this process's objects of the session
+        accepted since (:class:`Tally`), is more than it holds (entries consumed, expired
+        or double-counted since only make it less), so below ``capacity`` it says "not
+        full". Otherwise one bounded count; a pending put
         may also be committed already, so the sum of both counts only says "not full"."""
         capacity = self._capacity
         pending = self._pending.live(now) + len(self._unrevealed)
         if pending >= capacity:
             return True
-        if self._bound + self._puts_since < capacity:
+        tally = self._tally
+        if tally.bound is not None and tally.bound + tally.since < capacity:
             return False
         session, recipient = self.session, self.recipient
         committed = self._conn.read(
             lambda raw: rows.count_live(raw, session, recipient, now, limit=capacity)
         )
-        self._bound, self._puts_since = committed + pending, 0
+        tally.bound, tally.since = committed + pending, 0
         if committed + pending < capacity:
             return False
         return not pending or self._count(now, limit=capacity, unrevealed=True) >= capacity
@@ -202,6 +220,7 @@ class SqliteMailbox(BaseMailbox):
 
         Raises:
             MailboxFull: see :meth:`BaseMailbox.put`.
+            ConfigError: ``task_id`` does not encode as UTF-8.
             StoreError: the store failed earlier and takes no more writes.
         """
         put = self._submit(task_id, envelope, self._written, None)
@@ -223,6 +242,7 @@ class SqliteMailbox(BaseMailbox):
 
         Raises:
             MailboxFull: see :meth:`BaseMailbox.put`.
+            ConfigError: ``task_id`` does not encode as UTF-8.
             StoreError: the store failed earlier and takes no more writes.
         """
         put = self._submit(task_id, envelope, self._revealed, self._kept_here)
@@ -242,6 +262,8 @@ class SqliteMailbox(BaseMailbox):
         """Check capacity and queue the put's write; ``None`` once dropped."""
         if self._closed:
             return None
+        if not encodes(task_id):  # SQLite stores UTF-8: refused here, not in the writer
+            raise ConfigError("task_id", _UTF8, task_id)
         now = self._clock()
         if (
             self._full(now)
@@ -262,7 +284,7 @@ class SqliteMailbox(BaseMailbox):
             on_failed=on_failed,
         )
         self._last_seq = self._writer.submit(put)
-        self._puts_since += 1
+        self._tally.since += 1
         return put
 
     def _written(self, put: Put) -> None:
@@ -275,7 +297,7 @@ class SqliteMailbox(BaseMailbox):
         if put.claimed or put.taken or self._closed:  # nobody takes it from the database
             return
         held = self._held
-        held[put.envelope_id] = put.envelope
+        held[put.delivery_id] = put.envelope
         if len(held) > self._capacity:
             del held[next(iter(held))]
 
@@ -349,18 +371,30 @@ class SqliteMailbox(BaseMailbox):
         def exists(raw: sqlite3.Connection) -> bool:
             return rows.find(raw, session, recipient, task_id, now) is not None
 
-        body = self._conn.write(
+        taken = self._conn.write(
             lambda raw: rows.claim(
-                raw, session, recipient, task_id, consumer=consumer, now=now, ms=now_ms()
+                raw,
+                session,
+                recipient,
+                task_id,
+                consumer=consumer,
+                now=now,
+                ms=now_ms(),
+                known=self._in_hand,
             ),
             # A put the writer has taken is waited for (through the gate), not looked up.
             precheck=exists if put is None else None,
         )
+        if taken is not None:
+            delivery_id, body = taken
+            envelope = (
+                self._take_in_hand(task_id, delivery_id) if body is None else self._decode(body)
+            )
         if put is not None and self._pending.get(task_id) is put:
-            if body is None and self._pending.claim(put):  # handed back by a failed store
+            if taken is None and self._pending.claim(put):  # handed back by a failed store
                 return self._consumed([put.envelope])[0]
             self._pending.discard(put)
-        return None if body is None else self._consumed([self._decode(body)])[0]
+        return None if taken is None else self._consumed([envelope])[0]
 
     def drain_all(self) -> list[DelegateResult]:
         if self._closed:
@@ -397,25 +431,25 @@ class SqliteMailbox(BaseMailbox):
         # With puts pending, always through the gate: one may be in the writer's hands.
         taken = self._conn.write(body, precheck=None if self._pending else anything, undo=undo)
         envelopes = [
-            self._take_in_hand(task_id, envelope_id) if data is None else self._decode(data)
-            for task_id, envelope_id, data in taken or ()
+            self._take_in_hand(task_id, delivery_id) if data is None else self._decode(data)
+            for task_id, delivery_id, data in taken or ()
         ]
         self._pending.clear()
         envelopes.extend(put.envelope for put in here)
         return self._consumed(envelopes)
 
-    def _in_hand(self, task_id: str, envelope_id: int) -> bool:
-        """Whether this mailbox has the envelope of row ``envelope_id`` in memory. Called
-        with the gate held: the writer assigns no envelope ids meanwhile."""
-        if envelope_id in self._held:
+    def _in_hand(self, task_id: str, delivery_id: int) -> bool:
+        """Whether this mailbox has the envelope of delivery row ``delivery_id`` in memory.
+        Called with the gate held: the writer assigns no ids meanwhile."""
+        if delivery_id in self._held:
             return True
         put = self._unrevealed.get(task_id) or self._pending.get(task_id)
-        return put is not None and put.envelope_id == envelope_id
+        return put is not None and put.delivery_id == delivery_id
 
-    def _take_in_hand(self, task_id: str, envelope_id: int) -> DelegateResult:
+    def _take_in_hand(self, task_id: str, delivery_id: int) -> DelegateResult:
         """The envelope :meth:`_in_hand` found, taken (its put's commit, reported later,
         finds it gone)."""
-        envelope = self._held.pop(envelope_id, None)
+        envelope = self._held.pop(delivery_id, None)
         if envelope is not None:
             return envelope
         put = self._unrevealed.pop(task_id, None) or self._pending.get(task_id)
@@ -469,7 +503,7 @@ class SqliteMailbox(BaseMailbox):
                 lambda raw: rows.puts_since(raw, session, recipient, after, origin)
             )
             if foreign:
-                self._bound = self._capacity  # count again at the next put
+                self._tally.stale()
                 self._subs.fire_all()
 
     def drop(self) -> None:

@@ -28,6 +28,7 @@ class Put(Write):
     __slots__ = (
         "body",
         "claimed",
+        "delivery_id",
         "envelope",
         "envelope_id",
         "expires_at",
@@ -71,6 +72,8 @@ class Put(Write):
         self.on_failed = on_failed
         self.envelope_id = 0
         """Its envelope row's id, once the writer has written it."""
+        self.delivery_id = 0
+        """Its delivery row's id, once the writer has written it (never another's)."""
         self.picked = False
         """The writer has taken it: it is in a transaction in flight, or committed."""
         self.claimed = False
@@ -91,7 +94,8 @@ class Put(Write):
 
     def release(self) -> None:
         self.picked = False
-        self.envelope_id = 0  # its transaction rolled back: no row has that id for it
+        # Its transaction rolled back: no row has those ids for it.
+        self.envelope_id = self.delivery_id = 0
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Put]) -> None:

@@ -27,7 +27,7 @@ import anyio.to_thread
 import attrs
 from anyio.lowlevel import current_token
 
-from .._envelope import DelegateResult
+from .._envelope import DelegateResult, encodes
 from .._errors import ConfigError
 from .._journal import SpawnEntry
 from .._json import loads
@@ -35,7 +35,7 @@ from .._mailbox import DEFAULT_MAILBOX_CAPACITY
 from .._validators import count, seconds, text
 from ._errors import StoreError
 from ._journal import SqliteJournal
-from ._mailbox import SqliteMailbox
+from ._mailbox import SqliteMailbox, Tally
 from ._opening import Connections, close_all, open_connections
 from ._recovery import OPEN_ORIGINS, ReleaseWrite
 from ._sqlite import Connection, Synchronous
@@ -133,6 +133,7 @@ class SqliteStore:
         self._watched: set[SqliteMailbox] = set()
         self._committed = 0
         self._orphans: list[SpawnEntry] = []  # claims an abandoned recovery left
+        self._tallies: dict[str, Tally] = {}  # by session: the mailboxes' capacity tallies
         self._failure: StoreError | None = None
         self._waiters: list[tuple[int, int, anyio.Event]] = []
         self._tiebreak = itertools.count()
@@ -239,8 +240,11 @@ class SqliteStore:
             anyio.ClosedResourceError: the store is closed.
         """
         self._require_open()
+        session_id = text("session_id", session_id)
+        if not encodes(session_id):  # SQLite stores UTF-8
+            raise ConfigError("session_id", "a str that encodes as UTF-8", session_id)
         box = SqliteMailbox(
-            text("session_id", session_id),
+            session_id,
             conn=self._conn,
             writer=self._writer,
             origin=self._origin,
@@ -249,9 +253,23 @@ class SqliteStore:
             capacity=count("capacity", capacity, minimum=1),
             ttl=seconds("ttl", ttl, none_ok=True, zero_ok=False),
             clock=clock,
+            tally=self._tally(session_id),
         )
         self._mailboxes.add(box)
         return box
+
+    def _tally(self, session_id: str) -> Tally:
+        tally = self._tallies.get(session_id)
+        if tally is None:
+            tally = self._tallies[session_id] = Tally()
+        return tally
+
+    def _delivered(self, session_id: str | None) -> None:
+        """The journal puts envelopes into ``session_id``'s mailbox (every session's:
+        ``None``) that no mailbox counted."""
+        tallies = self._tallies.values() if session_id is None else [self._tally(session_id)]
+        for tally in tallies:
+            tally.stale()
 
     def journal(self) -> SqliteJournal:
         """The journal of spawns kept in this store (what ``SubagentManager(store=...)``
@@ -265,6 +283,7 @@ class SqliteStore:
             wait_committed=self._wait_seq,
             decode=self._decode,
             orphans=self._orphans,
+            delivered=self._delivered,
         )
 
     def _submit(self, write: Write) -> int:

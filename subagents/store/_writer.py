@@ -1,14 +1,16 @@
-"""The writer thread: group commit of every pending write, one event-loop wake-up per batch.
+"""The writer thread: group commit of every pending write, one callback per batch.
 
 Callers on the event loop :meth:`Writer.submit` writes (never blocking: a lock held for a
 deque append). The thread takes every write pending when its transaction opens (up to
 ``max_batch``) into one ``BEGIN IMMEDIATE`` transaction, commits, hands the batch's
 callback to the :class:`~._courier.Courier` (which calls into the event loop without the
 writer waiting for it) and goes on. It opens its next transaction once that callback has
-run, or at once if ``eager_batch`` writes are queued by then: so while the event loop is
-busy (a fan-out running its children back to back) the writer commits alongside it in
-batches of a useful size, and while it is idle each commit's writes are handed on before
-the next begins. Committing whatever is queued as soon as possible would instead make
+run, or at once if ``eager_batch`` writes are queued by then, or ``linger`` seconds after
+its last commit: so while the event loop is busy (a fan-out running its children back to
+back) the writer commits alongside it in batches of a useful size, while it is idle each
+commit's writes are handed on before the next begins, and a loop that does not come back
+(a runner blocking it, or the loop ended) holds no write back for longer than
+``linger``. Committing whatever is queued as soon as possible would instead make
 batches of a few writes, each with its own commit, whose Python steps fight the event
 loop for the GIL at every statement.
 
@@ -32,6 +34,7 @@ import itertools
 import logging
 import sqlite3
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar, Final, Self
@@ -49,6 +52,7 @@ logger = logging.getLogger("subagents.store")
 
 DEFAULT_MAX_BATCH: Final = 1024
 DEFAULT_EAGER_BATCH: Final = 256
+DEFAULT_LINGER: Final = 0.005
 
 
 class Write:
@@ -153,15 +157,17 @@ class Writer:
         on_stopped: Callable[[], object],
         max_batch: int = DEFAULT_MAX_BATCH,
         eager_batch: int = DEFAULT_EAGER_BATCH,
+        linger: float = DEFAULT_LINGER,
     ) -> None:
         self._raw = raw
         self._path = path
         self._busy_timeout = busy_timeout
-        self._courier = Courier(token, name="subagents-store-courier")
+        self._courier = Courier(token, name="subagents-store-courier", on_lost=self._loop_lost)
         self._on_batch = on_batch
         self._on_stopped = on_stopped
         self._max_batch = max_batch
         self._eager_batch = eager_batch
+        self._linger = linger
         self.lock = threading.Lock()
         """Guards the queue and what :meth:`Write.take` decides (held for microseconds)."""
         self.gate = threading.Lock()
@@ -171,6 +177,8 @@ class Writer:
         self._batch: list[Write] = []  # taken into the transaction in flight
         self._seq = 0
         self._unseen = 0  # batches committed whose callback has not run yet
+        self._committed_at = 0.0  # time.monotonic() of the last commit
+        self._loop_alive = True
         self._want = 0  # queued writes that wake the waiting thread (0: it is not waiting)
         self._stopping = False
         self.failure: StoreError | None = None
@@ -233,16 +241,7 @@ class Writer:
 
     def _run(self) -> None:
         try:
-            while True:
-                with self.lock:
-                    while not self._stopping and (
-                        not self._queue or (self._unseen and len(self._queue) < self._eager_batch)
-                    ):
-                        self._want = self._eager_batch if self._queue else 1
-                        self._wake.wait()
-                    self._want = 0
-                    if not self._queue:
-                        break
+            while self._wait_for_work():
                 if not self._commit_batch():
                     break
         except BaseException:  # a bug: say so, never die silently with writes queued
@@ -258,6 +257,32 @@ class Writer:
                 logger.exception("closing the writer's connection failed")
             self._courier.send(self._on_stopped)  # after every batch's callback
             self._courier.stop()
+
+    def _wait_for_work(self) -> bool:
+        """Wait until the next transaction should open (see the module docstring); False
+        once stopping with nothing queued."""
+        with self.lock:
+            while not self._stopping:
+                if not self._queue:
+                    self._want = 1
+                    self._wake.wait()
+                    continue
+                if not self._unseen or len(self._queue) >= self._eager_batch:
+                    break
+                left = self._committed_at + self._linger - time.monotonic()
+                if left <= 0:
+                    break
+                self._want = self._eager_batch
+                self._wake.wait(left)
+            self._want = 0
+            return bool(self._queue)
+
+    def _loop_lost(self) -> None:
+        """The courier can no longer reach the event loop: no callback will run."""
+        with self.lock:
+            self._loop_alive = False
+            self._unseen = 0
+            self._wake.notify()
 
     def _take(self, batch: list[Write]) -> int:
         """Move up to ``max_batch`` queued writes into ``batch``; returns the watermark."""
@@ -296,7 +321,9 @@ class Writer:
         self.writes += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
         with self.lock:
-            self._unseen += 1
+            self._committed_at = time.monotonic()
+            if self._loop_alive:
+                self._unseen += 1
         self._courier.send(self._seen, batch, watermark)
         return True
 
@@ -306,7 +333,7 @@ class Writer:
             self._on_batch(batch, watermark, None)
         finally:
             with self.lock:
-                self._unseen -= 1
+                self._unseen = max(0, self._unseen - 1)
                 if self._want:
                     self._want = 0
                     self._wake.notify()
