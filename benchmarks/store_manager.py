@@ -37,8 +37,8 @@ a fresh database file.
 - ``--where``: one more run of each durability (and of the one-at-a-time window) timing
   the spawn calls, the reads on the event loop's connection, the writer thread's
   transactions, how long a committed batch waits for its callback on the event loop (the
-  courier's calls) and running them, and the parent's takes. It wraps private methods of the store, so it
-  is a diagnostic of this checkout, not a figure.
+  courier's calls) and running them, and the parent's takes. It wraps private methods of
+  the store, so it is a diagnostic of this checkout, not a figure.
 """
 
 from __future__ import annotations

@@ -161,9 +161,19 @@ def test_the_module_uses_dependencies_through_public_apis_only(path: Path) -> No
     assert found == [], "\n".join(f"{path.name}:{line}: {what}" for line, what in found)
 
 
-WRAPPED = {"orjson": "_json.py", "tenacity": "_retry.py", "opentelemetry": "_tracing.py"}
+WRAPPED = {
+    "orjson": "_json.py",
+    "tenacity": "_retry.py",
+    "opentelemetry": "_tracing.py",
+    "mcp": "mcp.py",
+    "uvicorn": "mcp.py",
+}
 """Each dependency the package wraps, and the one module that imports it (anyio and attrs
-are the foundation every module builds on, so they are not wrapped)."""
+are the foundation every module builds on, so they are not wrapped). The MCP SDK (and
+uvicorn, which serves its streamable HTTP) come with the ``mcp`` extra."""
+PACKAGES = {"mcp": ("mcp", "mcp_types")}
+"""The top-level packages a dependency installs, when more than its own name (the SDK's
+types are a package of their own)."""
 
 
 def _importers(dependency: str) -> set[str]:
@@ -178,7 +188,8 @@ def _importers(dependency: str) -> set[str]:
                 names = [node.module or ""]
             else:
                 continue
-            if any(name.split(".")[0] == dependency for name in names):
+            tops = PACKAGES.get(dependency, (dependency,))
+            if any(name.split(".")[0] in tops for name in names):
                 found.add(str(path.relative_to(PACKAGE)))
     return found
 

@@ -9,6 +9,7 @@ import types
 import pytest
 
 import subagents
+import subagents.mcp
 import subagents.testing
 import subagents.tools
 import subagents.typing
@@ -32,17 +33,23 @@ TOP_LEVEL = {
 }  # fmt: skip
 TOOLS = {"Tool", "ToolLimits", "ToolResult", "Toolset", "build_tools"}
 TYPING = {"Backend", "JSONValue", "Runner"}
+MCP = {"build_server", "serve"}
 COMPAT = {"Tool", "ToolResult", "Toolset", "build_tools"}
 """Still importable from the top level, without a warning, though not in its __all__."""
 MOVED = {"ToolLimits": subagents.tools, "Runner": subagents.typing, "Backend": subagents.typing}
 PRIVATE = {"WAIT_MARGIN_RATIO", "WAIT_MARGIN_MIN", "NO_HOST_TIMEOUT_WAIT_CAP", "wait_margin"}
-PUBLIC_MODULES = (subagents, subagents.tools, subagents.typing, subagents.testing)
+PUBLIC_MODULES = (subagents, subagents.tools, subagents.typing, subagents.testing, subagents.mcp)
 
 
 @pytest.mark.parametrize(
     ("module", "names"),
-    [(subagents, TOP_LEVEL), (subagents.tools, TOOLS), (subagents.typing, TYPING)],
-    ids=["subagents", "subagents.tools", "subagents.typing"],
+    [
+        (subagents, TOP_LEVEL),
+        (subagents.tools, TOOLS),
+        (subagents.typing, TYPING),
+        (subagents.mcp, MCP),
+    ],
+    ids=["subagents", "subagents.tools", "subagents.typing", "subagents.mcp"],
 )
 def test_all_is_exactly_the_public_surface(module: types.ModuleType, names: set[str]) -> None:
     assert len(module.__all__) == len(set(module.__all__)), "a name is listed twice"

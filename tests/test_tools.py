@@ -457,6 +457,27 @@ async def test_layering_rule_is_enforced() -> None:
             build_tools(manager, "root", wait_timeout=0)
 
 
+@pytest.mark.anyio
+async def test_a_wait_cap_lowers_the_ceiling_and_never_raises_it() -> None:
+    async with SubagentManager([echo_agent()]) as manager:
+        capped = build_tools(manager, "root", wait_cap=20.0, wait_timeout=10.0)
+        assert capped.limits.wait_ceiling == 20.0  # below the 54 s of a 60 s host timeout
+        above = build_tools(manager, "root", wait_cap=100.0)
+        assert above.limits.wait_ceiling == pytest.approx(54.0)  # the layering rule wins
+        alone = build_tools(manager, "root", tool_timeouts={"wait_agent": None}, wait_cap=45)
+        assert alone.limits.wait_ceiling == 45.0  # no host timeout: the cap, not 600 s
+        with pytest.raises(ConfigError, match=r"wait_timeout.*wait_cap of 5 s"):
+            build_tools(manager, "root", wait_cap=5.0)  # the default wait_timeout is 30 s
+        for bad in (0, -1, math.nan, math.inf, "45", True):
+            with pytest.raises(ConfigError, match="wait_cap"):
+                build_tools(manager, "root", wait_cap=bad, wait_timeout=0.01)  # type: ignore[arg-type]
+        toolset = build_tools(manager, "root", wait_cap=0.5, wait_timeout=0.25)
+        result = await toolset.call("wait_agent", {"task_ids": "0123456789ab", "timeout_ms": 9})
+        assert result.details["error"] == "unknown_task"  # the cap changes no checks
+        schema = toolset["wait_agent"].input_schema["properties"]["timeout_ms"]  # type: ignore[index]
+        assert "clamped to 500" in schema["description"]  # type: ignore[index,call-overload]
+
+
 # ---------------------------------------------------------------- public names, tracing, nesting
 
 

@@ -164,6 +164,30 @@ def _seconds(field: str, value: object, *, allow_none: bool) -> float | None:
     return seconds(field, value, none_ok=allow_none, zero_ok=False)
 
 
+def _wait_ceiling(
+    effective: float | None, wait: float, wait_timeout: object, wait_cap: object
+) -> float:
+    """The longest one ``wait_agent`` call waits, given its host timeout ``effective``
+    (``None``: none) and the cap; refuses a ``wait_timeout`` (``wait``) above it."""
+    cap = _seconds("wait_cap", wait_cap, allow_none=True)
+    if cap is not None and wait > cap:
+        raise ConfigError("wait_timeout", f"at most the wait_cap of {cap:g} s", wait_timeout)
+    if effective is None:
+        ceiling = max(wait, NO_HOST_TIMEOUT_WAIT_CAP)
+    else:
+        margin = wait_margin(effective)
+        ceiling = effective - margin
+        if ceiling <= 0 or wait > ceiling:
+            raise ConfigError(
+                "wait_timeout",
+                f"at most {max(ceiling, 0):g} s: wait_agent's host timeout of {effective:g} s "
+                f"minus the {margin:g} s safety margin (raise tool_timeouts['wait_agent'] "
+                "or lower wait_timeout)",
+                wait_timeout,
+            )
+    return ceiling if cap is None else min(ceiling, cap)
+
+
 def build_tools(
     manager: SubagentManager,
     session_id: str,
@@ -171,6 +195,7 @@ def build_tools(
     engine_tool_timeout: float | None = 60.0,
     tool_timeouts: Mapping[str, float | None] | None = None,
     wait_timeout: float = 30.0,
+    wait_cap: float | None = None,
     truncate_chars: int | None = None,
     return_mode: str = "envelope",
 ) -> Toolset:
@@ -184,6 +209,9 @@ def build_tools(
             (``None``: the host has none).
         tool_timeouts: the host's per-tool overrides by tool name; other names ignored.
         wait_timeout: how long ``wait_agent`` waits when the model gives no ``timeout_ms``.
+        wait_cap: the longest one ``wait_agent`` call waits, when that is shorter than the
+            layering rule's ceiling (``None``: the ceiling alone); a server whose clients
+            reset their timeout on progress, or set none, bounds each call with it.
         truncate_chars: bound of the text a model reads from one call (default
             ``manager.config.truncate_chars``).
         return_mode: ``delegate_to_agent`` returns the ``"envelope"`` (default) or the
@@ -196,10 +224,12 @@ def build_tools(
     kills it. The same ceiling (with ``delegate_to_agent``'s own host timeout) bounds a
     delegated child. Without a host timeout, one wait lasts at most 600 s (or
     ``wait_timeout`` if that is longer).
+    ``wait_cap`` lowers that ceiling further.
     ``Toolset.limits`` holds the resulting ceilings.
 
     Raises:
-        ConfigError: a timeout is not positive, or ``wait_timeout`` breaks the rule.
+        ConfigError: a timeout is not positive, or ``wait_timeout`` breaks the rule or
+            exceeds ``wait_cap``.
     """
     if not isinstance(session_id, str) or not session_id:
         raise ConfigError("session_id", "a non-empty string", session_id)
@@ -215,20 +245,7 @@ def build_tools(
             engine[name] = default
     wait = _seconds("wait_timeout", wait_timeout, allow_none=False)
     assert wait is not None
-    effective = engine["wait_agent"]
-    if effective is None:
-        ceiling = max(wait, NO_HOST_TIMEOUT_WAIT_CAP)
-    else:
-        margin = wait_margin(effective)
-        ceiling = effective - margin
-        if ceiling <= 0 or wait > ceiling:
-            raise ConfigError(
-                "wait_timeout",
-                f"at most {max(ceiling, 0):g} s: wait_agent's host timeout of {effective:g} s "
-                f"minus the {margin:g} s safety margin (raise tool_timeouts['wait_agent'] "
-                "or lower wait_timeout)",
-                wait_timeout,
-            )
+    ceiling = _wait_ceiling(engine["wait_agent"], wait, wait_timeout, wait_cap)
     delegate_engine = engine["delegate_to_agent"]
     delegate_ceiling = None
     if delegate_engine is not None:

@@ -392,7 +392,8 @@ class ToolLimits:
     wait_timeout: float
     """``wait_agent``'s wait when the model gives no ``timeout_ms``."""
     wait_ceiling: float
-    """The longest any ``wait_agent`` call waits: host timeout minus the margin."""
+    """The longest any ``wait_agent`` call waits: host timeout minus the margin, or the
+    ``wait_cap`` given to :func:`build_tools` if that is lower."""
     delegate_ceiling: float | None
     """The longest a ``delegate_to_agent`` child may run (host timeout minus margin)."""
     truncate_chars: int
