@@ -24,21 +24,23 @@ from tests.helpers import spec
 pytestmark = pytest.mark.anyio
 
 
-async def reports_as_it_is_cancelled(request: Request, ctx: RunContext) -> str:
-    try:
-        await anyio.sleep_forever()
-    finally:
-        ctx.report(usage=Usage(input_tokens=10))  # what its last call cost
-    raise AssertionError("unreachable")
-
-
 async def test_a_final_result_past_its_own_budget_is_budget_exceeded_after_a_settle_report() -> (
     None
 ):
+    running = anyio.Event()
+
+    async def reports_as_it_is_cancelled(request: Request, ctx: RunContext) -> str:
+        running.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            ctx.report(usage=Usage(input_tokens=10))  # what its last call cost
+        raise AssertionError("unreachable")
+
     async def parent(request: Request, ctx: RunContext) -> Result:
         ctx.report(usage=Usage(input_tokens=95))
         ctx.spawn("straggler")
-        await anyio.lowlevel.checkpoint()
+        await running.wait()  # it runs (a queued child ends without reporting)
         return Result(output="done", usage=Usage(input_tokens=150))  # alone past 100
 
     async def alone(request: Request, ctx: RunContext) -> Result:
