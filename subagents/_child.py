@@ -255,7 +255,7 @@ class ChildRunner:
     ) -> None:
         keep_traceback = self._events.active
         if record.account is not None:
-            charge_result(record, status, result)
+            charge_result(record, status, result, attempt)
         envelope = envelope_for(
             record, status, attempt, result=result, error=error, keep_traceback=keep_traceback
         )

@@ -260,9 +260,12 @@ def with_budget(options: SpawnOptions | None, budget: Budget | None) -> SpawnOpt
     return attrs.evolve(options, budget=budget)
 
 
-def charge_result(record: ChildRecord, status: Status, result: Result | str | None) -> None:
+def charge_result(
+    record: ChildRecord, status: Status, result: Result | str | None, attempt: int
+) -> None:
     """Charge the usage of a completed runner's :class:`Result` (what its envelope will
-    hold) in place of what it reported; past its own budget, its envelope says so."""
+    hold, of try ``attempt``) in place of what it reported; past its own budget, its
+    envelope says so."""
     account = record.account
     if account is None or status is not Status.COMPLETED or not isinstance(result, Result):
         return
@@ -271,9 +274,7 @@ def charge_result(record: ChildRecord, status: Status, result: Result | str | No
         return
     old = record.usage
     record.usage = new
-    account.charge(
-        new.input_tokens - old.input_tokens, new.output_tokens - old.output_tokens, final=True
-    )
+    account.report(old, new, attempt, final=True)
 
 
 def budget_outcome(record: ChildRecord, status: Status) -> tuple[Status, str, str] | None:
