@@ -265,3 +265,10 @@ async def test_open_session_refuses_what_it_cannot_honour() -> None:
         await m.close_session("d")
         with pytest.raises(SpawnRejected):
             m.open_session("d", budget=Budget(tokens=1))
+
+
+def test_open_session_outside_a_running_manager_is_refused_clearly() -> None:
+    with pytest.raises(SpawnRejected) as caught:
+        manager().open_session("conv", budget=Budget(seconds=5))
+    assert caught.value.reason == "manager_closed"
+    assert "not running" in str(caught.value)
