@@ -22,12 +22,14 @@ Stop = Callable[["Account", str], None]
 """``stop(account, message)``: end the node of an account whose budget was exceeded."""
 
 UNLIMITED: Final = Budget()
+_NO_USAGE: Final = Usage()
 
 
 class Account:
     """The spending of one node's subtree (its own included) and the budget it holds."""
 
     __slots__ = (
+        "attempt",
         "deadline",
         "exceeded",
         "limit",
@@ -63,6 +65,7 @@ class Account:
         self.tokens_in = usage.input_tokens
         self.tokens_out = usage.output_tokens
         self.spawned = 0  # children spawned in its subtree, every depth
+        self.attempt: int | None = None  # the try of its child whose total it charged last
         self.deadline: float | None = None  # its seconds budget's end, once started
         self.stopped = False  # its budget was exceeded and its node stopped
         self.exceeded: str | None = None  # why its child's envelope is BudgetExceeded
@@ -81,6 +84,21 @@ class Account:
             account = account.parent
         return found
 
+    def report(self, old: Usage, new: Usage, attempt: int, *, final: bool = False) -> None:
+        """Its child's running total went from ``old`` to ``new`` in try ``attempt``:
+        the change is charged (:meth:`charge`). A retry's total starts again from zero,
+        so what an earlier try spent stays charged rather than being refunded by the
+        next try's lower figure."""
+        if attempt != self.attempt:
+            if self.attempt is not None:
+                old = _NO_USAGE
+            self.attempt = attempt
+        self.charge(
+            new.input_tokens - old.input_tokens,
+            new.output_tokens - old.output_tokens,
+            final=final,
+        )
+
     def charge(self, tokens_in: int, tokens_out: int, *, final: bool = False) -> None:
         """Add a change of its child's usage to this account and every ancestor's, and
         stop each node whose budget it exceeds (``final``: the child's own result, whose
@@ -90,18 +108,22 @@ class Account:
         while account is not None:
             account.tokens_in += tokens_in
             account.tokens_out += tokens_out
-            if account.limit is not None and not account.stopped:
+            if account.limit is not None:
                 message = account.overshoot()
-                if message is not None:
+                if message is None:
+                    account.stopped = False  # within budget again: a new crossing stops it
+                elif final and account is self:
+                    # Its own result past its own budget is the error, even when a report
+                    # from below crossed the budget (and stopped nothing) while it settled.
+                    self.stopped = True
+                    self.exceeded = message
+                elif not account.stopped:
                     over = [] if over is None else over
                     over.append((account, message))
             account = account.parent
         for account, message in over or ():
             account.stopped = True
-            if final and account is self:
-                self.exceeded = message
-            else:
-                account.stop(account, message)
+            account.stop(account, message)
 
     def overshoot(self) -> str | None:
         """Which token budget this subtree has gone past and by how much, or ``None``."""

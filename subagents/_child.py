@@ -255,7 +255,7 @@ class ChildRunner:
     ) -> None:
         keep_traceback = self._events.active
         if record.account is not None:
-            charge_result(record, status, result)
+            charge_result(record, status, result, attempt)
         envelope = envelope_for(
             record, status, attempt, result=result, error=error, keep_traceback=keep_traceback
         )
@@ -305,13 +305,29 @@ class ChildRunner:
             return False
         record.cancel_reason = reason
         if record.state == QUEUED and not record.sync:
-            self._limiter.withdraw(record)
-            if record.owns_session:  # a mailbox made for it while queued: as if it ran
-                self._sessions.release(record.task_id)
-            self.finalize(record, envelope_for(record, Status.CANCELLED))
+            self._dequeue(record, Status.CANCELLED)
         elif record.scope is not None:
             record.scope.cancel()
         return True
+
+    def time_out(self, record: ChildRecord) -> bool:
+        """End a child still waiting in the queue whose time ran out before it could start
+        (a session's seconds budget): its envelope is ``timeout``, as if its watchdog had
+        fired at once. False if it is not waiting in the queue, or is ending already."""
+        if record.state != QUEUED or record.sync or record.envelope is not None:
+            return False
+        if record.cancel_reason or record.ending:
+            return False
+        record.ending = True  # decided: a cancel arriving now is too late
+        self._dequeue(record, Status.TIMEOUT)
+        return True
+
+    def _dequeue(self, record: ChildRecord, status: Status) -> None:
+        """End a queued child now: out of the queue, its envelope made with ``status``."""
+        self._limiter.withdraw(record)
+        if record.owns_session:  # a mailbox made for it while queued: as if it ran
+            self._sessions.release(record.task_id)
+        self.finalize(record, envelope_for(record, status))
 
     def finalize(self, record: ChildRecord, envelope: DelegateResult) -> None:
         """Record and deliver the one envelope of ``record``; later calls do nothing.

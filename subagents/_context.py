@@ -118,9 +118,10 @@ class RunContext:
         ``iterations`` replace the running totals; ``files_changed`` adds paths. Publishes
         ``subagent.progress``. Never blocks. The change of ``usage`` is charged to the
         budgets of this run and its ancestors at once: one it exceeds stops that agent's
-        subtree (design/budgets.md). Each call costs time linear in what it
-        reports; the envelope keeps the first million characters of output and the first
-        thousand distinct paths, and says how much it dropped past them.
+        subtree (design/budgets.md). Under a retry policy each try reports its own total,
+        from zero; what an earlier try spent stays charged. Each call costs time linear
+        in what it reports; the envelope keeps the first million characters of output and
+        the first thousand distinct paths, and says how much it dropped past them.
 
         Raises:
             ConfigError: a value of the wrong type or range (nothing is recorded then).
@@ -147,9 +148,7 @@ class RunContext:
         if usage is not None:
             old, record.usage = record.usage, usage
             if record.account is not None:  # charged to each ancestor as it arrives
-                record.account.charge(
-                    usage.input_tokens - old.input_tokens, usage.output_tokens - old.output_tokens
-                )
+                record.account.report(old, usage, self.attempt)
         if iterations is not None:
             record.iterations = iterations
         bus = self._manager.events

@@ -9,9 +9,10 @@ design/budgets.md.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Final, Protocol
 
 import anyio
 import attrs
@@ -21,9 +22,10 @@ from ._budget import Budget
 from ._envelope import Status, Usage
 from ._errors import ConfigError, SpawnRejected
 from ._json import JSONValue
-from ._record import ChildRecord
+from ._record import QUEUED, ChildRecord
 from ._sessions import Sessions
 from ._spec import AgentSpec, Result, SpawnOptions
+from ._watchdog import Watchdog
 
 __all__ = [
     "BUDGET_EXCEEDED",
@@ -41,8 +43,30 @@ BUDGET_EXCEEDED: Final = "BudgetExceeded"
 """The ``error_type`` of the envelope of a child stopped by a budget."""
 
 
-def _no_cancel(record: ChildRecord, reason: str) -> bool:  # pragma: no cover - replaced
-    return False
+class Ender(Protocol):
+    """How the ledger ends children: the child runner's."""
+
+    def cancel(self, record: ChildRecord, reason: str) -> bool:
+        """Cancel ``record`` (False if it has ended, or is ending already)."""
+
+    def time_out(self, record: ChildRecord) -> bool:
+        """End ``record``, still in the queue, ``timeout`` (False if it is not queued)."""
+
+
+class _Alarm:
+    """The end of a session's seconds budget, armed on the watchdog, which calls
+    :meth:`cancel` then. Never raises: it runs in the watchdog's task."""
+
+    __slots__ = ("_ring",)
+
+    def __init__(self, ring: Callable[[], None]) -> None:
+        self._ring = ring
+
+    def cancel(self) -> None:
+        try:
+            self._ring()
+        except Exception:
+            logger.exception("ending the queued children of a session out of time failed")
 
 
 class Ledger:
@@ -61,8 +85,19 @@ class Ledger:
         self._max_children = max_children
         self._max_agents = max_agents
         self._sessions_budgets: dict[str, Account] = {}
-        self.cancel: Callable[[ChildRecord, str], bool] = _no_cancel
-        """``cancel(record, reason)``: the child runner's, set as the manager is made."""
+        self._alarms: dict[str, _Alarm] = {}  # sessions' seconds budgets on the watchdog
+        self._ender: Ender | None = None
+        self._watchdog: Watchdog | None = None
+
+    def attach(self, ender: Ender, watchdog: Watchdog) -> None:
+        """What ends children (the child runner) and keeps time (the watchdog), given as
+        the manager is made (they are made after the spawner that owns this ledger)."""
+        self._ender = ender
+        self._watchdog = watchdog
+
+    def _cancel(self, record: ChildRecord, reason: str) -> bool:
+        assert self._ender is not None, "attach() first"
+        return self._ender.cancel(record, reason)
 
     # ------------------------------------------------------------------ spawning
 
@@ -162,8 +197,14 @@ class Ledger:
         Raises:
             ConfigError: ``budget`` is no :class:`Budget`, the session has one already, has
                 unfinished children, or is a child's own session.
-            SpawnRejected: the session is closed.
+            SpawnRejected: the session is closed, or the manager is not running.
         """
+        if not self._sessions.accepting:  # its seconds count on the running event loop
+            raise SpawnRejected(
+                "manager_closed",
+                "the subagent manager is not running: enter it with `async with` before "
+                "open_session (or it was closed)",
+            )
         if not isinstance(budget, Budget):
             raise ConfigError("budget", "a Budget", budget)
         if not isinstance(session_id, str):
@@ -188,6 +229,11 @@ class Ledger:
         )
         if budget.seconds is not None:
             account.deadline = anyio.current_time() + budget.seconds
+            # A running child's watchdog ends it by then (Account.start); a child still in
+            # the queue has none, so the session's end is armed too.
+            alarm = self._alarms[session_id] = _Alarm(functools.partial(self._time_up, account))
+            assert self._watchdog is not None, "attach() first"
+            self._watchdog.arm(alarm, account.deadline)
         self._sessions_budgets[session_id] = account
 
     def session_budget(self, session_id: str) -> Account | None:
@@ -198,6 +244,24 @@ class Ledger:
         """``session_id`` is closing: its budget is let go (its children keep charging
         the account they hold until they end)."""
         self._sessions_budgets.pop(session_id, None)
+        alarm = self._alarms.pop(session_id, None)
+        if alarm is not None and self._watchdog is not None:
+            self._watchdog.disarm(alarm)
+
+    def _time_up(self, account: Account) -> None:
+        """Session ``account``'s seconds have run out: each of its children still waiting
+        in the queue ends ``timeout`` now, naming the budget (a running child's watchdog
+        ends it at this deadline already; a new spawn is refused)."""
+        self._alarms.pop(account.owner, None)
+        assert self._ender is not None
+        now = anyio.current_time()
+        for record in list(self._sessions.live(account.owner) or ()):
+            mine = record.account
+            if record.state != QUEUED or record.sync or mine is None or mine.parent is not account:
+                continue
+            # As if it started now: no time is left, and the budget is named as its end.
+            record.timeout = mine.start(record.timeout, now)
+            self._ender.time_out(record)
 
     # ------------------------------------------------------------------ stopping
 
@@ -223,7 +287,7 @@ class Ledger:
             ):
                 continue  # its outcome is decided already (a success is never undone)
             mine.exceeded = message  # first: a queued child's envelope is made in cancel
-            if not self.cancel(record, message):
+            if not self._cancel(record, message):
                 mine.exceeded = None
 
     def _cancel_below(self, record: ChildRecord, reason: str) -> None:
@@ -232,7 +296,7 @@ class Ledger:
             live = self._sessions.live(stack.pop().task_id)
             if live:
                 for child in list(live):
-                    self.cancel(child, reason)
+                    self._cancel(child, reason)
                     stack.append(child)
 
 
@@ -260,9 +324,12 @@ def with_budget(options: SpawnOptions | None, budget: Budget | None) -> SpawnOpt
     return attrs.evolve(options, budget=budget)
 
 
-def charge_result(record: ChildRecord, status: Status, result: Result | str | None) -> None:
+def charge_result(
+    record: ChildRecord, status: Status, result: Result | str | None, attempt: int
+) -> None:
     """Charge the usage of a completed runner's :class:`Result` (what its envelope will
-    hold) in place of what it reported; past its own budget, its envelope says so."""
+    hold, of try ``attempt``) in place of what it reported; past its own budget, its
+    envelope says so."""
     account = record.account
     if account is None or status is not Status.COMPLETED or not isinstance(result, Result):
         return
@@ -271,9 +338,7 @@ def charge_result(record: ChildRecord, status: Status, result: Result | str | No
         return
     old = record.usage
     record.usage = new
-    account.charge(
-        new.input_tokens - old.input_tokens, new.output_tokens - old.output_tokens, final=True
-    )
+    account.report(old, new, attempt, final=True)
 
 
 def budget_outcome(record: ChildRecord, status: Status) -> tuple[Status, str, str] | None:

@@ -123,7 +123,7 @@ class SubagentManager:
             journal=journal,
             commit_first=stored is not None and config.durability == "sync",
         )
-        self._spawner.budgets.cancel = self._children.cancel
+        self._spawner.budgets.attach(self._children, self._watchdog)
         self._spawned = 0
         self._tg: TaskGroup | None = None
         self._state: Literal["new", "running", "closing", "closed"] = "new"

@@ -99,7 +99,7 @@ def seconds(field: str, value: object, *, none_ok: bool, zero_ok: bool) -> float
 
 def seconds(field: str, value: object, *, none_ok: bool, zero_ok: bool) -> float | None:
     """``value`` as float seconds: a finite real number > 0 (>= 0 with ``zero_ok``), or
-    ``None`` (no limit) with ``none_ok``.
+    ``None`` (no limit) with ``none_ok``. ``-0.0`` comes back as ``0.0``.
 
     ``inf`` is refused: ``None`` is the one spelling of "no limit", so every consumer (a
     deadline, the tools' ``timeout_ms``, a JSON event) gets a finite number or ``None``.
@@ -114,7 +114,7 @@ def seconds(field: str, value: object, *, none_ok: bool, zero_ok: bool) -> float
     if number is None or number < 0 or (number == 0 and not zero_ok):
         expected = f"a finite number of seconds {'>= 0' if zero_ok else '> 0'}"
         raise ConfigError(field, expected + (" or None" if none_ok else ""), value)
-    return number
+    return 0.0 if number == 0 else number  # -0.0 is zero, and never printed "-0"
 
 
 def number(field: str, value: object) -> float:

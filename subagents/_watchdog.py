@@ -12,22 +12,32 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskGroup
 
-__all__ = ["Watchdog"]
+__all__ = ["Cancellable", "Watchdog"]
 
 _SLACK = 64  # stale entries tolerated beyond the live ones before the heap is rebuilt
 
 
+class Cancellable(Protocol):
+    """What the watchdog cancels at a deadline: a cancel scope, or another part's timer
+    (the end of a session's seconds budget) whose ``cancel`` acts then and never raises.
+    Hashed by identity."""
+
+    def cancel(self) -> None: ...
+
+
 class Watchdog:
-    """Cancels each armed :class:`anyio.CancelScope` at its deadline (``anyio.current_time``
-    units), unless it was disarmed first. One task, started with :meth:`start`."""
+    """Cancels each armed :class:`anyio.CancelScope` (or other :class:`Cancellable`) at its
+    deadline (``anyio.current_time`` units), unless it was disarmed first. One task,
+    started with :meth:`start`."""
 
     def __init__(self) -> None:
-        self._armed: dict[anyio.CancelScope, float] = {}
-        self._heap: list[tuple[float, int, anyio.CancelScope]] = []
+        self._armed: dict[Cancellable, float] = {}
+        self._heap: list[tuple[float, int, Cancellable]] = []
         self._order = itertools.count()  # ties in deadline never compare scopes
         self._wake_at = math.inf  # the task wakes then, or earlier when woken
         self._wake: anyio.Event | None = None
@@ -41,7 +51,7 @@ class Watchdog:
         self._wake = anyio.Event()
         tg.start_soon(self._watch)
 
-    def arm(self, scope: anyio.CancelScope, deadline: float) -> None:
+    def arm(self, scope: Cancellable, deadline: float) -> None:
         """Cancel ``scope`` at ``deadline``; arming it again replaces its deadline. O(log n)."""
         self._armed[scope] = deadline
         heapq.heappush(self._heap, (deadline, next(self._order), scope))
@@ -52,7 +62,7 @@ class Watchdog:
             if self._wake is not None:
                 self._wake.set()
 
-    def disarm(self, scope: anyio.CancelScope) -> None:
+    def disarm(self, scope: Cancellable) -> None:
         """Forget ``scope``'s deadline (it ended in time). O(1)."""
         self._armed.pop(scope, None)
 

@@ -21,14 +21,17 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
-from .._json import dumps_str
+from .._envelope import DelegateResult
+from .._json import dumps_str, loads
 from ._bulk import has_nul, segments
+from ._errors import StoreError
 
 __all__ = [
     "Entry",
     "claim",
     "claim_all",
     "count_live",
+    "decode",
     "find",
     "has_stored",
     "insert",
@@ -139,6 +142,21 @@ def _size(row: _Row) -> int:
 
 def _nul(row: _Row) -> bool:
     return has_nul((row[2], row[3], row[4], row[8]))
+
+
+def decode(path: str, body: bytes) -> DelegateResult:
+    """The envelope a row's body holds.
+
+    Raises:
+        StoreError: ``corrupt``: the body is not an envelope's JSON.
+    """
+    try:
+        data = loads(body)
+        if not isinstance(data, dict):
+            raise ValueError(f"an envelope is a JSON object, not {type(data).__name__}")
+        return DelegateResult.from_dict(data)
+    except ValueError as exc:
+        raise StoreError(path, "corrupt", f"an unreadable envelope: {exc}") from exc
 
 
 def find(

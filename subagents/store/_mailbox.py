@@ -28,36 +28,19 @@ from collections.abc import Awaitable, Callable
 
 from .._envelope import DelegateResult, encodes, now_ms
 from .._errors import ConfigError, MailboxFull
-from .._json import loads
 from .._mailbox import BaseMailbox, MailboxStatistics, Signal
 from . import _deliveries as rows
-from ._errors import StoreError
 from ._pending import Pending, Put
 from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
+from ._tally import Tally
 from ._writer import Writer
 
-__all__ = ["SqliteMailbox", "Tally"]
+__all__ = ["SqliteMailbox"]
 
 logger = logging.getLogger("subagents.mailbox")
 _UTF8 = "a str that encodes as UTF-8 (no lone surrogate)"
 _instances = itertools.count(1)
-
-
-class Tally:
-    """What this process's mailbox objects of one session know of its live entries: an
-    upper bound of them when last counted (``None``: count at the next put), and the puts
-    any of them accepted since."""
-
-    __slots__ = ("bound", "since")
-
-    def __init__(self) -> None:
-        self.bound: int | None = None
-        self.since = 0
-
-    def stale(self) -> None:
-        """Entries arrived that no put here counted (another process's, the journal's)."""
-        self.bound = None
 
 
 class SqliteMailbox(BaseMailbox):
@@ -137,13 +120,7 @@ class SqliteMailbox(BaseMailbox):
     # ------------------------------------------------------------ reading
 
     def _decode(self, body: bytes) -> DelegateResult:
-        try:
-            data = loads(body)
-            if not isinstance(data, dict):
-                raise ValueError(f"an envelope is a JSON object, not {type(data).__name__}")
-            return DelegateResult.from_dict(data)
-        except ValueError as exc:
-            raise StoreError(self._conn.path, "corrupt", f"an unreadable envelope: {exc}") from exc
+        return rows.decode(self._conn.path, body)
 
     def _count(self, now: float, limit: int = -1, *, unrevealed: bool = False) -> int:
         """Live entries (at most ``limit``): committed ones not pending, plus pending

@@ -30,15 +30,16 @@ from anyio.lowlevel import current_token
 from .._envelope import DelegateResult, encodes
 from .._errors import ConfigError
 from .._journal import SpawnEntry
-from .._json import loads
 from .._mailbox import DEFAULT_MAILBOX_CAPACITY
 from .._validators import count, seconds, text
+from . import _deliveries as rows
 from ._errors import StoreError
 from ._journal import SqliteJournal
-from ._mailbox import SqliteMailbox, Tally
+from ._mailbox import SqliteMailbox
 from ._opening import Connections, close_all, open_connections
 from ._recovery import OPEN_ORIGINS, ReleaseWrite
 from ._sqlite import Connection, Synchronous
+from ._tally import Tally
 from ._watch import Watcher
 from ._writer import Write, Writer
 
@@ -295,13 +296,7 @@ class SqliteStore:
         return self._conn.read(query)
 
     def _decode(self, body: bytes) -> DelegateResult:
-        try:
-            data = loads(body)
-            if not isinstance(data, dict):
-                raise ValueError(f"an envelope is a JSON object, not {type(data).__name__}")
-            return DelegateResult.from_dict(data)
-        except ValueError as exc:
-            raise StoreError(self._path, "corrupt", f"an unreadable envelope: {exc}") from exc
+        return rows.decode(self._path, body)
 
     def _watch(self, box: SqliteMailbox, active: bool) -> None:
         if active:

@@ -11,7 +11,7 @@ from .._budget import Budget
 from .._handle import SpawnHandle, record_of
 from .._json import JSONValue
 from .._manager import SubagentManager, budgets_of
-from ._schema import Param
+from ._schema import Param, ms
 
 __all__ = ["BUDGET", "budget_arg", "budget_field", "budget_left", "budget_sentence"]
 
@@ -70,7 +70,7 @@ def budget_left(
         if value is not None:
             out[name] = value
     if left.seconds is not None:
-        out["time_ms"] = int(left.seconds * 1000)
+        out["time_ms"] = ms(left.seconds)
     return out
 
 

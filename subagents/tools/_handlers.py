@@ -14,9 +14,9 @@ from .._tracing import ToolSpan
 from .._validators import MAX_IDEMPOTENCY_KEY
 from ._budgets import BUDGET, budget_arg, budget_field, budget_left, budget_sentence
 from ._output import output_schema
-from ._schema import Param
+from ._schema import Param, ms
 from ._tool import Tool, ToolLimits, ToolResult, make_tool
-from ._wait import WaitAgent, int_arg, ms, status_of
+from ._wait import WaitAgent, int_arg, status_of
 
 if TYPE_CHECKING:
     from .._handle import SpawnHandle

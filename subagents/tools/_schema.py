@@ -18,12 +18,21 @@ import attrs
 
 from .._json import JSONValue, dumps_str, loads
 
-__all__ = ["SCHEMA_DIALECT", "ArgumentError", "Param", "parse_args", "schema_for"]
+__all__ = ["MAX_INT", "SCHEMA_DIALECT", "ArgumentError", "Param", "ms", "parse_args", "schema_for"]
 
 SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 MAX_INT: Final = 2**53 - 1
 """Largest integer a JSON number carries exactly; larger integer arguments are clamped to it."""
 _SHOW_CHARS: Final = 80
+
+
+def ms(seconds: float) -> int:
+    """Seconds (finite, >= 0) as integer milliseconds for an answer, clamped to
+    :data:`MAX_INT` like every integer the tools take, so a huge timeout or budget stays
+    a JSON integer (``seconds * 1000`` of a large float is infinite: no ``int`` of it)."""
+    value = seconds * 1000
+    return MAX_INT if value >= MAX_INT else int(value)
+
 
 Kind = Literal["string", "integer", "ids", "enum", "object"]
 

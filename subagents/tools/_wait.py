@@ -14,22 +14,18 @@ from .._json import JSONValue
 from .._record import QUEUED
 from .._tracing import ToolSpan
 from ._budgets import budget_field, budget_left
+from ._schema import ms
 from ._structured import water_fill
 from ._tool import ToolLimits, ToolResult, error_result
 
 if TYPE_CHECKING:
     from .._manager import SubagentManager
 
-__all__ = ["WaitAgent", "int_arg", "ms", "status_of"]
+__all__ = ["WaitAgent", "int_arg", "status_of"]
 
 MIN_SHARE: Final = 300
 """Characters a delivered result gets at least before others are deferred to a later call."""
 ALREADY: Final = "[already collected earlier; shown again]\n"
-
-
-def ms(seconds: float) -> int:
-    """Seconds to integer milliseconds."""
-    return int(seconds * 1000)
 
 
 def int_arg(value: object) -> int:

@@ -36,6 +36,13 @@ def test_zero_is_a_budget_that_is_used_up() -> None:
     assert not budget.unlimited
 
 
+def test_negative_zero_seconds_is_zero() -> None:
+    budget = Budget(seconds=-0.0)
+    assert budget.seconds == 0.0
+    assert str(budget.seconds) == "0.0"
+    assert f"{budget.seconds:g}" == "0"
+
+
 def test_a_subclassed_count_is_kept_as_a_plain_int() -> None:
     class Sly(int):
         def __format__(self, spec: str) -> str:

@@ -14,12 +14,14 @@ from subagents import (
     ConfigError,
     Request,
     Result,
+    RetryPolicy,
     RunContext,
     SpawnOptions,
     SpawnRejected,
     Status,
     SubagentConfig,
     SubagentManager,
+    TransientError,
     Usage,
 )
 from tests.helpers import spec
@@ -193,6 +195,60 @@ async def test_a_session_budget_is_shared_by_every_tree_of_the_session() -> None
         m.spawn("spend", "100").cancel()  # another session: not limited
 
 
+async def test_a_lowered_report_lets_a_budget_stop_its_next_overrun() -> None:
+    async def refunded(request: Request, ctx: RunContext) -> str:
+        ctx.report(usage=Usage(input_tokens=150))
+        try:
+            await anyio.sleep_forever()
+        finally:
+            ctx.report(usage=Usage())  # its last figure: nothing was billed after all
+        raise AssertionError("unreachable")
+
+    async def spends(request: Request, ctx: RunContext) -> str:
+        ctx.report(usage=Usage(input_tokens=150))
+        await anyio.lowlevel.checkpoint()
+        return "done"
+
+    async with manager(spec("refunded", refunded), spec("spends", spends)) as m:
+        m.open_session("conv", budget=Budget(tokens=100))
+        first = await m.spawn("refunded", session_id="conv").wait()
+        assert m.usage(first.task_id) == Usage()  # within the budget again: spawns go on
+        second = await m.spawn("spends", session_id="conv").wait()
+    assert first.error_type == "BudgetExceeded"
+    assert (second.status, second.error_type) == (Status.ERROR, "BudgetExceeded")
+    assert "(150 used)" in second.error
+
+
+async def test_what_a_failed_try_spent_stays_charged_to_its_budget() -> None:
+    async def reports(request: Request, ctx: RunContext) -> str:
+        ctx.report(usage=Usage(input_tokens=80))  # each try reports its own total
+        if ctx.attempt == 1:
+            raise TransientError("try again")
+        await anyio.lowlevel.checkpoint()
+        return "done"
+
+    async def returns(request: Request, ctx: RunContext) -> Result:
+        if ctx.attempt == 1:
+            ctx.report(usage=Usage(input_tokens=80))
+            raise TransientError("try again")
+        return Result(output="done", usage=Usage(input_tokens=30))
+
+    retry = RetryPolicy(attempts=2, initial=0, jitter=0)
+    agents = [spec("reports", reports, retry=retry), spec("returns", returns, retry=retry)]
+    async with manager(*agents) as m:
+        reported = await m.execute("reports", budget=Budget(tokens=100))
+        returned = await m.execute("returns", budget=Budget(tokens=100))
+    assert (reported.status, reported.error_type) == (Status.ERROR, "BudgetExceeded")
+    assert "(160 used)" in reported.error  # not 80: the second try refunds nothing
+    assert reported.tree_usage == Usage(input_tokens=160)
+    assert (returned.status, returned.error_type) == (Status.ERROR, "BudgetExceeded")
+    assert returned.output == "done"
+    assert (returned.usage, returned.tree_usage) == (
+        Usage(input_tokens=30),
+        Usage(input_tokens=110),
+    )
+
+
 async def test_open_session_refuses_what_it_cannot_honour() -> None:
     async with manager() as m:
         m.open_session("a", budget=Budget(tokens=1))
@@ -209,3 +265,10 @@ async def test_open_session_refuses_what_it_cannot_honour() -> None:
         await m.close_session("d")
         with pytest.raises(SpawnRejected):
             m.open_session("d", budget=Budget(tokens=1))
+
+
+def test_open_session_outside_a_running_manager_is_refused_clearly() -> None:
+    with pytest.raises(SpawnRejected) as caught:
+        manager().open_session("conv", budget=Budget(seconds=5))
+    assert caught.value.reason == "manager_closed"
+    assert "not running" in str(caught.value)

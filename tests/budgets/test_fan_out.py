@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import anyio
+import orjson
 import pytest
 from jsonschema import Draft202012Validator
 
@@ -206,6 +207,24 @@ async def test_spawn_agent_takes_a_budget_and_answers_with_what_is_left() -> Non
     assert seen[1].spawns == 1
     assert "budget" not in plain.details
     assert "budget" not in plain.content
+
+
+async def test_delegate_and_wait_answer_a_huge_time_as_a_bounded_json_integer() -> None:
+    async def quick(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    config = SubagentConfig(execute_timeout=1.7e308)  # seconds * 1000 is infinite
+    async with SubagentManager([spec("quick", quick)], config=config) as m:
+        m.open_session("conv", budget=Budget(seconds=1.7e308))
+        tools = build_tools(m, "conv", engine_tool_timeout=None)
+        delegated = await tools.call("delegate_to_agent", {"agent": "quick", "input": "x"})
+        spawned = await tools.call("spawn_agent", {"agent": "quick", "input": "x"})
+        waited = await tools.call("wait_agent", {"task_ids": spawned.details["task_id"]})
+    for answer in (delegated, waited):
+        assert not answer.is_error, answer.content
+        assert answer.details["budget"] == {"time_ms": 2**53 - 1}
+        orjson.dumps(answer.details)
+    assert delegated.details["timeout_ms"] == 2**53 - 1
 
 
 async def test_openai_strict_mode_lists_every_budget_field_as_required() -> None:

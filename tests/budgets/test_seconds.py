@@ -112,3 +112,21 @@ async def test_a_child_done_in_time_is_untouched() -> None:
     async with manager() as m:
         envelope = await m.spawn("sleep", "1", budget=Budget(seconds=5)).wait()
     assert envelope.ok
+
+
+async def test_a_sessions_time_ends_each_of_its_queued_children_and_nothing_else() -> None:
+    async with manager(max_concurrent_spawns=1, spawn_timeout=None) as m:
+        start = anyio.current_time()
+        blocker = m.spawn("sleep", "100", session_id="other")  # the one slot, for 100 s
+        m.open_session("conv", budget=Budget(seconds=5))
+        queued = [m.spawn("sleep", "1", session_id="conv") for _ in range(2)]
+        first = await queued[0].wait()
+        assert anyio.current_time() - start == pytest.approx(5)
+        second = await queued[1].wait()
+        assert blocker.result is None  # another session's child runs on
+        await blocker.wait()
+    for envelope in (first, second):
+        assert (envelope.status, envelope.error_type) == (Status.TIMEOUT, "BudgetExceeded")
+        assert envelope.error == "budget of 5 s of session 'conv' ran out"
+    assert blocker.result is not None
+    assert blocker.result.ok
