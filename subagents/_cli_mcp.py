@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -59,26 +60,60 @@ def register(commands: Any) -> None:
     serve.add_argument("--store", metavar="PATH", help="keep every task in this durable store")
     serve.add_argument(
         "--session",
+        type=_session,
         default=DEFAULT_SESSION,
         help=f"the session the client acts as (default {DEFAULT_SESSION})",
     )
     serve.add_argument("--host", default="127.0.0.1", help="streamable-http (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="streamable-http (default 8000)")
+    serve.add_argument(
+        "--port", type=_port, default=8000, help="streamable-http, 0 for a free one (default 8000)"
+    )
     serve.add_argument(
         "--wait-cap",
-        type=positive_seconds,
+        type=_seconds_between(0.0, 600.0),
         default=45.0,
         metavar="SECONDS",
-        help="the longest one wait_agent call waits (default 45)",
+        help="the longest one wait_agent call waits, at most 600 (default 45)",
     )
     serve.add_argument(
         "--progress-every",
-        type=positive_seconds,
+        type=_seconds_between(0.05, None),
         default=5.0,
         metavar="SECONDS",
-        help="progress notifications while wait_agent waits (default every 5)",
+        help="progress notifications while wait_agent waits, at least 0.05 (default every 5)",
     )
     serve.set_defaults(func=_run_serve)
+
+
+def _session(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 65535, got {value}")
+    return value
+
+
+def _seconds_between(low: float, high: float | None) -> Callable[[str], float]:
+    """An argparse ``type``: seconds > ``low`` (> 0) or >= ``low``, and <= ``high``."""
+
+    def parse(text: str) -> float:
+        value = positive_seconds(text)
+        if value < low or (high is not None and value > high):
+            bound = (
+                f"at most {high:g}" if high is not None and value > high else f"at least {low:g}"
+            )
+            raise argparse.ArgumentTypeError(f"must be {bound} seconds, got {text}")
+        return value
+
+    return parse
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -92,9 +127,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         return _fail(f"needs the MCP SDK ({exc}); install it: {_INSTALL}")
     try:
-        config = SubagentConfig(store_path=args.store) if args.store else SubagentConfig()
-        stopped_by = anyio.run(_serve, args, specs, config, server_module)
-    except SubagentsError as exc:  # a store that cannot be opened, a refused argument
+        # An empty path is the config's to refuse, never "no store".
+        config = SubagentConfig(store_path=args.store) if args.store is not None else None
+        stopped_by = anyio.run(_serve, args, specs, config or SubagentConfig(), server_module)
+    except (SubagentsError, OSError) as exc:  # a store that cannot be opened, a busy port
         return _fail(str(exc))
     # Ctrl-C: the command line's conventional status; SIGTERM is how a host stops a server.
     return 130 if stopped_by == signal.SIGINT else 0
@@ -108,18 +144,27 @@ async def _serve(
 ) -> int | None:
     """Serve until the client leaves (over stdio: closes stdin) or a signal comes; returns
     the signal, if one came. The manager is opened before the server starts and closed
-    after it stops, so its children end and the store is closed cleanly."""
+    after it stops, so its children end and the store is closed cleanly.
+
+    Raises:
+        SubagentsError: the store cannot be opened, or the server refuses an option.
+        OSError: the port cannot be listened on.
+    """
     stop, closed = anyio.Event(), anyio.Event()
-    refused: SubagentsError | None = None
+    # Raised plain once the task group is left: inside it, it would come out wrapped in
+    # an exception group.
+    refused: SubagentsError | OSError | None = None
     stopped_by: int | None = None
     async with anyio.create_task_group() as group:
         try:
             manager = await group.start(_open_manager, specs, config, stop, closed)
-        except SubagentsError as exc:  # a store that cannot be opened: raised plain, below
+        except SubagentsError as exc:  # a store that cannot be opened
             refused = exc
         else:
             try:
                 stopped_by = await _serve_until_stopped(args, manager, server_module, stop, closed)
+            except (SubagentsError, OSError) as exc:
+                refused = exc
             finally:
                 stop.set()
     if refused is not None:
@@ -138,6 +183,7 @@ async def _serve_until_stopped(
         manager, args.session, wait_cap=args.wait_cap, progress_every=args.progress_every
     )
     stopped_by: int | None = None
+    refused: OSError | None = None
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as serving:
 
@@ -158,10 +204,15 @@ async def _serve_until_stopped(
                     # connections down itself and raises it again once done.
 
             serving.start_soon(stop_on_signal)
-            await server_module.serve(
-                server, transport=args.transport, host=args.host, port=args.port
-            )
+            try:
+                await server_module.serve(
+                    server, transport=args.transport, host=args.host, port=args.port
+                )
+            except OSError as exc:  # nothing served: raised plain, below
+                refused = exc
             serving.cancel_scope.cancel()
+    if refused is not None:
+        raise refused
     return stopped_by
 
 

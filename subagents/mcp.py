@@ -14,6 +14,8 @@ but the ``subagents mcp serve`` command, and only once it runs. See design/mcp.m
 from __future__ import annotations
 
 import itertools
+import logging
+import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from importlib import metadata
@@ -42,6 +44,8 @@ before it (at 54 s); ``wait_agent`` is bounded by ``wait_cap`` instead, since a 
 reset its timer on progress or set none."""
 _DEFAULT_WAIT: Final = 30.0
 """``wait_agent``'s wait when the model gives no ``timeout_ms`` (at most ``wait_cap``)."""
+_MIN_PROGRESS_EVERY: Final = 0.05
+"""The shortest progress period (s): each notification is a message the host must read."""
 
 Transport = Literal["stdio", "streamable-http"]
 
@@ -68,18 +72,21 @@ def build_server(
         session_id: the parent session the client acts as (a manager's default is
             ``"root"``).
         wait_cap: the longest one ``wait_agent`` call waits (s), whatever ``timeout_ms``
-            asks for: it answers ``timed_out`` before a host's 60 s tool timeout.
+            asks for: it answers ``timed_out`` before a host's 60 s tool timeout. At most
+            600 s, the toolset's ceiling for a wait no host timeout bounds.
         progress_every: while ``wait_agent`` waits, a request that carries a progress
-            token gets a notification every ``progress_every`` seconds: ``progress`` is
-            the seconds waited (so it always increases), ``message`` "n of m finished".
-            None is sent after the result.
+            token gets a notification every ``progress_every`` seconds (at least 0.05):
+            ``progress`` is the seconds waited (so it always increases), ``message``
+            "n of m finished". None is sent after the result.
 
     Raises:
-        ConfigError: ``session_id`` is empty, or ``wait_cap`` or ``progress_every`` is not
-            a finite number of seconds > 0.
+        ConfigError: ``session_id`` is empty, ``wait_cap`` is not a finite number of
+            seconds > 0 and <= 600, or ``progress_every`` not one >= 0.05.
     """
     cap = seconds("wait_cap", wait_cap, none_ok=False, zero_ok=False)
     every = seconds("progress_every", progress_every, none_ok=False, zero_ok=False)
+    if every < _MIN_PROGRESS_EVERY:
+        raise ConfigError("progress_every", f"at least {_MIN_PROGRESS_EVERY:g} s", progress_every)
     toolset = build_tools(
         manager,
         session_id,
@@ -88,6 +95,8 @@ def build_server(
         wait_timeout=min(_DEFAULT_WAIT, cap),
         wait_cap=cap,
     )
+    if toolset.limits.wait_ceiling < cap:  # the toolset's own ceiling would clamp it
+        raise ConfigError("wait_cap", f"at most {toolset.limits.wait_ceiling:g} s", wait_cap)
     tools = _Tools(toolset, every)
     listing = types.ListToolsResult.model_validate({"tools": toolset.to_mcp()})
 
@@ -130,20 +139,73 @@ async def serve(
     ``stdio`` (the default) serves one client over this process's stdin and stdout (so
     nothing else may write to stdout) and returns when stdin closes. ``streamable-http``
     serves ``http://{host}:{port}/mcp`` (asyncio only: it runs on uvicorn) until the
-    process is interrupted. Cancelling the call stops the server; the manager behind it
-    stays open.
+    process is interrupted; ``port`` 0 takes a free one. Cancelling the call stops the
+    server; the manager behind it stays open.
 
     Raises:
-        ConfigError: ``transport`` is neither.
+        ConfigError: ``transport`` is neither, or ``port`` is not an integer from 0 to
+            65535.
+        OSError: ``host`` and ``port`` cannot be listened on (in use, not this machine's);
+            the message names them.
     """
     if transport == "stdio":
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
     elif transport == "streamable-http":
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= _MAX_PORT:
+            raise ConfigError("port", f"an integer from 0 to {_MAX_PORT}", port)
         app = server.streamable_http_app(host=host)
-        await uvicorn.Server(uvicorn.Config(app, host=host, port=port)).serve()
+        # Bound here rather than by uvicorn, which logs a failure and exits the process.
+        listening = _listen(host, port)
+        try:
+            config = uvicorn.Config(app, host=host, port=port)
+            # What uvicorn says when it binds itself (it says nothing of given sockets).
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s (Press CTRL+C to quit)", _address(listening[0])
+            )
+            await uvicorn.Server(config).serve(listening)
+        finally:
+            for sock in listening:
+                sock.close()
     else:
         raise ConfigError("transport", "'stdio' or 'streamable-http'", transport)
+
+
+_MAX_PORT: Final = 65535
+
+
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` resolves to, as uvicorn's own binding
+    does (``localhost`` may be both 127.0.0.1 and ::1); with ``port`` 0, on the first.
+
+    Raises:
+        OSError: ``host`` does not resolve, or an address cannot be bound (then none is
+            left open); the message names ``host:port``.
+    """
+    listening: list[socket.socket] = []
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, address in dict.fromkeys((info[0], info[4]) for info in found):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            listening.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen()
+            if port == 0:  # one free port: a second address would get another one
+                break
+    except OSError as exc:
+        for sock in listening:
+            sock.close()
+        reason = exc.strerror or str(exc)
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {reason}") from exc
+    return listening
+
+
+def _address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"
 
 
 class _Tools:
@@ -168,17 +230,20 @@ class _Tools:
         return result
 
     def _waited_on(self, arguments: dict[str, Any] | None) -> list[SpawnHandle] | None:
-        """The children a ``wait_agent`` call names, or ``None`` when its arguments are
-        not a set of this session's ids: then the tool answers at once with an error and
-        there is no wait to report on."""
-        ids = None if arguments is None else arguments.get("task_ids")
-        if isinstance(ids, str):
-            ids = [ids]
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        """The children a ``wait_agent`` call names, or ``None`` when the toolset refuses
+        its arguments or one id is not this session's: then it answers at once with an
+        error and there is no wait to report on. The ids are looked up only once the
+        toolset's own parser accepted them."""
+        tool = self._toolset.get("wait_agent")
+        assert tool is not None
+        try:
+            ids = tool.parse_arguments(arguments)["task_ids"]
+        except ValueError:
             return None
+        assert isinstance(ids, list)
         manager, session_id = self._toolset.manager, self._toolset.session_id
         try:
-            return [manager.handle(task_id, session_id=session_id) for task_id in ids]
+            return [manager.handle(str(task_id), session_id=session_id) for task_id in ids]
         except LookupError:
             return None
 

@@ -1,5 +1,6 @@
 """Fuzz every tool's execute with hypothesis-generated JSON: it never raises and always
-returns a ToolResult whose details serialise."""
+returns a ToolResult whose details serialise, and what ``Tool.parse_arguments`` refuses
+execute answers ``invalid_arguments`` to."""
 
 from __future__ import annotations
 
@@ -73,21 +74,36 @@ def arguments(tool: str) -> st.SearchStrategy[Any]:
 
 
 async def run_one(tool: str, args: Any) -> ToolResult:
+    result, _ = await parse_and_run(tool, args)
+    return result
+
+
+async def parse_and_run(tool: str, args: Any) -> tuple[ToolResult, bool]:
+    """The result of ``execute``, and whether ``parse_arguments`` accepted the arguments."""
     config = SubagentConfig(spawn_timeout=0.5, execute_timeout=0.5)
     async with SubagentManager([echo_agent()], config=config) as manager:
         tools = build_tools(manager, "root", engine_tool_timeout=0.4, wait_timeout=0.05)
         done = manager.spawn("echo", "x")
         await done.wait()
+        args = substitute(args, VALID_ID, done.task_id)
+        try:
+            tools[tool].parse_arguments(args)
+        except ValueError:
+            accepted = False
+        else:
+            accepted = True
         with anyio.fail_after(2):
-            return await tools[tool].execute(substitute(args, VALID_ID, done.task_id))
+            return await tools[tool].execute(args), accepted
 
 
 def check(tool: str, args: Any, backend: str) -> None:
-    result = anyio.run(run_one, tool, args, backend=backend)
+    result, accepted = anyio.run(parse_and_run, tool, args, backend=backend)
     assert isinstance(result, ToolResult)
     assert isinstance(result.content, str)
     assert isinstance(result.is_error, bool)
     dumps(result.details)
+    if not accepted:  # the tool may refuse more (a name's grammar), never less
+        assert result.details.get("error") == "invalid_arguments", result.content
 
 
 def fuzz(tool: str) -> Any:

@@ -152,11 +152,9 @@ class Tool:
         parsed: dict[str, object] | None = None
         problem: ArgumentError | None = None
         try:
-            parsed = parse_args(self.name, self._params, args)
+            parsed = self.parse_arguments(args)
         except ArgumentError as exc:
             problem = exc
-        except Exception as exc:  # a hostile Mapping; never let it escape
-            problem = ArgumentError(f"{self.name} arguments could not be read: {exc!r}")
         target = None
         if self._transfers and parsed is not None and isinstance(parsed.get("agent"), str):
             target = str(parsed["agent"])
@@ -184,6 +182,23 @@ class Tool:
         if self._content_limit is None:
             return result
         return attrs.evolve(result, content_limit=self._content_limit)
+
+    def parse_arguments(self, args: object) -> dict[str, object]:
+        """``args`` (an object or its JSON text) as :meth:`execute` runs the tool with them:
+        the fields given, normalised (integers as ``int``, task ids as a de-duplicated
+        ``list[str]``). Runs nothing; a host checks a call with it before acting on it.
+        It checks the schema: what a tool refuses of valid-looking values (a spawn's name
+        grammar, a budget's units) it answers when it runs, as ``invalid_arguments`` too.
+
+        Raises:
+            ValueError: the arguments are invalid; the message names the field for a model.
+        """
+        try:
+            return parse_args(self.name, self._params, args)
+        except ArgumentError:
+            raise
+        except Exception as exc:  # a hostile Mapping; never let it escape as itself
+            raise ArgumentError(f"{self.name} arguments could not be read: {exc!r}") from exc
 
     def to_openai_chat(self, *, strict: bool = False) -> dict[str, JSONValue]:
         """This tool as an OpenAI Chat Completions function tool."""

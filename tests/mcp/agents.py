@@ -28,3 +28,18 @@ def make() -> list[AgentSpec]:
 
 def broken() -> list[AgentSpec]:
     raise RuntimeError("no agents today")
+
+
+async def make_async() -> list[AgentSpec]:
+    """An async factory: refused, since the specs are built before any event loop runs."""
+    return SPECS
+
+
+def returns_awaitable() -> object:
+    """A plain function handing back an awaitable: refused the same way."""
+    return make_async()
+
+
+def noisy() -> list[AgentSpec]:
+    print("building the specs")  # over stdio, stdout is the protocol's
+    return SPECS

@@ -4,7 +4,9 @@ this command (``import subagents`` and every other command work without it)."""
 
 from __future__ import annotations
 
+import errno
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +45,14 @@ def test_agents_names_a_spec_a_list_a_mapping_or_a_factory(name: str, expected: 
         ("tests.mcp.agents:NONE", "tests.mcp.agents:NONE holds no AgentSpec"),
         ("tests.mcp.agents:broken", "tests.mcp.agents:broken() raised RuntimeError: no agents"),
         ("tests.mcp.nowhere:SPECS", "cannot import 'tests.mcp.nowhere': ModuleNotFoundError"),
+        (
+            "tests.mcp.agents:make_async",
+            "tests.mcp.agents:make_async is an async function: the factory must be a plain one",
+        ),
+        (
+            "tests.mcp.agents:returns_awaitable",
+            "tests.mcp.agents:returns_awaitable() returned an awaitable",
+        ),
     ],
 )
 def test_agents_that_name_no_specs_say_why(
@@ -53,6 +63,70 @@ def test_agents_that_name_no_specs_say_why(
     assert main(["mcp", "serve", "--agents", reference]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"subagents mcp serve: --agents: {message}")
+    assert err.count("\n") == 1
+
+
+def test_what_the_agents_module_prints_goes_to_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "printingagents.py").write_text(
+        "from tests.mcp.agents import noisy\n\nprint('importing the agents')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_specs("printingagents:noisy") == agents.SPECS
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "importing the agents\nbuilding the specs\n"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--session", "", "argument --session: must not be empty"),
+        ("--port", "65536", "argument --port: must be from 0 to 65535, got 65536"),
+        ("--port", "-1", "argument --port: must be from 0 to 65535, got -1"),
+        ("--port", "http", "argument --port: not an integer: 'http'"),
+        ("--wait-cap", "600.5", "argument --wait-cap: must be at most 600 seconds, got 600.5"),
+        ("--wait-cap", "0", "argument --wait-cap: must be a positive number of seconds"),
+        (
+            "--progress-every",
+            "0.01",
+            "argument --progress-every: must be at least 0.05 seconds, got 0.01",
+        ),
+    ],
+)
+def test_a_bad_option_value_is_a_usage_error_naming_it(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["mcp", "serve", "--agents", "tests.mcp.agents:SPECS", option, value])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_a_port_in_use_is_status_1_naming_the_address(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        status = main(
+            [
+                "mcp",
+                "serve",
+                "--agents",
+                "tests.mcp.agents:SPECS",
+                "--transport",
+                "streamable-http",
+                "--port",
+                str(port),
+            ]
+        )
+    assert status == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"subagents mcp serve: [Errno {errno.EADDRINUSE}] cannot listen on ")
+    assert f"127.0.0.1:{port}: " in err
     assert err.count("\n") == 1
 
 

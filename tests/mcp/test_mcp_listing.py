@@ -9,7 +9,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from subagents import ConfigError, SubagentManager
-from subagents.mcp import build_server
+from subagents.mcp import build_server, serve
 from subagents.testing import echo_agent
 from subagents.tools import build_tools
 from tests.mcp.support import MODES, connected
@@ -85,8 +85,9 @@ async def test_by_default_a_wait_is_capped_at_45_seconds(mode: str) -> None:
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("wait_cap", 0), ("wait_cap", -1.0), ("wait_cap", math.inf), ("progress_every", 0),
-     ("progress_every", math.nan), ("progress_every", "5")],
+    [("wait_cap", 0), ("wait_cap", -1.0), ("wait_cap", math.inf), ("wait_cap", 600.5),
+     ("progress_every", 0), ("progress_every", math.nan), ("progress_every", "5"),
+     ("progress_every", 0.049)],
 )  # fmt: skip
 async def test_build_server_refuses_a_bad_timing(option: str, value: object) -> None:
     async with SubagentManager([echo_agent()]) as manager:
@@ -94,3 +95,16 @@ async def test_build_server_refuses_a_bad_timing(option: str, value: object) -> 
             build_server(manager, "root", **{option: value})  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match="session_id"):
             build_server(manager, "")
+
+
+async def test_build_server_takes_the_bounds_of_its_timings() -> None:
+    async with SubagentManager([echo_agent()]) as manager:
+        build_server(manager, "root", wait_cap=600, progress_every=0.05)
+
+
+async def test_serve_refuses_a_port_out_of_range() -> None:
+    async with SubagentManager([echo_agent()]) as manager:
+        server = build_server(manager, "root")
+        for port in (-1, 65536, True):
+            with pytest.raises(ConfigError, match="port"):
+                await serve(server, transport="streamable-http", port=port)

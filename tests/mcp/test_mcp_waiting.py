@@ -25,7 +25,7 @@ async def test_a_cancelled_wait_leaves_every_child_running_and_collectable(mode:
     gates = Gates()
     keys = [f"task {i}" for i in range(CHILDREN)]
     config = SubagentConfig(max_concurrent_spawns=CHILDREN)
-    async with connected(mode, gates.spec, config=config, progress_every=0.01) as (
+    async with connected(mode, gates.spec, config=config, progress_every=0.05) as (
         manager,
         client,
     ):
@@ -68,7 +68,7 @@ async def test_progress_strictly_increases_counts_the_finished_and_stops_at_the_
 ) -> None:
     gates = Gates()
     keys = ["a", "b", "c"]
-    every = 5.0 if on_mock_clock(anyio_backend) else 0.02
+    every = 5.0 if on_mock_clock(anyio_backend) else 0.05
     seen: list[tuple[float, float | None, str | None]] = []
     late: list[float] = []
     answered = False
