@@ -153,14 +153,18 @@ def _hover(task: TaskRun) -> str:
 
 def _summary(run: RunLog) -> str:
     counts = ", ".join(f"{n} {status}" for status, n in run.counts().items())
-    began = datetime.fromtimestamp(run.first_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        moment = datetime.fromtimestamp(run.first_ms / 1000, tz=UTC)
+        began = moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (ValueError, OverflowError, OSError):  # a log is any file: an impossible time
+        began = f"timestamp_ms={run.first_ms}"
     tokens_in = sum(t.input_tokens for t in run.tasks.values())
     tokens_out = sum(t.output_tokens for t in run.tasks.values())
     agents = len(run.tasks)
     return (
         f"{agents} agent{'s' if agents != 1 else ''} ({counts or 'none'}) · "
         f"tokens in {tokens_in} / out {tokens_out} · "
-        f"{format_duration(max(run.last_ms - run.first_ms, 0))} from {began} UTC"
+        f"{format_duration(max(run.last_ms - run.first_ms, 0))} from {began}"
     )
 
 

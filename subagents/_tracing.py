@@ -11,7 +11,7 @@ one attribute check per spawn. See ``design/observability.md``.
 from __future__ import annotations
 
 import logging
-import uuid
+import secrets
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from time import perf_counter, time_ns
@@ -198,7 +198,7 @@ class Telemetry:
 
         Also makes this run's conversation id, unless one was given: random, so two
         managers (two runs of one program, or two programs) never share one."""
-        self._conversation_id = self._given_conversation_id or uuid.uuid4().hex
+        self._conversation_id = self._given_conversation_id or secrets.token_hex(16)
         self._clear()
         if not self._tracing:
             return

@@ -173,6 +173,14 @@ def test_text_from_the_log_is_escaped() -> None:
     assert "<b>log</b>" not in page
 
 
+def test_a_time_no_calendar_has_is_shown_as_the_number() -> None:
+    task = TaskRun(task_id="t1", session_id="root", agent_path="/root/x", spawned_ms=10**17)
+    run = RunLog(
+        events=1, tasks={"t1": task}, sessions={"root": [task]}, first_ms=10**17, last_ms=10**17
+    )
+    assert f"from timestamp_ms={10**17}" in render_timeline(run, title="odd.jsonl")
+
+
 @one_backend
 async def test_in_a_browser_one_bar_per_agent_and_no_request(tmp_path: Path) -> None:
     log = await a_log_with_every_status(tmp_path)
