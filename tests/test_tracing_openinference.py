@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -68,13 +67,6 @@ OUTPUT_MESSAGES = Draft202012Validator(
         },
     }
 )
-
-
-@pytest.fixture
-def otel() -> Iterator[Otel]:
-    setup = Otel()
-    yield setup
-    setup.shutdown()
 
 
 async def echo(request: Request, ctx: RunContext) -> Result:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -71,13 +70,6 @@ OPENINFERENCE_ATTRIBUTES = {
     for key, value in vars(cls).items()
     if key.isupper() and isinstance(value, str)
 }
-
-
-@pytest.fixture
-def otel() -> Iterator[Otel]:
-    setup = Otel()
-    yield setup
-    setup.shutdown()
 
 
 async def echo(request: Request, ctx: RunContext) -> Result:
