@@ -1,8 +1,11 @@
-"""``subagents events tail FILE`` and ``subagents events summary FILE``.
+"""``subagents events tail|summary|tree|timeline FILE``.
 
-Both read the JSONL event log a :class:`JsonlSink` writes. ``tail`` prints one
+All read the JSONL event log a :class:`JsonlSink` writes. ``tail`` prints one
 human-readable line per event and keeps following the file; ``summary`` prints counts by
-status and agent, p50/p95/max durations, tokens by agent, the slowest and failed tasks.
+status and agent, p50/p95/max durations, tokens by agent, the slowest and failed tasks;
+``tree`` prints the delegation tree, one line per agent; ``timeline`` writes it as one
+self-contained HTML page. ``tree`` and ``timeline`` read the log once, and work on the log
+of a run that is still going.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 
+from ._event_runs import read_run
 from ._event_summary import summarize_events
+from ._event_timeline import render_timeline
+from ._event_tree import render_tree
 from ._events import COMPLETED, MISSED, PROGRESS, SPAWNED, STARTED, Event
 from ._json import dumps_str
 from ._jsonl import EventFollower, read_events
@@ -26,7 +33,7 @@ __all__ = ["format_event", "register", "tail"]
 def register(commands: Any) -> None:
     """Add the ``events`` command (``tail``, ``summary``) to an argparse subparsers object."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        "events", help="read a JSONL lifecycle event log (tail, summary)"
+        "events", help="read a JSONL lifecycle event log (tail, summary, tree, timeline)"
     )
     sub = parser.add_subparsers(dest="events_command", required=True, metavar="SUBCOMMAND")
 
@@ -66,6 +73,31 @@ def register(commands: Any) -> None:
         help="how many slowest tasks to list (default 5)",
     )
     summary_parser.set_defaults(func=_run_summary)
+
+    tree_parser = sub.add_parser(
+        "tree", help="the delegation tree: status, duration, queue wait, tokens per agent"
+    )
+    tree_parser.add_argument("file", help="the JSONL event log (of a finished or running run)")
+    tree_parser.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour statuses and failures: auto (when stdout is a terminal), always, never",
+    )
+    tree_parser.set_defaults(func=_run_tree)
+
+    timeline_parser = sub.add_parser(
+        "timeline", help="write the run as one self-contained HTML timeline (no network)"
+    )
+    timeline_parser.add_argument("file", help="the JSONL event log (of a finished or running run)")
+    timeline_parser.add_argument(
+        "-o",
+        "--output",
+        metavar="HTML",
+        default=None,
+        help="the page to write (default: FILE with the suffix .html)",
+    )
+    timeline_parser.set_defaults(func=_run_timeline)
 
 
 def _positive_int(text: str) -> int:
@@ -238,6 +270,40 @@ def _run_summary(args: argparse.Namespace) -> int:
         print(f"no events in {args.file}")
     else:
         print(summary.format())
+    return 0
+
+
+def _run_tree(args: argparse.Namespace) -> int:
+    try:
+        run = read_run(read_events(args.file, live=True))
+    except OSError as exc:
+        return _fail("tree", f"cannot read {args.file}: {_reason(exc)}")
+    if args.color == "auto":
+        colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    else:
+        colour = args.color == "always"
+    if not run.tasks:
+        print(f"no agents in {args.file}")
+    else:
+        print(render_tree(run, colour=colour))
+    return 0
+
+
+def _run_timeline(args: argparse.Namespace) -> int:
+    source = Path(args.file)
+    output = Path(args.output) if args.output else source.with_suffix(".html")
+    if output.resolve() == source.resolve():
+        return _fail("timeline", f"the page would overwrite the log {args.file}; give -o")
+    try:
+        run = read_run(read_events(source, live=True))
+    except OSError as exc:
+        return _fail("timeline", f"cannot read {args.file}: {_reason(exc)}")
+    try:
+        output.write_text(render_timeline(run, title=source.name), encoding="utf-8")
+    except OSError as exc:
+        return _fail("timeline", f"cannot write {output}: {_reason(exc)}")
+    agents = len(run.tasks)
+    print(f"wrote {output} ({agents} agent{'s' if agents != 1 else ''})")
     return 0
 
 

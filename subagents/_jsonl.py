@@ -165,12 +165,17 @@ def _as_object(value: object) -> dict[str, object]:
     return value
 
 
-def read_events(path: PathLike) -> Iterator[Event]:
+def read_events(path: PathLike, *, live: bool = False) -> Iterator[Event]:
     """Yield the events of a JSONL event log, in file order.
 
     Blank lines are ignored. A line that does not parse (the partial last line a crash
     can leave, or a corrupt one) is skipped with a warning logged on
     ``subagents.events``; reading goes on.
+
+    Args:
+        path: the log.
+        live: the log of a run that may still be going: an unterminated last line is a
+            write in progress, left out without a warning.
 
     Raises:
         OSError: the file cannot be opened.
@@ -179,10 +184,13 @@ def read_events(path: PathLike) -> Iterator[Event]:
         for number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
+            partial = not line.endswith(b"\n")
+            if partial and live:
+                return
             try:
                 yield parse_event_line(line)
             except ValueError as exc:
-                _warn_skipped(path, number, partial=not line.endswith(b"\n"), error=exc)
+                _warn_skipped(path, number, partial=partial, error=exc)
 
 
 def _warn_skipped(path: PathLike, number: int, *, partial: bool, error: Exception) -> None:

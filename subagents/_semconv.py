@@ -7,6 +7,13 @@ OpenTelemetry GenAI agent spans (``invoke_agent {agent}``, ``execute_tool {tool}
 ``subagents.``, and the deprecated ``gen_ai.system`` is never written. The metric names
 are in :mod:`._metrics`. See ``design/observability.md``.
 
+Beside the GenAI names, every span carries the OpenInference keys that LLM tracing UIs
+(Arize Phoenix and others) read: ``openinference.span.kind``, ``input.value`` /
+``output.value`` with their mime types (content, so only under ``capture_content``),
+``tool.*`` and a ``metadata`` JSON without content. They are written here and nowhere
+else, as plain strings: the library does not depend on the OpenInference package (the
+tests check the strings against its constants).
+
 Every text that can grow with what a runner or a model sends (names, ids, prompts,
 outputs, tool arguments and results) is bounded here, so no span grows with it.
 """
@@ -14,16 +21,20 @@ outputs, tool arguments and results) is bounded here, so no span grows with it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 from ._envelope import DelegateResult, Status, bound_text, clean_text
-from ._json import JSONValue, dumps_str
+from ._json import JSONValue, dumps_str, loads
+
+if TYPE_CHECKING:
+    from ._record import ChildRecord
 
 __all__ = [
     "BAGGAGE_AGENT_PATH",
     "BAGGAGE_CONVERSATION_ID",
     "BAGGAGE_TASK_ID",
     "DEFAULT_PROVIDER",
+    "DEFAULT_USAGE_MODEL",
     "EVENT_EXCEPTION",
     "EVENT_QUEUED",
     "EVENT_STARTED",
@@ -32,10 +43,14 @@ __all__ = [
     "MESSAGE_CONTENT_LIMIT",
     "NAME_LIMIT",
     "TOOL_CONTENT_LIMIT",
+    "USAGE_SPAN_PREFIX",
     "AttributeValue",
     "Attributes",
     "bounded_content",
     "bounded_name",
+    "child_attributes",
+    "child_model",
+    "conversation_of",
     "end_attributes",
     "error_type",
     "exception_attributes",
@@ -44,6 +59,8 @@ __all__ = [
     "provider_name",
     "qualified_name",
     "tool_attributes",
+    "tool_result_attributes",
+    "usage_attributes",
 ]
 
 AttributeValue: TypeAlias = str | bool | int | float
@@ -74,6 +91,23 @@ MESSAGE_CONTENT_LIMIT: Final = 4096
 in an ellipsis, so the attribute stays valid JSON."""
 NAME_LIMIT: Final = 128
 """Bound (characters) of a tool, agent or call id name in a span name or attribute."""
+
+USAGE_SPAN_PREFIX: Final = "usage"
+"""The name of a usage span is ``usage {agent}`` (``SubagentConfig.usage_spans``)."""
+DEFAULT_USAGE_MODEL: Final = "unknown"
+"""``llm.model_name`` of a usage span when neither the spawn nor the spec names a model."""
+
+# OpenInference: the keys LLM tracing UIs read (Phoenix shows input.value / output.value,
+# counts llm.token_count.* on LLM spans, and groups spans into sessions by session.id).
+_OI_KIND: Final = "openinference.span.kind"
+_OI_SESSION: Final = "session.id"
+_OI_INPUT: Final = "input.value"
+_OI_INPUT_MIME: Final = "input.mime_type"
+_OI_OUTPUT: Final = "output.value"
+_OI_OUTPUT_MIME: Final = "output.mime_type"
+_OI_METADATA: Final = "metadata"
+_TEXT: Final = "text/plain"
+_JSON: Final = "application/json"
 
 # The events of an invoke_agent span: a spawn was queued, its runner started, its
 # watchdog fired, it ended in an exception.
@@ -124,18 +158,62 @@ def invoke_agent_attributes(
         "subagents.session_id": session_id,
         "subagents.mode": "execute" if sync else "spawn",
         "gen_ai.provider.name": provider_name(provider),
+        _OI_KIND: "AGENT",
+        _OI_SESSION: conversation_id,
     }
     if model:
         attributes["gen_ai.request.model"] = model
     return attributes
 
 
+DEFAULT_SESSION: Final = "root"
+"""The manager's default session (``_manager.DEFAULT_SESSION``): its trees belong to the run."""
+
+
+def conversation_of(root_session: str, run_conversation_id: str) -> str:
+    """``gen_ai.conversation.id`` of a tree spawned into ``root_session``: a session the
+    caller named is its own conversation; the default session's trees are the run's
+    (``SubagentConfig.conversation_id``, else an id unique to the manager's run)."""
+    return run_conversation_id if root_session == DEFAULT_SESSION else root_session
+
+
+def child_model(record: ChildRecord) -> str | None:
+    """The model a child runs with: its spawn's, else its agent's (``None``: unknown)."""
+    model = record.request.model
+    return model if model is not None else record.spec.model
+
+
+def child_attributes(
+    record: ChildRecord, conversation_id: str, *, capture_content: bool
+) -> Attributes:
+    """The attributes the ``invoke_agent`` span of ``record`` starts with."""
+    spec, request = record.spec, record.request
+    attributes = invoke_agent_attributes(
+        agent=spec.name,
+        description=spec.description,
+        provider=spec.provider,
+        model=child_model(record),
+        task_id=record.task_id,
+        agent_path=str(record.agent_path),
+        parent_path=str(record.parent_path),
+        session_id=record.session_id,
+        conversation_id=conversation_id,
+        sync=record.sync,
+    )
+    if capture_content:
+        attributes.update(input_attributes(request.prompt, request.input))
+    return attributes
+
+
 def input_attributes(prompt: str | None, text: str) -> Attributes:
-    """The request as GenAI message JSON (only under ``capture_content``), bounded."""
+    """The request as GenAI message JSON and as OpenInference's ``input.value`` (only
+    under ``capture_content``), bounded."""
     attributes: Attributes = {}
     if prompt:
         attributes["gen_ai.system_instructions"] = _messages(_instructions, prompt)
     attributes["gen_ai.input.messages"] = _messages(_user_message, text)
+    attributes[_OI_INPUT] = _bounded_message(text)
+    attributes[_OI_INPUT_MIME] = _TEXT
     return attributes
 
 
@@ -157,8 +235,57 @@ def end_attributes(envelope: DelegateResult, *, capture_content: bool) -> Attrib
     failure = error_type(envelope)
     if failure is not None:
         attributes["error.type"] = failure
-    if capture_content and envelope.output:
-        attributes["gen_ai.output.messages"] = _messages(_assistant_message, envelope.output)
+    attributes[_OI_METADATA] = dumps_str(_metadata(envelope))
+    if capture_content:
+        completed = envelope.status is Status.COMPLETED
+        if envelope.output:
+            # finish_reason is Required on each output message; a UI drops an output
+            # whose entries lack it.
+            reason = "stop" if completed else "error"
+            attributes["gen_ai.output.messages"] = _messages(
+                lambda text: _assistant_message(text, reason), envelope.output
+            )
+        answer = envelope.output if completed else envelope.error
+        if answer:
+            attributes[_OI_OUTPUT] = _bounded_message(answer)
+            attributes[_OI_OUTPUT_MIME] = _TEXT
+    return attributes
+
+
+def _metadata(envelope: DelegateResult) -> dict[str, JSONValue]:
+    """OpenInference's ``metadata`` of an ``invoke_agent`` span: what tells repeated agents
+    apart in a UI that shows it (their paths, the queue wait), and no content."""
+    return {
+        "agent_path": envelope.agent_path,
+        "parent_path": envelope.parent_path,
+        "task_id": envelope.task_id,
+        "status": envelope.status.value,
+        "queue_ms": envelope.queue_ms,
+        "attempts": envelope.attempts,
+        "iterations": envelope.iterations,
+    }
+
+
+def usage_attributes(
+    envelope: DelegateResult, *, provider: str | None, model: str | None, conversation_id: str
+) -> Attributes:
+    """The attributes of a child's usage span (``SubagentConfig.usage_spans``): its own
+    tokens in the form LLM tracing UIs count (an OpenInference ``LLM`` span), with the
+    model and provider that price them. The GenAI ``gen_ai.usage.*`` stay on the
+    ``invoke_agent`` span alone, so a GenAI backend never counts them twice."""
+    usage = envelope.usage
+    attributes: Attributes = {
+        _OI_KIND: "LLM",
+        "llm.token_count.prompt": usage.input_tokens,
+        "llm.token_count.completion": usage.output_tokens,
+        "llm.token_count.total": usage.input_tokens + usage.output_tokens,
+        "llm.model_name": model or DEFAULT_USAGE_MODEL,
+        "llm.provider": provider_name(provider),
+        _OI_SESSION: conversation_id,
+        "gen_ai.conversation.id": conversation_id,
+        "subagents.task_id": envelope.task_id,
+        "subagents.agent_path": envelope.agent_path,
+    }
     return attributes
 
 
@@ -178,8 +305,20 @@ def _user_message(text: str) -> JSONValue:
     return [{"role": "user", "parts": [{"type": "text", "content": text}]}]
 
 
-def _assistant_message(text: str) -> JSONValue:
-    return [{"role": "assistant", "parts": [{"type": "text", "content": text}]}]
+def _assistant_message(text: str, finish_reason: str) -> JSONValue:
+    return [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": text}],
+            "finish_reason": finish_reason,
+        }
+    ]
+
+
+def _bounded_message(text: str) -> str:
+    """A text value (``input.value``, ``output.value``) cut to
+    :data:`MESSAGE_CONTENT_LIMIT` characters and made encodable."""
+    return clean_text(bound_text(text, MESSAGE_CONTENT_LIMIT))
 
 
 def _messages(wrap: Callable[[str], JSONValue], text: str) -> str:
@@ -214,6 +353,7 @@ def tool_attributes(
     arguments: str | None,
     transfer_target: str | None,
     conversation_id: str | None,
+    parameters: str | None = None,
 ) -> Attributes:
     """The attributes an ``execute_tool {tool}`` span starts with (``tool`` bounded by the
     caller, as it also names the span).
@@ -225,13 +365,21 @@ def tool_attributes(
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": tool,
         "gen_ai.tool.type": "function",
+        _OI_KIND: "TOOL",
+        "tool.name": tool,
     }
     if call_id:
         attributes["gen_ai.tool.call.id"] = bounded_name(call_id)
     if description:
         attributes["gen_ai.tool.description"] = description
+        attributes["tool.description"] = description
+    if parameters is not None:
+        attributes["tool.parameters"] = parameters
     if arguments is not None:
-        attributes["gen_ai.tool.call.arguments"] = bounded_content(arguments)
+        text = bounded_content(arguments)
+        attributes["gen_ai.tool.call.arguments"] = text
+        attributes[_OI_INPUT] = text
+        attributes[_OI_INPUT_MIME] = _JSON if _is_json(text) else _TEXT
     if transfer_target:
         # The GenAI conventions' transfer attributes (gen_ai.transfer.*) exist only in an
         # in-development refinement of execute_tool, so these stay in our namespace.
@@ -240,7 +388,27 @@ def tool_attributes(
         attributes["subagents.transfer.target.type"] = "agent"
     if conversation_id is not None:
         attributes["gen_ai.conversation.id"] = conversation_id
+        attributes[_OI_SESSION] = conversation_id
     return attributes
+
+
+def tool_result_attributes(text: str, *, failed: bool) -> Attributes:
+    """What a tool call answered (only under ``capture_content``), bounded: the GenAI
+    result of a successful call, and OpenInference's ``output.value`` of any call (for a
+    failed one the error the model reads)."""
+    text = bounded_content(text)
+    attributes: Attributes = {_OI_OUTPUT: text, _OI_OUTPUT_MIME: _TEXT}
+    if not failed:
+        attributes["gen_ai.tool.call.result"] = text
+    return attributes
+
+
+def _is_json(text: str) -> bool:
+    try:
+        loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def bounded_name(name: str) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias
 import attrs
 
 from ._budget import Budget, check_budget
-from ._envelope import DEFAULT_TRUNCATE_CHARS, Status, Usage
+from ._envelope import DEFAULT_TRUNCATE_CHARS, Status, Usage, encodes, plain_str
 from ._errors import ConfigError
 from ._mailbox import DEFAULT_MAILBOX_CAPACITY
 from ._paths import validate_name
@@ -269,6 +269,24 @@ class SpawnOptions:
     ancestors have left; ``None``: those alone."""
 
 
+MAX_CONVERSATION_ID: Final = 256
+"""Characters of ``SubagentConfig.conversation_id``: room for any host's thread id, bounded
+because every span of the run carries it."""
+
+
+def _check_conversation_id(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    plain = plain_str(value)
+    if plain is None or not 0 < len(plain) <= MAX_CONVERSATION_ID or not encodes(plain):
+        expected = (
+            f"None or a non-empty string of at most {MAX_CONVERSATION_ID} characters, "
+            "encodable as UTF-8"
+        )
+        raise ConfigError(attribute.name, expected, value)
+    _keep_plain(instance, attribute, value, plain)
+
+
 def _check_path(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is None:
         return
@@ -327,7 +345,17 @@ class SubagentConfig:
     application has installed an SDK; without one this costs nothing either way."""
     capture_content: bool = False
     """Also record prompts and outputs on spans (``gen_ai.input.messages``,
-    ``gen_ai.output.messages``); off by default, as content may be sensitive."""
+    ``gen_ai.output.messages``, ``input.value``, ``output.value``); off by default, as
+    content may be sensitive."""
+    conversation_id: str | None = attrs.field(default=None, validator=_check_conversation_id)
+    """The ``gen_ai.conversation.id`` (and ``session.id``) of the trees spawned into the
+    default session, so a dashboard groups them; ``None``: an id made when the manager is
+    entered, unique to that run. A session the caller names is its own conversation."""
+    usage_spans: bool = False
+    """Also give every child that reported tokens a ``usage {agent}`` span (an OpenInference
+    ``LLM`` span with its own tokens, model and provider), the form LLM tracing UIs count
+    tokens and cost in. Off by default: a runner whose model client is instrumented
+    already has such spans, and they would count twice."""
     tracer_provider: TracerProviderLike | None = attrs.field(
         default=None, validator=_check_provider("get_tracer")
     )

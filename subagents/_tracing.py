@@ -11,9 +11,10 @@ one attribute check per spawn. See ``design/observability.md``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from time import perf_counter
+from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Final, TypeAlias, cast
 
 from opentelemetry import baggage, context, metrics, trace
@@ -22,6 +23,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from . import _metrics, _semconv
 from ._envelope import Status
 from ._handle import record_of
+from ._json import dumps_str
 from ._semconv import INSTRUMENTATION, Attributes
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from ._context import RunContext
     from ._envelope import DelegateResult
     from ._handle import SpawnHandle
+    from ._json import JSONValue
     from ._record import ChildRecord
     from ._spec import AgentSpec, Request, Result, SubagentConfig
 
@@ -102,6 +105,7 @@ class _TaskTrace:
         "span",
         "span_context",
         "started_at",
+        "started_ns",
     )
 
     def __init__(self, span: trace.Span | None, ctx: Context, conversation_id: str) -> None:
@@ -113,6 +117,8 @@ class _TaskTrace:
         self.conversation_id = conversation_id
         self.running = False
         self.started_at = 0.0
+        self.started_ns = 0
+        """Wall-clock start (ns since the epoch): where a usage span begins."""
         self.counted = False
         """Whether its start counted it in ``subagents.active`` (undone at its end)."""
 
@@ -128,14 +134,20 @@ class Telemetry:
         capture_content: record prompts and outputs on spans (off by default).
         tracer_provider: default: the global one (``opentelemetry.trace``).
         meter_provider: default: the global one (``opentelemetry.metrics``).
+        conversation_id: the conversation of the default session's trees; default: one
+            made when the manager is entered, unique to that run.
+        usage_spans: also give each child that reported tokens a usage span.
     """
 
     __slots__ = (
+        "_conversation_id",
+        "_given_conversation_id",
         "_meter_provider",
         "_records",
         "_tracer",
         "_tracer_provider",
         "_tracing",
+        "_usage_spans",
         "active",
         "capture_content",
     )
@@ -147,8 +159,13 @@ class Telemetry:
         capture_content: bool = False,
         tracer_provider: object | None = None,
         meter_provider: object | None = None,
+        conversation_id: str | None = None,
+        usage_spans: bool = False,
     ) -> None:
         self.capture_content = capture_content
+        self._given_conversation_id = conversation_id
+        self._conversation_id = conversation_id or ""
+        self._usage_spans = usage_spans
         self._tracing = tracing
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
@@ -165,12 +182,23 @@ class Telemetry:
             capture_content=config.capture_content,
             tracer_provider=config.tracer_provider,
             meter_provider=config.meter_provider,
+            conversation_id=config.conversation_id,
+            usage_spans=config.usage_spans,
         )
+
+    @property
+    def conversation_id(self) -> str:
+        """The default session's conversation id (``""`` until :meth:`resolve`)."""
+        return self._conversation_id
 
     def resolve(self) -> None:
         """Get the tracer and the metric instruments, once: the given providers, else
         the global ones. Without an SDK (the API's stand-ins) nothing is recorded and
-        :attr:`active` stays false, so a spawn pays one attribute check."""
+        :attr:`active` stays false, so a spawn pays one attribute check.
+
+        Also makes this run's conversation id, unless one was given: random, so two
+        managers (two runs of one program, or two programs) never share one."""
+        self._conversation_id = self._given_conversation_id or secrets.token_hex(16)
         self._clear()
         if not self._tracing:
             return
@@ -219,7 +247,7 @@ class Telemetry:
         if isinstance(parent_trace, _TaskTrace):
             conversation_id = parent_trace.conversation_id
         else:
-            conversation_id = record.root_session
+            conversation_id = _semconv.conversation_of(record.root_session, self._conversation_id)
         span: trace.Span | None = None
         ctx = captured
         if self._tracer is not None:
@@ -227,7 +255,9 @@ class Telemetry:
                 f"invoke_agent {record.spec.name}",
                 context=captured,
                 kind=SpanKind.INTERNAL,
-                attributes=self._start_attributes(record, conversation_id),
+                attributes=_semconv.child_attributes(
+                    record, conversation_id, capture_content=self.capture_content
+                ),
             )
             ctx = trace.set_span_in_context(span, captured)
         ctx = baggage.set_baggage(_semconv.BAGGAGE_CONVERSATION_ID, conversation_id, ctx)
@@ -235,25 +265,6 @@ class Telemetry:
         ctx = baggage.set_baggage(_semconv.BAGGAGE_TASK_ID, record.task_id, ctx)
         ctx = context.set_value(_TELEMETRY_KEY, self, ctx)
         return _TaskTrace(span, ctx, conversation_id)
-
-    def _start_attributes(self, record: ChildRecord, conversation_id: str) -> Attributes:
-        spec = record.spec
-        request = record.request
-        attributes = _semconv.invoke_agent_attributes(
-            agent=spec.name,
-            description=spec.description,
-            provider=spec.provider,
-            model=request.model if request.model is not None else spec.model,
-            task_id=record.task_id,
-            agent_path=str(record.agent_path),
-            parent_path=str(record.parent_path),
-            session_id=record.session_id,
-            conversation_id=conversation_id,
-            sync=record.sync,
-        )
-        if self.capture_content:
-            attributes.update(_semconv.input_attributes(request.prompt, request.input))
-        return attributes
 
     def queued(self, record: ChildRecord) -> None:
         """A spawn entered the queue. Never raises."""
@@ -288,6 +299,7 @@ class Telemetry:
     def _started(self, record: ChildRecord, state: _TaskTrace) -> None:
         state.running = True
         state.started_at = perf_counter()
+        state.started_ns = time_ns()
         queue_s = 0.0 if record.started_at is None else record.started_at - record.spawned_at
         if state.span is not None:
             state.span.add_event(_semconv.EVENT_STARTED)
@@ -313,6 +325,8 @@ class Telemetry:
         span = state.span
         if span is not None:
             state.span = None  # the manager keeps handles; do not keep ended spans alive
+            if self._usage_spans and envelope.usage:
+                self._usage_span(span, record, state, envelope)
             self._end_span(span, record, envelope)
         state.ctx = _EMPTY_CONTEXT
         if self._records is not None:
@@ -321,15 +335,32 @@ class Telemetry:
             else:
                 elapsed = envelope.duration_ms / 1000
             spec = record.spec
-            request = record.request
             operation = _metrics.operation_attributes(
-                spec.name,
-                spec.provider,
-                request.model if request.model is not None else spec.model,
+                spec.name, spec.provider, _semconv.child_model(record)
             )
             counted, state.counted = state.counted, False
             self._record(_metrics.end_points(envelope, operation, elapsed=elapsed, counted=counted))
         state.running = False
+
+    def _usage_span(
+        self, parent: trace.Span, record: ChildRecord, state: _TaskTrace, envelope: DelegateResult
+    ) -> None:
+        """The child's own tokens in a span LLM tracing UIs count, under its span."""
+        assert self._tracer is not None
+        attributes = _semconv.usage_attributes(
+            envelope,
+            provider=record.spec.provider,
+            model=_semconv.child_model(record),
+            conversation_id=state.conversation_id,
+        )
+        end = time_ns()
+        self._tracer.start_span(
+            f"{_semconv.USAGE_SPAN_PREFIX} {record.spec.name}",
+            context=trace.set_span_in_context(parent),
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=state.started_ns or end,
+        ).end(end_time=end)
 
     def _end_span(self, span: trace.Span, record: ChildRecord, envelope: DelegateResult) -> None:
         span.set_attributes(_semconv.end_attributes(envelope, capture_content=self.capture_content))
@@ -383,12 +414,12 @@ class ToolSpan:
             self._span.set_attribute("error.type", error_type)
             self._span.set_status(StatusCode.ERROR, message or None)
 
-    def set_result(self, text: str) -> None:
-        """Record a successful call's result as ``gen_ai.tool.call.result``, bounded to
-        :data:`._semconv.TOOL_CONTENT_LIMIT` (callers pass it only under
-        ``capture_content``)."""
+    def set_result(self, text: str, *, failed: bool = False) -> None:
+        """Record what the call answered, bounded to :data:`._semconv.TOOL_CONTENT_LIMIT`:
+        as ``gen_ai.tool.call.result`` unless it ``failed``, and as ``output.value``
+        (callers pass it only under ``capture_content``)."""
         if self._span is not None:
-            self._span.set_attribute("gen_ai.tool.call.result", _semconv.bounded_content(text))
+            self._span.set_attributes(_semconv.tool_result_attributes(text, failed=failed))
 
     def link_tasks(self, handles: Iterable[SpawnHandle]) -> None:
         """Link this span to the ``invoke_agent`` spans of the given children.
@@ -415,6 +446,7 @@ def tool_span(
     transfer_target: str | None = None,
     description: str | None = None,
     arguments: str | None = None,
+    parameters: Mapping[str, JSONValue] | None = None,
     telemetry: Telemetry | None = None,
 ) -> Iterator[ToolSpan]:
     """Wrap one tool execution in an ``execute_tool {tool}`` span (kind INTERNAL).
@@ -432,6 +464,8 @@ def tool_span(
         description: the tool's description (``gen_ai.tool.description``).
         arguments: the call's arguments as JSON text, recorded (bounded) as
             ``gen_ai.tool.call.arguments``; pass them only under ``capture_content``.
+        parameters: the tool's input JSON Schema (``tool.parameters``, encoded only when
+            the span records).
         telemetry: the telemetry of the manager the tool acts on.
     """
     current = context.get_current()
@@ -448,6 +482,7 @@ def tool_span(
         arguments=arguments,
         transfer_target=transfer_target,
         conversation_id=conversation_id if isinstance(conversation_id, str) else None,
+        parameters=None if parameters is None else dumps_str(parameters),
     )
     with tracer.start_as_current_span(
         f"execute_tool {tool}",

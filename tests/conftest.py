@@ -8,12 +8,22 @@ import pytest
 
 from subagents.tools import Tool, ToolResult
 from subagents.typing import JSONValue
+from tests.otel_support import Otel
 from tests.schema_check import details_problems
 
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    """OpenTelemetry SDK providers with in-memory export, for one test's manager
+    (``otel.install(manager)``), shut down after it."""
+    setup = Otel()
+    yield setup
+    setup.shutdown()
 
 
 @pytest.fixture(autouse=True)

@@ -255,7 +255,11 @@ LOOPS: dict[str, tuple[str, Callable[[Script], Any], str, str]] = {
 
 
 # Every example some test here runs: a README excerpt must come from one of them.
-TESTED_EXAMPLES = {*LOOPS, "agent_loop.py"}
+TESTED_EXAMPLES = {
+    *LOOPS,
+    "agent_loop.py",
+    "phoenix.py",
+}  # phoenix.py: tests/test_example_phoenix.py
 
 
 def check_client(client: Any) -> None:

@@ -36,6 +36,7 @@ from subagents import (
     Usage,
 )
 from subagents._handle import record_of
+from subagents._manager import telemetry_of
 from subagents._tracing import tool_span
 from subagents.tools import build_tools
 from tests.helpers import clock_backends
@@ -176,7 +177,8 @@ async def test_spawn_span_is_child_of_spawn_time_span(exporter: InMemorySpanExpo
     assert attrs["gen_ai.agent.name"] == "general"
     assert attrs["gen_ai.agent.id"] == b.task_id
     assert attrs["gen_ai.agent.description"] == "general agent"
-    assert attrs["gen_ai.conversation.id"] == "root"
+    # The default session's trees carry the run's own conversation id.
+    assert attrs["gen_ai.conversation.id"] == telemetry_of(manager).conversation_id
     assert attrs["gen_ai.request.model"] == "m-1"
     assert attrs["gen_ai.provider.name"] == "acme"
     assert attrs["gen_ai.usage.input_tokens"] == 3
@@ -212,7 +214,7 @@ async def test_invoke_agent_span_records_iterations_and_no_content_by_default(
     assert attrs["gen_ai.agent.name"] == "echo"
     assert attrs["gen_ai.agent.id"] == env.task_id
     assert attrs["gen_ai.agent.description"] == "echo agent"
-    assert attrs["gen_ai.conversation.id"] == "root"
+    assert attrs["gen_ai.conversation.id"] == telemetry_of(m).conversation_id
     assert attrs["gen_ai.request.model"] == "gpt-test"
     assert attrs["gen_ai.provider.name"] == "openai"
     assert attrs["gen_ai.usage.input_tokens"] == 11

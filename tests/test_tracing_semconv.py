@@ -1,6 +1,7 @@
 """Every span, event, link and metric name the library emits, checked against the
-``opentelemetry-semantic-conventions`` package: a name is either one of its constants or in
-the ``subagents.`` namespace; the Required GenAI attributes are always there.
+``opentelemetry-semantic-conventions`` package and the ``openinference-semantic-conventions``
+one: a name is either a constant of one of them or in the ``subagents.`` namespace; the
+Required GenAI attributes are always there.
 
 The SDK providers here are private to each test (the manager's telemetry is replaced; the
 tools trace with their manager's), so nothing depends on the global providers.
@@ -11,17 +12,10 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-from collections.abc import Iterator
-from typing import Any
 
 import anyio
-import attrs
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from openinference.semconv.trace import SpanAttributes, ToolAttributes
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes
 from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 
@@ -38,6 +32,7 @@ from subagents import (
 from subagents._semconv import MESSAGE_CONTENT_LIMIT, TOOL_CONTENT_LIMIT
 from subagents.tools import build_tools
 from tests.helpers import clock_backends
+from tests.otel_support import Otel
 
 pytestmark = pytest.mark.anyio
 
@@ -69,46 +64,12 @@ SEMCONV_ATTRIBUTES = _constants(
 SEMCONV_METRICS = _constants(
     "opentelemetry.semconv.metrics", "opentelemetry.semconv._incubating.metrics"
 )
-
-
-class Otel:
-    """Private SDK providers with in-memory export, installed into one manager."""
-
-    def __init__(self) -> None:
-        self.spans = InMemorySpanExporter()
-        self.tracer_provider = TracerProvider()
-        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.reader = InMemoryMetricReader()
-        self.meter_provider = MeterProvider(metric_readers=[self.reader])
-
-    def install(self, manager: SubagentManager) -> SubagentManager:
-        """The same manager (agents and config), given these providers."""
-        config = attrs.evolve(
-            manager.config, tracer_provider=self.tracer_provider, meter_provider=self.meter_provider
-        )
-        return SubagentManager(manager.agents.values(), config=config)
-
-    def finished(self) -> list[ReadableSpan]:
-        return list(self.spans.get_finished_spans())
-
-    def metrics(self) -> dict[str, list[Any]]:
-        data = self.reader.get_metrics_data()
-        points: dict[str, list[Any]] = {}
-        if data is None:
-            return points
-        for rm in data.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    points.setdefault(metric.name, []).extend(metric.data.data_points)
-        return points
-
-
-@pytest.fixture
-def otel() -> Iterator[Otel]:
-    setup = Otel()
-    yield setup
-    setup.tracer_provider.shutdown()
-    setup.meter_provider.shutdown()
+OPENINFERENCE_ATTRIBUTES = {
+    value
+    for cls in (SpanAttributes, ToolAttributes)
+    for key, value in vars(cls).items()
+    if key.isupper() and isinstance(value, str)
+}
 
 
 async def echo(request: Request, ctx: RunContext) -> Result:
@@ -187,7 +148,7 @@ def _emitted(otel: Otel) -> tuple[set[str], set[str], set[str]]:
 
 @pytest.mark.parametrize("anyio_backend", clock_backends())
 async def test_every_emitted_name_is_semconv_or_ours(otel: Otel) -> None:
-    config = SubagentConfig(capture_content=True)
+    config = SubagentConfig(capture_content=True, usage_spans=True)
     async with otel.install(SubagentManager(SPECS, config=config)) as manager:
         await _exercise(manager)
     attributes, metric_names, metric_attributes = _emitted(otel)
@@ -195,9 +156,12 @@ async def test_every_emitted_name_is_semconv_or_ours(otel: Otel) -> None:
     foreign = {
         name
         for name in attributes | metric_attributes
-        if name not in SEMCONV_ATTRIBUTES and not name.startswith("subagents.")
+        if name not in SEMCONV_ATTRIBUTES | OPENINFERENCE_ATTRIBUTES
+        and not name.startswith("subagents.")
     }
     assert foreign == set(), "neither a semconv attribute nor in the subagents. namespace"
+    # The OpenInference keys are on spans only (metric points stay GenAI's).
+    assert not metric_attributes & (OPENINFERENCE_ATTRIBUTES - SEMCONV_ATTRIBUTES)
     assert not (attributes | metric_attributes) & DEPRECATED
     assert {m for m in metric_names if m not in SEMCONV_METRICS} == {
         m for m in metric_names if m.startswith("subagents.")

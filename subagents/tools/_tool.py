@@ -177,6 +177,7 @@ class Tool:
             description=self.description,
             capture=self._capture_content,
             arguments=captured,
+            parameters=self.input_schema,
             telemetry=self._telemetry,
         )
         if self._content_limit is None:
@@ -226,12 +227,13 @@ async def traced(
     description: str | None = None,
     capture: bool = False,
     arguments: str | None = None,
+    parameters: Mapping[str, JSONValue] | None = None,
     telemetry: Telemetry | None = None,
 ) -> ToolResult:
     """``run`` inside the ``execute_tool`` span of ``tool``, traced by ``telemetry`` (the
     tool's manager's; see :func:`tool_span`); a tracer that fails to open or close the
     span is logged and never breaks the call (``run`` itself must not raise). With
-    ``capture``, a successful call's content is recorded as its result.
+    ``capture``, the call's content is recorded as what it answered.
 
     Every call is a checkpoint (it yields once before ``run``, where cancelling it changes
     nothing): a host polling ``wait_agent`` with ``timeout_ms: 0`` in a loop lets the
@@ -248,6 +250,7 @@ async def traced(
                         transfer_target=target,
                         description=description,
                         arguments=arguments,
+                        parameters=parameters,
                         telemetry=telemetry,
                     )
                 )
@@ -259,8 +262,8 @@ async def traced(
                 span.set_error(
                     tool_error_type(result.details), bound_text(result.content, _DESCRIPTION_CHARS)
                 )
-            elif capture:
-                span.set_result(result.content)
+            if capture:
+                span.set_result(result.content, failed=result.is_error)
     except Exception as exc:  # only the span's exit can get here
         logger.exception("could not close the span of tool %s", tool)
         if result is None:

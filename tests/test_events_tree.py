@@ -1,0 +1,221 @@
+"""``subagents events tree FILE``: the delegation tree of recorded runs, compared with the
+text expected of it (finished, failed, still running, 500 agents, deeper than the nesting).
+
+The logs are written by real managers (``tests/event_logs.py``), their clocks then replaced
+from a table so the durations are the same on every run.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from subagents._cli import main
+from subagents._event_runs import read_run
+from subagents._event_tree import format_duration, render_tree
+from subagents._events import Event
+from subagents._jsonl import read_events
+from tests import event_logs
+
+pytestmark = pytest.mark.anyio
+
+DATA = Path(__file__).parent / "data"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def tree(path: Path, capsys: pytest.CaptureFixture[str], *options: str) -> str:
+    assert main(["events", "tree", str(path), *options]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    return out
+
+
+FINISHED = """\
+5 agents (5 completed) · tokens in 460 / out 152 · 1.04 s
+
+session root
+├── planner           ✓ completed   1.04 s  queue    0 ms  tokens 300/120
+│   ├── researcher    ✓ completed   537 ms  queue    0 ms  tokens 40/8
+│   ├── researcher-2  ✓ completed   624 ms  queue   50 ms  tokens 40/8
+│   └── writer        ✓ completed   537 ms  queue    0 ms  tokens 40/8
+└── reviewer          ✓ completed   1.04 s  queue    0 ms  tokens 40/8
+"""
+
+
+async def test_a_finished_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = await event_logs.finished_log(tmp_path / "events.jsonl")
+    assert tree(log, capsys) == FINISHED
+
+
+FAILED = """\
+5 agents (1 completed, 2 error, 1 timeout, 1 cancelled) · tokens in 10 / out 2 · 1.13 s
+
+session root
+├── broken      ✗ error       1.04 s  queue    0 ms  tokens 0/0  ValueError: disk on fire
+├── stuck       ✗ timeout     1.04 s  queue    0 ms  tokens 0/0  watchdog: no result within 0.01 s
+├── stuck-2     - cancelled   1.12 s  queue   50 ms  tokens 0/0  cancelled: cancelled by request
+└── careless    ✓ completed   1.04 s  queue    0 ms  tokens 10/2
+    └── broken  ✗ error       537 ms  queue    0 ms  tokens 0/0  ValueError: disk on fire
+"""
+
+
+async def test_a_run_with_failures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = await event_logs.failed_log(tmp_path / "events.jsonl")
+    assert tree(log, capsys) == FAILED
+
+
+async def test_failures_are_coloured_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = await event_logs.failed_log(tmp_path / "events.jsonl")
+    coloured = tree(log, capsys, "--color=always")
+    assert ANSI.sub("", coloured) == FAILED
+    line = next(line for line in coloured.splitlines() if "ValueError" in line)
+    assert "\x1b[1;31m✗ error" in line  # the status, bold red
+    assert "\x1b[31mValueError: disk on fire\x1b[0m" in line
+    assert "\x1b[32m✓ completed" in coloured
+    assert "\x1b[33m- cancelled" in coloured
+    # Not a terminal (captured): plain, unless asked.
+    assert tree(log, capsys) == tree(log, capsys, "--color=never") == FAILED
+
+
+RUNNING = """\
+5 agents (1 completed, 3 running, 1 queued) · tokens in 110 / out 17 · 1.04 s so far \
+(unfinished agents are timed to the log's last event)
+
+session root
+├── reviewer    ✓ completed   1.04 s  queue    0 ms  tokens 40/8
+├── held        … running     1.04 s  queue    0 ms  tokens 0/0
+├── lead        … running     1.04 s  queue    0 ms  tokens 70/9
+│   └── held    … running     937 ms  queue    0 ms  tokens 0/0
+└── reviewer-2  · queued      1.03 s  queue  1.03 s  tokens 0/0
+"""
+
+RUNNING_DONE = """\
+5 agents (5 completed) · tokens in 180 / out 30 · 1.13 s
+
+session root
+├── reviewer    ✓ completed   1.04 s  queue    0 ms  tokens 40/8
+├── held        ✓ completed   1.04 s  queue    0 ms  tokens 5/1
+├── lead        ✓ completed   1.04 s  queue    0 ms  tokens 90/12
+│   └── held    ✓ completed   537 ms  queue    0 ms  tokens 5/1
+└── reviewer-2  ✓ completed   1.12 s  queue   50 ms  tokens 40/8
+"""
+
+
+async def test_a_run_still_going(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    snapshot = tmp_path / "snapshot.jsonl"
+    log = await event_logs.running_log(tmp_path / "events.jsonl", snapshot)
+    assert tree(snapshot, capsys) == RUNNING
+    # A line being written as the tree reads the log is left out, without a warning.
+    with snapshot.open("ab") as file:
+        file.write(b'{"type": "subagent.completed", "seq": 99, "timest')
+    with caplog.at_level(logging.WARNING, logger="subagents.events"):
+        assert tree(snapshot, capsys) == RUNNING
+    assert caplog.records == []
+    assert tree(log, capsys) == RUNNING_DONE
+
+
+async def test_five_hundred_agents(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = await event_logs.big_log(tmp_path / "events.jsonl")
+    out = tree(log, capsys)
+    expected = (DATA / "events_tree_500.txt").read_text(encoding="utf-8")
+    assert out == expected
+    lines = out.splitlines()
+    assert len(lines) == 3 + 500  # the headline, a blank line, the session, one per agent
+    assert sum("✗ error" in line for line in lines) == 5
+
+
+DEEP = """\
+7 agents (7 completed) · tokens in 28 / out 28 · 800 ms
+
+session root
+└── d1                        ✓ completed   800 ms  queue    0 ms  tokens 1/1
+    └── d2                    ✓ completed   700 ms  queue    0 ms  tokens 2/2
+        └── d3                ✓ completed   600 ms  queue    0 ms  tokens 3/3
+            └── d4            ✓ completed   500 ms  queue    0 ms  tokens 4/4
+                ├── d5        ✓ completed   400 ms  queue    0 ms  tokens 5/5
+                ├── d5>d6     ✓ completed   300 ms  queue    0 ms  tokens 6/6
+                └── d5>d6>d7  ✓ completed   200 ms  queue    0 ms  tokens 7/7
+"""
+
+
+async def test_deep_paths_become_breadcrumbs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Below four levels the tree stops indenting: the seed's parent>child breadcrumb.
+    log = await event_logs.deep_log(tmp_path / "events.jsonl")
+    assert tree(log, capsys) == DEEP
+
+
+async def test_a_log_that_begins_mid_run(tmp_path: Path) -> None:
+    # Its first lines lost (a tail started late): a task whose parent the log never names
+    # hangs from its session, under its whole path; one known only by its end is timed
+    # from its envelope.
+    log = await event_logs.deep_log(tmp_path / "events.jsonl")
+    events = list(read_events(log))
+    d4 = next(e for e in events if e.agent_path.endswith("/d4"))
+    late = [e for e in events if e.seq > d4.seq or e.type == "subagent.completed"]
+    late = [e for e in late if not e.agent_path.endswith(("/d1", "/d2", "/d3"))]
+    lines = render_tree(read_run(late)).splitlines()
+    assert lines[2] == f"session {d4.session_id}"
+    assert lines[3].startswith("└── d1>d2>d3>d4  ")
+    assert "500 ms" in lines[3]
+
+
+def test_an_empty_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    assert tree(empty, capsys) == f"no agents in {empty}\n"
+
+
+def test_an_unreadable_log_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["events", "tree", str(tmp_path / "missing.jsonl")]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"subagents events tree: cannot read {tmp_path / 'missing.jsonl'}: " + (
+        "No such file or directory\n"
+    )
+
+
+class _Once:
+    """An iterable that can be read once: the run is built in one pass."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        self.reads = 0
+
+    def __iter__(self) -> Iterator[Event]:
+        self.reads += 1
+        assert self.reads == 1, "read a second time"
+        return iter(self.events)
+
+
+async def test_the_log_is_read_once(tmp_path: Path) -> None:
+    log = await event_logs.big_log(tmp_path / "events.jsonl")
+    events: Iterable[Event] = _Once(list(read_events(log)))
+    run = read_run(events)
+    assert len(run.tasks) == 500
+    assert [t.agent_path for t in run.walk()][:3] == [
+        "/root/lead",
+        "/root/lead/team",
+        "/root/lead/team/leaf",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [(0, "0 ms"), (999, "999 ms"), (1000, "1.00 s"), (59_994, "59.99 s"), (125_000, "2m05s")],
+)
+def test_durations_read_at_a_glance(ms: int, text: str) -> None:
+    assert format_duration(ms) == text
+
+
+def test_hours() -> None:
+    assert format_duration(3_720_000) == "1h02m"
