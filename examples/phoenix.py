@@ -29,7 +29,8 @@ from subagents import (
     Usage,
 )
 
-ENDPOINT = os.environ.get("PHOENIX_COLLECTOR_ENDPOINT", "http://localhost:6006") + "/v1/traces"
+COLLECTOR = os.environ.get("PHOENIX_COLLECTOR_ENDPOINT", "http://localhost:6006")
+ENDPOINT = COLLECTOR.rstrip("/") + "/v1/traces"
 
 
 async def fact_checker(request: Request, ctx: RunContext) -> Result:

@@ -11,6 +11,7 @@ of a run that is still going.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -58,7 +59,7 @@ def register(commands: Any) -> None:
         metavar="N",
         help="exit after printing N events (N >= 1)",
     )
-    tail_parser.set_defaults(func=_run_tail)
+    tail_parser.set_defaults(func=_lenient(_run_tail))
 
     summary_parser = sub.add_parser(
         "summary", help="counts, durations, tokens, slowest and failed tasks"
@@ -72,7 +73,7 @@ def register(commands: Any) -> None:
         metavar="N",
         help="how many slowest tasks to list (default 5)",
     )
-    summary_parser.set_defaults(func=_run_summary)
+    summary_parser.set_defaults(func=_lenient(_run_summary))
 
     tree_parser = sub.add_parser(
         "tree", help="the delegation tree: status, duration, queue wait, tokens per agent"
@@ -84,7 +85,7 @@ def register(commands: Any) -> None:
         default="auto",
         help="colour statuses and failures: auto (when stdout is a terminal), always, never",
     )
-    tree_parser.set_defaults(func=_run_tree)
+    tree_parser.set_defaults(func=_lenient(_run_tree))
 
     timeline_parser = sub.add_parser(
         "timeline", help="write the run as one self-contained HTML timeline (no network)"
@@ -97,7 +98,23 @@ def register(commands: Any) -> None:
         default=None,
         help="the page to write (default: FILE with the suffix .html)",
     )
-    timeline_parser.set_defaults(func=_run_timeline)
+    timeline_parser.set_defaults(func=_lenient(_run_timeline))
+
+
+def _lenient(
+    command: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """``command`` printing what the terminal's encoding cannot show as ``?``: the marks
+    and box lines (and a log's names) are not in every code page (a Windows console,
+    ``PYTHONIOENCODING=cp1252``), and a picture with a ``?`` beats a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, io.TextIOWrapper):
+                stream.reconfigure(errors="replace")
+        return command(args)
+
+    return run
 
 
 def _positive_int(text: str) -> int:

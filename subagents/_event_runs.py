@@ -68,7 +68,9 @@ class TaskRun:
     """For failures: the short error message."""
     output: str = ""
     """The output it ended with (bounded, for a summary)."""
-    children: list[TaskRun] = attrs.field(factory=list)
+    # Left out of repr and eq: both would recurse down the tree, and a log's tree may be
+    # deeper than the interpreter's recursion limit.
+    children: list[TaskRun] = attrs.field(factory=list, repr=False, eq=False)
     """Its subagents, in spawn order."""
 
     @property
@@ -127,6 +129,12 @@ def preorder(tasks: list[TaskRun]) -> Iterator[TaskRun]:
 
 OUTPUT_KEPT = 300
 """Characters of a task's output a summary keeps."""
+ERROR_KEPT = 1000
+"""Characters of a task's error kept (the tree and the timeline show fewer)."""
+NAME_KEPT = 200
+"""Characters kept of a task's agent type, mode, status and error type."""
+PATH_KEPT = 1000
+"""Characters kept of a task's agent path."""
 
 
 def read_run(events: Iterable[Event]) -> RunLog:
@@ -145,7 +153,7 @@ def read_run(events: Iterable[Event]) -> RunLog:
             task = tasks[event.task_id] = TaskRun(
                 task_id=event.task_id,
                 session_id=event.session_id,
-                agent_path=event.agent_path,
+                agent_path=event.agent_path[:PATH_KEPT],
                 spawned_ms=event.timestamp_ms,
             )
         _apply(task, event)
@@ -162,7 +170,9 @@ def read_run(events: Iterable[Event]) -> RunLog:
 def _nest(tasks: dict[str, TaskRun]) -> dict[str, list[TaskRun]]:
     """Hang each task from its parent (the task its session names); the rest are the top
     tasks of their root sessions. A log is any file: tasks naming each other in a circle
-    would hang from nothing, so they are made top tasks too."""
+    would hang from nothing, so each circle is cut above its member the log named first,
+    which becomes a top task (the rest of the circle, and what hangs below it, stay
+    nested)."""
     sessions: dict[str, list[TaskRun]] = {}
     for task in tasks.values():
         parent = tasks.get(task.session_id)
@@ -170,38 +180,52 @@ def _nest(tasks: dict[str, TaskRun]) -> dict[str, list[TaskRun]]:
             parent.children.append(task)
         else:
             sessions.setdefault(task.session_id, []).append(task)
-    reached = 0
+    reached: set[str] = set()
     stack = [task for tops in sessions.values() for task in tops]
     while stack:
-        reached += 1
-        stack.extend(stack.pop().children)
-    if reached < len(tasks):
-        for task in tasks.values():
-            for child in list(task.children):
-                if _in_circle(child, tasks):
-                    task.children.remove(child)
-                    sessions.setdefault(child.session_id, []).append(child)
+        task = stack.pop()
+        reached.add(task.task_id)
+        stack.extend(task.children)
+    if len(reached) < len(tasks):
+        _cut_circles(tasks, sessions, reached)
     return sessions
 
 
-def _in_circle(task: TaskRun, tasks: dict[str, TaskRun]) -> bool:
-    seen = {task.task_id}
-    session = task.session_id
-    while session in tasks:
-        if session in seen:
-            return True
-        seen.add(session)
-        session = tasks[session].session_id
-    return False
+def _cut_circles(
+    tasks: dict[str, TaskRun], sessions: dict[str, list[TaskRun]], reached: set[str]
+) -> None:
+    """Make one task of each circle a top task, so the circle and everything hanging below
+    it are reached. Every task the top-down walk missed hangs, through its parents, from a
+    circle; each is walked up once (``done`` remembers the walks before), so the cost is
+    linear in the tasks."""
+    order = {task_id: index for index, task_id in enumerate(tasks)}
+    done = set(reached)
+    for task_id in order:
+        if task_id in done:
+            continue
+        path: list[str] = []
+        on_path: set[str] = set()
+        current = task_id
+        while current not in done and current not in on_path:
+            path.append(current)
+            on_path.add(current)
+            current = tasks[current].session_id
+        if current in on_path:
+            # ``current`` closes a circle: cut the edge above its member the log named first.
+            circle = path[path.index(current) :]
+            cut = tasks[min(circle, key=order.__getitem__)]
+            tasks[cut.session_id].children.remove(cut)
+            sessions.setdefault(cut.session_id, []).append(cut)
+        done.update(path)
 
 
 def _apply(task: TaskRun, event: Event) -> None:
     data = event.data
     if event.type == SPAWNED:
         task.spawned_ms = event.timestamp_ms
-        task.agent = _str(data.get("agent"), task.agent)
-        task.mode = _str(data.get("mode"), task.mode)
-        if task.mode == "execute" and task.started_ms is None:
+        task.agent = _str(data.get("agent"), task.agent)[:NAME_KEPT]
+        task.mode = _str(data.get("mode"), task.mode)[:NAME_KEPT]
+        if task.mode == "execute" and task.started_ms is None and not task.ended:
             task.status = RUNNING  # an execute runs in its caller's task at once
     elif event.type == STARTED:
         if task.started_ms is None:
@@ -219,8 +243,8 @@ def _apply(task: TaskRun, event: Event) -> None:
 
 def _completed(task: TaskRun, event: Event) -> None:
     data = event.data
-    task.status = _str(data.get("status"), "unknown")
-    task.agent = _str(data.get("agent"), task.agent)
+    task.status = _str(data.get("status"), "unknown")[:NAME_KEPT]
+    task.agent = _str(data.get("agent"), task.agent)[:NAME_KEPT]
     task.duration_ms = _int(data.get("duration_ms"))
     task.queue_ms = _int(data.get("queue_ms"))
     task.iterations = _int(data.get("iterations"))
@@ -229,8 +253,8 @@ def _completed(task: TaskRun, event: Event) -> None:
     if task.started_ms is None and task.spawned_ms == event.timestamp_ms:
         # The log holds its end only (it began mid-run): its spawn is its duration back.
         task.spawned_ms = task.ended_ms - task.duration_ms
-    task.error_type = _str(data.get("error_type"))
-    task.error = _str(data.get("error"))
+    task.error_type = _str(data.get("error_type"))[:NAME_KEPT]
+    task.error = _str(data.get("error"))[:ERROR_KEPT]
     task.output = _str(data.get("output"))[:OUTPUT_KEPT]
     _tokens(task, data.get("usage"))
 

@@ -2,8 +2,10 @@
 
 One bar per agent on a time axis, in the order and nesting of ``events tree``, coloured by
 status, its queue wait shaded at its start, the envelope's summary shown on hover (or
-when the page's address names the bar: ``run.html#task-<task id>``). The
-page is static HTML and CSS: no script, no font, no image, no address of any kind, and a
+when the page's address names the bar: ``run.html#task-<task id>``; a task id that is not
+a plain token of letters, digits and ``-_.:`` cannot be an HTML id, and its bar is
+``#row-<n>``, the n-th bar from the top, its id still in ``data-task``). The page is
+static HTML and CSS: no script, no font, no image, no address of any kind, and a
 Content-Security-Policy that forbids loading anything, so opening it makes no network
 request (the tests check it in a headless browser).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from datetime import UTC, datetime
 
 from ._event_runs import RunLog, TaskRun
@@ -23,6 +26,7 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'"
 """The page's Content-Security-Policy: its own inline style, nothing else."""
 
 _STATUSES = ("completed", "error", "timeout", "cancelled", "running", "queued")
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 
 _STYLE = """
 :root { --label: 320px; }
@@ -79,11 +83,13 @@ def render_timeline(run: RunLog, *, title: str) -> str:
     start = run.first_ms
     span = max(run.last_ms - start, 1)
     rows = []
+    bars = 0
     for prefix, label, task in tree_rows(run):
         if task is None:
             rows.append(f'<div class="row session"><div class="label">{_e(label)}</div></div>')
         else:
-            rows.append(_row(prefix + label, task, start, span))
+            bars += 1
+            rows.append(_row(prefix + label, task, start, span, bars))
     ticks, lines = _axis(span)
     legend = (
         "".join(f'<span class="status-{status}">{status}</span>' for status in _STATUSES)
@@ -115,16 +121,18 @@ def render_timeline(run: RunLog, *, title: str) -> str:
     )
 
 
-def _row(label: str, task: TaskRun, start: int, span: int) -> str:
+def _row(label: str, task: TaskRun, start: int, span: int, number: int) -> str:
     left = (task.spawned_ms - start) / span * 100
     width = task.duration_ms / span * 100
     queue = min(task.queue_ms / task.duration_ms * 100, 100) if task.duration_ms else 0
     classes = f"row status-{_e(task.status)}" + (" failed" if task.failed else "")
     bar = f"bar status-{_e(task.status)}" + ("" if task.ended else " open")
     tip = "tip left" if left > 50 else "tip"
+    # An id attribute holds no whitespace; the two prefixes keep the two kinds apart.
+    anchor = f"task-{task.task_id}" if _PLAIN_ID.fullmatch(task.task_id) else f"row-{number}"
     return (
         f'<div class="{classes}"><div class="label">{_e(label)}</div>'
-        f'<div class="track"><div class="{bar}" id="task-{_e(task.task_id)}" '
+        f'<div class="track"><div class="{bar}" id="{anchor}" '
         f'data-task="{_e(task.task_id)}" '
         f'data-path="{_e(task.agent_path)}" data-status="{_e(task.status)}" '
         f'style="left:{left:.3f}%;width:{width:.3f}%">'
@@ -153,6 +161,8 @@ def _hover(task: TaskRun) -> str:
 
 def _summary(run: RunLog) -> str:
     counts = ", ".join(f"{n} {status}" for status, n in run.counts().items())
+    if not run.tasks:  # nothing began: no "from 1970-01-01"
+        return "no agents"
     try:
         moment = datetime.fromtimestamp(run.first_ms / 1000, tz=UTC)
         began = moment.strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -14,7 +14,14 @@ from collections.abc import Iterator
 
 from ._event_runs import QUEUED, RUNNING, RunLog, TaskRun, preorder
 
-__all__ = ["NESTED_LEVELS", "error_text", "format_duration", "render_tree", "tree_rows"]
+__all__ = [
+    "NESTED_LEVELS",
+    "error_text",
+    "format_duration",
+    "printable",
+    "render_tree",
+    "tree_rows",
+]
 
 NESTED_LEVELS = 4
 """Indentation levels drawn; deeper tasks are shown flat under their ancestor at this
@@ -42,13 +49,27 @@ _COLOURS = {
 }
 
 
+# C0 and C1 control characters, DEL and the Unicode line and paragraph separators.
+_CONTROLS = {
+    code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    for code in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
+}
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters shown as escapes (``\\x1b``): a log is any
+    file, and a name or error must not move the cursor, retitle the terminal or start a
+    line of its own."""
+    return text.translate(_CONTROLS)
+
+
 def format_duration(ms: int) -> str:
     """``412 ms``, ``1.20 s``, ``2m05s``, ``1h02m``."""
     if ms < 1000:
         return f"{ms} ms"
-    if ms < 60_000:
+    if ms < 59_995:  # from there it rounds to "60.00 s": a minute, written as one
         return f"{ms / 1000:.2f} s"
-    seconds = ms // 1000
+    seconds = max(ms // 1000, 60)
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
@@ -73,7 +94,7 @@ def render_tree(run: RunLog, *, colour: bool = False) -> str:
 
 
 def _headline(run: RunLog) -> str:
-    counts = ", ".join(f"{n} {status}" for status, n in run.counts().items())
+    counts = ", ".join(f"{n} {printable(status)}" for status, n in run.counts().items())
     tokens_in = sum(t.input_tokens for t in run.tasks.values())
     tokens_out = sum(t.output_tokens for t in run.tasks.values())
     agents = len(run.tasks)
@@ -88,7 +109,7 @@ def _headline(run: RunLog) -> str:
 
 
 def _facts(task: TaskRun, colour: bool) -> str:
-    status = f"{_MARKS.get(task.status, '?')} {task.status:<9}"
+    status = f"{_MARKS.get(task.status, '?')} {printable(task.status):<9}"
     if colour:
         status = f"\x1b[{_COLOURS.get(task.status, '0')}m{status}\x1b[0m"
     facts = (
@@ -109,7 +130,7 @@ def error_text(task: TaskRun) -> str:
     for one that completed or has not ended)."""
     if task.status in ("completed", RUNNING, QUEUED):
         return ""
-    text = " ".join(task.error.split()) or task.error_type
+    text = printable(" ".join(task.error.split()) or task.error_type)
     return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 1] + "…"
 
 
@@ -117,7 +138,7 @@ def tree_rows(run: RunLog) -> Iterator[tuple[str, str, TaskRun | None]]:
     """``(tree prefix, label, task)`` per line of the tree, depth first; a session's own
     line has no task."""
     for session, tops in run.sessions.items():
-        yield "", f"session {session}", None
+        yield "", f"session {printable(session)}", None
         yield from _children(tops, "", 1, None)
 
 
@@ -140,8 +161,13 @@ def _children(
 
 
 def _label(task: TaskRun, anchor: TaskRun | None, *, top: bool) -> str:
-    """The task's name; below ``anchor``, its breadcrumb from there (``child>grandchild``);
-    a top task (whose parent is not in the log when it is deep) its path below the root."""
+    """The task's name, printable; below ``anchor``, its breadcrumb from there
+    (``child>grandchild``); a top task (whose parent is not in the log when it is deep) its
+    path below the root."""
+    return printable(_name(task, anchor, top=top))
+
+
+def _name(task: TaskRun, anchor: TaskRun | None, *, top: bool) -> str:
     segments = task.agent_path.strip("/").split("/")
     if anchor is not None:
         below = anchor.agent_path.strip("/").split("/")

@@ -165,12 +165,17 @@ def _as_object(value: object) -> dict[str, object]:
     return value
 
 
+WARNINGS_KEPT = 5
+"""Skipped lines :func:`read_events` warns about one by one."""
+
+
 def read_events(path: PathLike, *, live: bool = False) -> Iterator[Event]:
     """Yield the events of a JSONL event log, in file order.
 
     Blank lines are ignored. A line that does not parse (the partial last line a crash
     can leave, or a corrupt one) is skipped with a warning logged on
-    ``subagents.events``; reading goes on.
+    ``subagents.events``; reading goes on. Past :data:`WARNINGS_KEPT` such lines, the rest
+    are counted in one last warning (a file that is no log at all warns a few times).
 
     Args:
         path: the log.
@@ -180,17 +185,22 @@ def read_events(path: PathLike, *, live: bool = False) -> Iterator[Event]:
     Raises:
         OSError: the file cannot be opened.
     """
+    skipped = 0
     with open(path, "rb") as file:
         for number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
             partial = not line.endswith(b"\n")
             if partial and live:
-                return
+                break
             try:
                 yield parse_event_line(line)
             except ValueError as exc:
-                _warn_skipped(path, number, partial=partial, error=exc)
+                skipped += 1
+                if skipped <= WARNINGS_KEPT:
+                    _warn_skipped(path, number, partial=partial, error=exc)
+    if skipped > WARNINGS_KEPT:
+        logger.warning("%s: skipped %d more malformed lines", path, skipped - WARNINGS_KEPT)
 
 
 def _warn_skipped(path: PathLike, number: int, *, partial: bool, error: Exception) -> None:

@@ -280,12 +280,15 @@ def usage_attributes(
         "llm.token_count.completion": usage.output_tokens,
         "llm.token_count.total": usage.input_tokens + usage.output_tokens,
         "llm.model_name": model or DEFAULT_USAGE_MODEL,
-        "llm.provider": provider_name(provider),
         _OI_SESSION: conversation_id,
         "gen_ai.conversation.id": conversation_id,
         "subagents.task_id": envelope.task_id,
         "subagents.agent_path": envelope.agent_path,
     }
+    if provider:
+        # OpenInference's providers are a closed list (OpenInferenceLLMProviderValues): the
+        # GenAI default stand-in is no provider to a UI that prices by it, so none is named.
+        attributes["llm.provider"] = provider
     return attributes
 
 

@@ -373,9 +373,6 @@ class Telemetry:
         span.end()
 
 
-# --------------------------------------------------------------------- tool spans
-
-
 def _tool_tracer(telemetry: Telemetry | None, current: Context) -> trace.Tracer | None:
     """The tracer of a tool call: ``telemetry``'s; without one, that of the manager whose
     child is running (found in ``current``), else the global provider's."""
@@ -448,6 +445,7 @@ def tool_span(
     arguments: str | None = None,
     parameters: Mapping[str, JSONValue] | None = None,
     telemetry: Telemetry | None = None,
+    conversation_id: str | None = None,
 ) -> Iterator[ToolSpan]:
     """Wrap one tool execution in an ``execute_tool {tool}`` span (kind INTERNAL).
 
@@ -467,6 +465,7 @@ def tool_span(
         parameters: the tool's input JSON Schema (``tool.parameters``, encoded only when
             the span records).
         telemetry: the telemetry of the manager the tool acts on.
+        conversation_id: the span's conversation where no subagent's baggage names one.
     """
     current = context.get_current()
     tracer = _tool_tracer(telemetry, current)
@@ -474,14 +473,14 @@ def tool_span(
         yield _NO_TOOL_SPAN
         return
     tool = _semconv.bounded_name(tool)  # it may come from a model: an unknown tool
-    conversation_id = baggage.get_baggage(_semconv.BAGGAGE_CONVERSATION_ID, current)
+    found = baggage.get_baggage(_semconv.BAGGAGE_CONVERSATION_ID, current)
     attributes = _semconv.tool_attributes(
         tool,
         call_id=call_id,
         description=description,
         arguments=arguments,
         transfer_target=transfer_target,
-        conversation_id=conversation_id if isinstance(conversation_id, str) else None,
+        conversation_id=found if isinstance(found, str) and found else conversation_id,
         parameters=None if parameters is None else dumps_str(parameters),
     )
     with tracer.start_as_current_span(

@@ -279,3 +279,25 @@ def test_the_readme_screenshot_is_small() -> None:
     png = Path(__file__).parent.parent / "docs" / "timeline.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size < 200_000
+
+
+def test_an_empty_log_names_no_start() -> None:
+    run = RunLog(events=0, tasks={}, sessions={}, first_ms=0, last_ms=0)
+    page = render_timeline(run, title="empty.jsonl")
+    assert "1970" not in page
+    assert "no agents" in page
+
+
+def test_a_bar_is_linked_by_its_task_id_when_that_can_be_an_id() -> None:
+    plain = TaskRun(task_id="a1b2-c3", session_id="root", agent_path="/root/x")
+    spaced = TaskRun(task_id="a b", session_id="root", agent_path="/root/y")
+    run = RunLog(
+        events=2,
+        tasks={"a1b2-c3": plain, "a b": spaced},
+        sessions={"root": [plain, spaced]},
+        first_ms=0,
+        last_ms=10,
+    )
+    page = render_timeline(run, title="run.jsonl")
+    assert 'id="task-a1b2-c3"' in page
+    assert 'id="row-2" data-task="a b"' in page

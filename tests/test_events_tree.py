@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from subagents._cli import main
-from subagents._event_runs import read_run
+from subagents._event_runs import TaskRun, read_run
 from subagents._event_tree import format_duration, render_tree
-from subagents._events import Event
+from subagents._events import COMPLETED, SPAWNED, Event
 from subagents._jsonl import read_events
 from tests import event_logs
 
@@ -211,7 +211,15 @@ async def test_the_log_is_read_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("ms", "text"),
-    [(0, "0 ms"), (999, "999 ms"), (1000, "1.00 s"), (59_994, "59.99 s"), (125_000, "2m05s")],
+    [
+        (0, "0 ms"),
+        (999, "999 ms"),
+        (1000, "1.00 s"),
+        (59_994, "59.99 s"),
+        (59_995, "1m00s"),
+        (59_999, "1m00s"),
+        (125_000, "2m05s"),
+    ],
 )
 def test_durations_read_at_a_glance(ms: int, text: str) -> None:
     assert format_duration(ms) == text
@@ -219,3 +227,74 @@ def test_durations_read_at_a_glance(ms: int, text: str) -> None:
 
 def test_hours() -> None:
     assert format_duration(3_720_000) == "1h02m"
+
+
+def spawned(task: str, session: str, path: str) -> Event:
+    return Event(
+        type=SPAWNED,
+        seq=0,
+        timestamp_ms=1000,
+        session_id=session,
+        task_id=task,
+        agent_path=path,
+        data={"agent": path.rsplit("/", 1)[-1]},
+    )
+
+
+def test_a_circle_is_cut_once_and_what_hangs_below_it_stays_nested() -> None:
+    # x and y name each other as their sessions; z is x's child, w is z's.
+    run = read_run(
+        [
+            spawned("x", "y", "/root/x"),
+            spawned("y", "x", "/root/y"),
+            spawned("z", "x", "/root/x/z"),
+            spawned("w", "z", "/root/x/z/w"),
+        ]
+    )
+    tops = [task.task_id for tasks in run.sessions.values() for task in tasks]
+    assert tops == ["x"]  # the circle's member named first
+    assert [t.task_id for t in run.tasks["x"].children] == ["y", "z"]
+    assert [t.task_id for t in run.tasks["z"].children] == ["w"]
+    assert sorted(t.task_id for t in run.walk()) == ["w", "x", "y", "z"]
+
+
+def test_a_tree_deeper_than_the_recursion_limit_has_a_repr_and_compares() -> None:
+    events = [spawned("t0", "root", "/root/a")]
+    events += [spawned(f"t{i}", f"t{i - 1}", f"/root/a{i}") for i in range(1, 5000)]
+    first = read_run(events).tasks["t0"]
+    assert "t0" in repr(first)
+    assert first == read_run(events).tasks["t0"]
+    assert first != TaskRun(task_id="t1", session_id="root", agent_path="/root/a")
+
+
+def test_a_file_that_is_no_log_warns_a_few_times(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    junk = tmp_path / "picture.png"
+    junk.write_bytes(b"\x89PNG not json\n" * 1000)
+    with caplog.at_level(logging.WARNING, logger="subagents.events"):
+        assert list(read_events(junk)) == []
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 6, messages
+    assert messages[-1].endswith("skipped 995 more malformed lines")
+
+
+def test_a_failure_whose_status_holds_control_characters_prints_them_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "events.jsonl"
+    end = Event(
+        type=COMPLETED,
+        seq=1,
+        timestamp_ms=2000,
+        session_id="root",
+        task_id="t1",
+        agent_path="/root/a",
+        data={"status": "odd\x1b[2J", "error_type": "Bad\x07Type", "duration_ms": 5},
+    )
+    log.write_bytes(end.to_json() + b"\n")
+    out = tree(log, capsys, "--color=never")
+    assert "\x1b" not in out
+    assert "\x07" not in out
+    assert "odd\\x1b[2J" in out
+    assert "Bad\\x07Type" in out

@@ -37,6 +37,12 @@ class FakeOTLPSpanExporter(InMemorySpanExporter):
 
 @pytest.fixture
 def example(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.delenv("PHOENIX_COLLECTOR_ENDPOINT", raising=False)
+    return load(monkeypatch)
+
+
+def load(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The example as a module, its OTLP exporter the fake one."""
     FakeOTLPSpanExporter.made.clear()
     parts = EXPORTER_MODULE.split(".")
     for depth in range(2, len(parts)):
@@ -46,7 +52,6 @@ def example(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     fake = ModuleType(EXPORTER_MODULE)
     fake.OTLPSpanExporter = FakeOTLPSpanExporter  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, EXPORTER_MODULE, fake)
-    monkeypatch.delenv("PHOENIX_COLLECTOR_ENDPOINT", raising=False)
     spec = importlib.util.spec_from_file_location("example_phoenix", EXAMPLE)
     assert spec is not None
     assert spec.loader is not None
@@ -83,3 +88,10 @@ async def test_the_phoenix_example_sends_every_span(
     assert json.loads(str(researcher["metadata"]))["agent_path"] == "/root/researcher"
     usage = dict(spans["usage researcher"].attributes or {})
     assert (usage["llm.token_count.total"], usage["llm.provider"]) == (1380, "openai")
+
+
+def test_a_collector_address_with_a_trailing_slash_gets_one_slash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PHOENIX_COLLECTOR_ENDPOINT", "http://phoenix:6006/")
+    assert load(monkeypatch).ENDPOINT == "http://phoenix:6006/v1/traces"

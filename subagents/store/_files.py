@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Final
 
@@ -17,6 +18,10 @@ import attrs
 from ._errors import StoreError
 
 __all__ = ["APPLICATION_ID", "Header", "check_before_open", "check_existing"]
+
+_SETTLE_TRIES: Final = 5
+_SETTLE_WAIT: Final = 0.02
+"""Seconds between two looks at a file that reads as truncated."""
 
 APPLICATION_ID: Final = 0x73756261
 """``PRAGMA application_id`` of every store: ``suba`` in ASCII, at offset 68 of the header."""
@@ -39,6 +44,13 @@ class Header:
     """``PRAGMA user_version``: the store's schema version."""
     application_id: int
     """``PRAGMA application_id``: :data:`APPLICATION_ID` for a store."""
+    size: int
+    """The file's size in bytes when the header was read."""
+
+    @property
+    def truncated(self) -> bool:
+        """Shorter than the pages the header declares."""
+        return self.pages is not None and self.pages * self.page_size > self.size
 
 
 def _u32(data: bytes, offset: int) -> int:
@@ -49,8 +61,7 @@ def read_header(path: Path) -> Header | None:
     """The header of the file at ``path``, or ``None`` for an empty file.
 
     Raises:
-        StoreError: ``not_sqlite`` for anything else that is not a SQLite database,
-            ``truncated`` when the file is shorter than the pages its header declares.
+        StoreError: ``not_sqlite`` for anything else that is not a SQLite database.
     """
     where = str(path)
     try:
@@ -72,21 +83,14 @@ def read_header(path: Path) -> Header | None:
         raise StoreError(where, "not_sqlite", f"not a SQLite database (page size {page_size})")
     # The page count is valid only when "version-valid-for" matches the change counter.
     pages = _u32(data, 28) if _u32(data, 92) == _u32(data, 24) else None
-    header = Header(
+    return Header(
         page_size=page_size,
         pages=pages,
         wal=data[18] == 2 and data[19] == 2,
         user_version=_u32(data, 60),
         application_id=_u32(data, 68),
+        size=size,
     )
-    if header.pages is not None and header.pages * page_size > size:
-        raise StoreError(
-            where,
-            "truncated",
-            f"truncated: the header declares {header.pages} pages of {page_size} bytes "
-            f"({header.pages * page_size} bytes) but the file holds {size}",
-        )
-    return header
 
 
 def _has_wal(path: Path) -> bool:
@@ -132,6 +136,8 @@ def check_before_open(path: Path, schema_version: int) -> bool:
     header = read_header(path)
     if header is None:
         return True
+    if header.truncated and not (header.wal and _has_wal(path)):
+        header = _settled(path, header)
     if header.wal and _has_wal(path):
         # The newest header may be in the WAL (a store just created or migrated by a
         # process that has not checkpointed yet): SQLite reads it once the file is open,
@@ -154,6 +160,30 @@ def check_before_open(path: Path, schema_version: int) -> bool:
     if not os.access(path, os.R_OK | os.W_OK):
         raise StoreError(where, "unwritable", "the file is not readable and writable")
     return False
+
+
+def _settled(path: Path, header: Header) -> Header:
+    """The header of a file that reads as truncated, read again while that may be another
+    process's checkpoint at work (it writes the header's page first and the file grows as
+    the later pages follow; its WAL may have gone by the time it is looked for).
+
+    Raises:
+        StoreError: ``truncated``: the file stays shorter than its header declares.
+    """
+    for _ in range(_SETTLE_TRIES):
+        time.sleep(_SETTLE_WAIT)  # in a worker thread (the store's open) or the CLI
+        again = read_header(path)
+        if again is None:
+            continue
+        header = again
+        if not header.truncated or (header.wal and _has_wal(path)):
+            return header
+    raise StoreError(
+        str(path),
+        "truncated",
+        f"truncated: the header declares {header.pages} pages of {header.page_size} bytes "
+        f"({(header.pages or 0) * header.page_size} bytes) but the file holds {header.size}",
+    )
 
 
 def check_existing(path: Path, schema_version: int) -> None:

@@ -128,6 +128,7 @@ class Toolset:
                 capture=capture,
                 arguments=arguments_text(args, None) if capture else None,
                 telemetry=self._telemetry,
+                session=self.session_id,
             )
         return await tool.execute(args, call_id=call_id)
 
@@ -274,7 +275,7 @@ def build_tools(
     telemetry = telemetry_of(manager)
     capture = manager.config.capture_content
     tools = [
-        attrs.evolve(tool, capture_content=capture, telemetry=telemetry)
+        attrs.evolve(tool, capture_content=capture, telemetry=telemetry, session=session_id)
         for tool in build_session_tools(manager, session_id, limits)
     ]
     return Toolset(

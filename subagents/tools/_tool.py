@@ -27,6 +27,7 @@ from .._errors import (
     UnknownTask,
 )
 from .._json import JSONValue, dumps_str
+from .._semconv import conversation_of
 from .._tracing import Telemetry, ToolSpan, tool_span
 from ._export import to_anthropic, to_mcp, to_openai_chat, to_openai_responses
 from ._schema import ArgumentError, Param, parse_args, schema_for
@@ -138,6 +139,7 @@ class Tool:
     _telemetry: Telemetry | None = attrs.field(
         alias="telemetry", default=None, repr=False, eq=False
     )
+    _session: str | None = attrs.field(alias="session", default=None, repr=False, eq=False)
     _content_limit: int | None = attrs.field(alias="content_limit", default=None, repr=False)
 
     async def execute(self, args: object, *, call_id: str | None = None) -> ToolResult:
@@ -179,6 +181,7 @@ class Tool:
             arguments=captured,
             parameters=self.input_schema,
             telemetry=self._telemetry,
+            session=self._session,
         )
         if self._content_limit is None:
             return result
@@ -229,11 +232,14 @@ async def traced(
     arguments: str | None = None,
     parameters: Mapping[str, JSONValue] | None = None,
     telemetry: Telemetry | None = None,
+    session: str | None = None,
 ) -> ToolResult:
     """``run`` inside the ``execute_tool`` span of ``tool``, traced by ``telemetry`` (the
     tool's manager's; see :func:`tool_span`); a tracer that fails to open or close the
     span is logged and never breaks the call (``run`` itself must not raise). With
-    ``capture``, the call's content is recorded as what it answered.
+    ``capture``, the call's content is recorded as what it answered. ``session`` is the
+    session the tools act for: a call outside any subagent (the host's own, often a
+    trace's root span) belongs to that session's conversation.
 
     Every call is a checkpoint (it yields once before ``run``, where cancelling it changes
     nothing): a host polling ``wait_agent`` with ``timeout_ms: 0`` in a loop lets the
@@ -252,6 +258,7 @@ async def traced(
                         arguments=arguments,
                         parameters=parameters,
                         telemetry=telemetry,
+                        conversation_id=_conversation(telemetry, session),
                     )
                 )
             except Exception:
@@ -273,6 +280,13 @@ async def traced(
 
 _DESCRIPTION_CHARS: Final = 300
 """Bound of the span status description of a failed call (the start of its content)."""
+
+
+def _conversation(telemetry: Telemetry | None, session: str | None) -> str | None:
+    """The conversation of a call of ``session``'s tools made outside any subagent."""
+    if telemetry is None or not session or not telemetry.conversation_id:
+        return None
+    return conversation_of(session, telemetry.conversation_id)
 
 
 def arguments_text(args: object, parsed: dict[str, object] | None) -> str:

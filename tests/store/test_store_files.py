@@ -71,6 +71,36 @@ async def test_a_truncated_store(tmp_path: Path) -> None:
     assert "declares" in str(error)
 
 
+async def test_a_store_read_mid_checkpoint_is_read_again_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's checkpoint writes the header's page first and the file grows as
+    the later pages follow: a header read then declares more than the file holds, for a
+    moment. Opening looks again instead of refusing the store as truncated."""
+    import attrs
+
+    from subagents.store import _files
+
+    path = tmp_path / "store.db"
+    await make_store(path, entries=200)
+    real = _files.read_header
+    reads: list[int] = []
+
+    def mid_checkpoint(at: Path) -> _files.Header | None:
+        header = real(at)
+        reads.append(1)
+        if len(reads) == 1 and header is not None:  # the first look: the file half written
+            assert header.pages is not None
+            return attrs.evolve(header, size=header.pages * header.page_size // 2)
+        return header
+
+    monkeypatch.setattr(_files, "read_header", mid_checkpoint)
+    monkeypatch.setattr(_files, "_SETTLE_WAIT", 0.0)
+    async with SqliteStore(path) as store:
+        assert len(store.mailbox("s")) == 200
+    assert len(reads) >= 2
+
+
 async def test_another_programs_database(tmp_path: Path) -> None:
     path = tmp_path / "other.db"
     with sqlite(path) as conn:
