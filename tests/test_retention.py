@@ -619,7 +619,9 @@ async def _run_model(retain: int | None, ops: list[tuple[str, int]]) -> None:
             return False
         if retain is None or h.task_id not in collected:
             return True
-        return retain > 0 and h.task_id in collected[-retain:]
+        # A forgotten record is gone: the window holds the latest ``retain`` still kept.
+        live = [task_id for task_id in collected if task_id not in forgotten]
+        return retain > 0 and h.task_id in live[-retain:]
 
     def note_collected(task_id: str) -> None:
         if task_id not in collected and task_id not in forgotten:
