@@ -57,6 +57,11 @@ class Courier:
             if len(self._calls) == 1:
                 self._cond.notify()
 
+    @property
+    def reaches_loop(self) -> bool:
+        """False once the event loop has ended: what is sent from then on is dropped."""
+        return self._loop_alive
+
     def stop(self) -> None:
         """Carry what is queued, then end the thread."""
         with self._cond:

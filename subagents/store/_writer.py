@@ -178,7 +178,6 @@ class Writer:
         self._seq = 0
         self._unseen = 0  # batches committed whose callback has not run yet
         self._committed_at = 0.0  # time.monotonic() of the last commit
-        self._loop_alive = True
         self._want = 0  # queued writes that wake the waiting thread (0: it is not waiting)
         self._stopping = False
         self.failure: StoreError | None = None
@@ -278,9 +277,9 @@ class Writer:
             return bool(self._queue)
 
     def _loop_lost(self) -> None:
-        """The courier can no longer reach the event loop: no callback will run."""
+        """The courier lost a trip (or the event loop has ended): the callbacks it carried
+        will never run, so the thread must not wait for them."""
         with self.lock:
-            self._loop_alive = False
             self._unseen = 0
             self._wake.notify()
 
@@ -322,7 +321,7 @@ class Writer:
         self.largest_batch = max(self.largest_batch, len(batch))
         with self.lock:
             self._committed_at = time.monotonic()
-            if self._loop_alive:
+            if self._courier.reaches_loop:
                 self._unseen += 1
         self._courier.send(self._seen, batch, watermark)
         return True
