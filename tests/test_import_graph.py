@@ -23,7 +23,7 @@ import subagents
 PACKAGE = pathlib.Path(subagents.__file__).parent
 
 EDGE = re.compile(
-    r"subagents\.(tools(\..+)?|store(\..+)?|mcp|_cli\w*|_demo|testing|_conformance\w*)"
+    r"subagents\.(tools(\..+)?|store(\..+)?|backends(\..+)?|mcp|_cli\w*|_demo|testing|_conformance\w*)"
 )
 """Modules around the core: the tools package, the durable store, the MCP server, the
 command line, the demo, test helpers (``testing`` and the conformance suites it ships)."""
