@@ -1,0 +1,305 @@
+"""``subagents batch run``: the items through a manager, their envelopes into the store,
+then into the results file, with progress, ``--halt`` and Ctrl-C.
+
+Admission is this module's, in input order: at most ``--jobs`` items are in flight
+(spawned and not yet written), so stopping admission (``--halt``, Ctrl-C) leaves every
+other item without an envelope, for ``--resume`` to run. The manager is in memory and
+forgets each child once its envelope is taken (``retain_collected=0``): the store, not the
+manager, is the batch's memory, so a batch of any length runs in bounded memory.
+
+Per item: spawn, wait for the envelope, put it in the store, wait for that commit
+(group-committed with the other items'), then write the results line. A kill at any point
+leaves the item either without an envelope (run again by ``--resume``) or with one in the
+store, and its line written or not: :func:`reconcile` settles that on resume.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Final, Literal, TextIO
+
+import anyio
+import attrs
+
+from ._cli_batch_inputs import Item, Items
+from ._cli_batch_journal import BatchJournal, batch_name
+from ._cli_batch_progress import Counters, Mode, Progress, choose_mode
+from ._cli_batch_results import ResultsFile, line_of, reconcile
+from ._cli_batch_summary import Halt, Tally, exit_status, print_summary
+from ._envelope import DelegateResult, describe_exception
+from ._json import dumps_str
+from ._jsonl import JsonlSink
+from ._manager import SubagentManager
+from ._spec import AgentSpec, SubagentConfig
+from .backends.command import fill_template
+from .store import SqliteStore
+
+__all__ = ["Resume", "Settings", "run_batch"]
+
+Resume = Literal["fresh", "resume", "retry-failed"]
+_MANIFEST_EVERY: Final = 1.0
+"""Seconds between two rewrites of the manifest ``batch status`` reads."""
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """A ``batch run`` command line, checked."""
+
+    out: str
+    store: str
+    specs: list[AgentSpec]
+    template: str | None
+    """``--template``: an agent's input text; ``None``: the item as JSON."""
+    jobs: int
+    timeout: float | None
+    resume: Resume
+    halt: Halt | None
+    keep_order: bool
+    progress: Mode
+    events: str | None
+    grace: float
+    """Seconds from Ctrl-C to the cancellation of what still runs."""
+
+
+@attrs.define
+class _Run:
+    """The state one run's tasks share."""
+
+    settings: Settings
+    manager: SubagentManager
+    journal: BatchJournal
+    results: ResultsFile
+    tally: Tally
+    counters: Counters
+    total: int
+    """Items this run admits at most."""
+    stop: anyio.Event = attrs.Factory(anyio.Event)
+    running: dict[str, str] = attrs.Factory(dict)
+    """Item id -> task id of what runs."""
+    stopped: str | None = None
+    interrupted: bool = False
+    write_error: OSError | None = None
+
+    def halt(self, why: str) -> None:
+        if self.stopped is None:
+            self.stopped = why
+        self.stop.set()
+
+    def cancel_running(self) -> None:
+        for task_id in list(self.running.values()):
+            self.manager.cancel(task_id)
+
+
+def _agent_for(item: Item, specs: list[AgentSpec]) -> str:
+    if len(specs) == 1:
+        return specs[0].name
+    name = item.fields.get("agent")
+    if not isinstance(name, str):
+        names = ", ".join(s.name for s in specs)
+        raise LookupError(f"the item has no 'agent' field naming one of the specs ({names})")
+    return name
+
+
+def _input_of(item: Item, template: str | None) -> str:
+    if template is None:
+        return dumps_str(item.fields)
+    return fill_template(template, item.fields)
+
+
+def _refused(agent: str, exc: Exception) -> DelegateResult:
+    """The envelope of an item that could not even be spawned."""
+    error_type, message = describe_exception(exc)
+    return DelegateResult(
+        agent=agent or "batch", task_id="", status="error", error=message, error_type=error_type
+    )
+
+
+async def _one(run: _Run, item: Item, slot: anyio.Semaphore) -> None:
+    try:
+        agent = ""
+        try:
+            agent = _agent_for(item, run.settings.specs)
+            text = _input_of(item, run.settings.template)
+            handle = run.manager.spawn(agent, text, timeout=run.settings.timeout)
+        except Exception as exc:  # a bad item is its own error envelope, never the batch's
+            envelope = _refused(agent, exc)
+        else:
+            run.running[item.id] = handle.task_id
+            run.counters.running += 1
+            try:
+                envelope = await handle.wait()
+            finally:
+                run.counters.running -= 1
+                del run.running[item.id]
+            run.manager.collect(handle)  # retain_collected=0: the record goes with it
+        run.journal.record(item.id, envelope)
+        await run.journal.wait_committed()
+        run.results.write(item.id, envelope)
+        run.tally.add(item.id, envelope, here=True)
+        run.counters.done += 1
+        run.counters.failed += not envelope.ok
+        halt = run.settings.halt
+        if halt is not None and not envelope.ok and halt.reached(run.tally.failed_here, run.total):
+            run.halt(f"halted: {run.tally.failed_here} failed (--halt); the rest not started")
+    finally:
+        slot.release()
+
+
+async def _admit(run: _Run, items: list[Item]) -> None:
+    slot = anyio.Semaphore(run.settings.jobs)
+    async with anyio.create_task_group() as tg:
+        for item in items:
+            await slot.acquire()
+            if run.stop.is_set():
+                slot.release()
+                break
+            tg.start_soon(_one, run, item, slot)
+
+
+async def _signals(run: _Run) -> None:
+    """Ctrl-C: stop admitting; cancel what runs after the grace (at once on a second)."""
+    with anyio.open_signal_receiver(signal.SIGINT) as received:
+        async with anyio.create_task_group() as tg:
+            async for _ in received:
+                if run.interrupted:
+                    run.cancel_running()
+                    continue
+                run.interrupted = True
+                run.halt("interrupted: the running items ended, the rest were not started")
+                print(
+                    f"batch: interrupted; what runs is cancelled in {run.settings.grace:g} s"
+                    " (Ctrl-C again: now)",
+                    file=sys.stderr,
+                )
+                tg.start_soon(_cancel_after, run, run.settings.grace)
+
+
+async def _cancel_after(run: _Run, grace: float) -> None:
+    await anyio.sleep(grace)
+    run.cancel_running()
+
+
+async def _manifest(run: _Run) -> None:
+    while True:
+        await anyio.sleep(_MANIFEST_EVERY)
+        _write_manifest(run, "running")
+
+
+def _write_manifest(run: _Run, state: str) -> None:
+    c = run.counters
+    run.journal.write_manifest(
+        state=state,
+        total=c.total,
+        done=c.done,
+        failed=c.failed,
+        running=c.running,
+        rate=round(c.rate(), 3),
+        started_ms=run.journal.started_ms,
+    )
+
+
+def _plan(journal: BatchJournal, items: list[Item], s: Settings, tally: Tally) -> list[Item]:
+    """The items to run; on resume, the results file made to agree with the store (the
+    lines the store has and the file lacks are returned written)."""
+    if s.resume == "fresh":
+        return list(items)
+    to_run: list[Item] = []
+    keep: set[str] = set()
+    for item in items:
+        envelope = journal.envelope(item.id)
+        if envelope is None or (s.resume == "retry-failed" and not envelope.ok):
+            to_run.append(item)
+        else:
+            keep.add(item.id)
+            tally.add(item.id, envelope, here=False)
+    present = reconcile(s.out, keep)
+    missing = keep - present
+    if missing:
+        sink = JsonlSink(s.out)
+        try:
+            for item in items:
+                if item.id in missing:
+                    envelope = journal.envelope(item.id)
+                    if envelope is not None:
+                        sink.write_line(line_of(item.id, envelope))
+        finally:
+            sink.close()
+        if sink.error is not None:
+            raise sink.error
+    return to_run
+
+
+async def run_batch(settings: Settings, items: Items, err: TextIO) -> int:
+    """Run the batch; returns the exit status. Blocks until every admitted item is written.
+
+    Raises:
+        StoreError: the store cannot be opened or fails.
+        OSError: the results file cannot be read or written.
+    """
+    started = time.monotonic()
+    tally = Tally(total=len(items.items), malformed=len(items.malformed))
+    for line, why in items.malformed:
+        print(f"batch: input line {line}: {why} (not run)", file=err)
+    async with SqliteStore(settings.store) as store:
+        name = batch_name(settings.out, settings.store)
+        journal = BatchJournal(store, name, fresh=settings.resume == "fresh")
+        to_run = _plan(journal, items.items, settings, tally)
+        config = SubagentConfig(
+            max_concurrent_spawns=settings.jobs,
+            mailbox_capacity=settings.jobs + 64,
+            retain_collected=0,
+            spawn_timeout=settings.timeout,
+        )
+        run: _Run | None = None
+
+        def failed_write(exc: OSError) -> None:
+            if run is not None:
+                run.write_error = exc
+                run.halt(f"stopped: writing {settings.out} failed ({exc.strerror or exc})")
+
+        results = ResultsFile(
+            settings.out,
+            order=[i.id for i in to_run] if settings.keep_order else None,
+            on_error=failed_write,
+        )
+        counters = Counters(len(items.items), tally.done)
+        async with SubagentManager(settings.specs, config=config) as manager:
+            run = _Run(
+                settings=settings,
+                manager=manager,
+                journal=journal,
+                results=results,
+                tally=tally,
+                counters=counters,
+                total=len(to_run),
+            )
+            status = await _drive(run, to_run, settings.events, err)
+        await journal.wait_committed()
+    print_summary(tally, err, seconds=time.monotonic() - started, stopped=run.stopped)
+    if run.write_error is not None:
+        return 1
+    return status
+
+
+async def _drive(run: _Run, to_run: list[Item], events: str | None, err: TextIO) -> int:
+    progress = Progress(run.counters, choose_mode(run.settings.progress, err), err)
+    sink = JsonlSink(events) if events else None
+    detach: Callable[[], None] | None = sink.attach(run.manager.events) if sink else None
+    _write_manifest(run, "running")
+    try:
+        async with anyio.create_task_group() as helpers:
+            helpers.start_soon(_signals, run)
+            helpers.start_soon(progress.run)
+            helpers.start_soon(_manifest, run)
+            await _admit(run, to_run)
+            helpers.cancel_scope.cancel()
+    finally:
+        run.results.close()
+        if detach is not None and sink is not None:
+            sink.close()
+        progress.finish()
+    _write_manifest(run, "interrupted" if run.interrupted else "finished")
+    return exit_status(run.tally, interrupted=run.interrupted)
