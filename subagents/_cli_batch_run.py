@@ -40,6 +40,9 @@ from .store import SqliteStore
 __all__ = ["Resume", "Settings", "run_batch"]
 
 Resume = Literal["fresh", "resume", "retry-failed"]
+_BACKLOG: Final = 4096
+"""Items whose envelope awaits its commit (and its line) at most, beyond ``--jobs``: a
+bound on memory while the store is slower than the runners."""
 _MANIFEST_EVERY: Final = 1.0
 """Seconds between two rewrites of the manifest ``batch status`` reads."""
 
@@ -117,46 +120,64 @@ def _refused(agent: str, exc: Exception) -> DelegateResult:
     )
 
 
-async def _one(run: _Run, item: Item, slot: anyio.Semaphore) -> None:
+async def _one(run: _Run, item: Item, slot: anyio.Semaphore, backlog: anyio.Semaphore) -> None:
     try:
-        agent = ""
         try:
-            agent = _agent_for(item, run.settings.specs)
-            text = _input_of(item, run.settings.template)
-            handle = run.manager.spawn(agent, text, timeout=run.settings.timeout)
-        except Exception as exc:  # a bad item is its own error envelope, never the batch's
-            envelope = _refused(agent, exc)
-        else:
-            run.running[item.id] = handle.task_id
-            run.counters.running += 1
-            try:
-                envelope = await handle.wait()
-            finally:
-                run.counters.running -= 1
-                del run.running[item.id]
-            run.manager.collect(handle)  # retain_collected=0: the record goes with it
-        run.journal.record(item.id, envelope)
+            envelope = await _envelope_of(run, item)
+            # Counted and judged (--halt) before the slot is free: the next admission
+            # already sees this completion.
+            run.tally.add(item.id, envelope, here=True)
+            run.counters.done += 1
+            run.counters.failed += not envelope.ok
+            halt = run.settings.halt
+            if (
+                halt is not None
+                and not envelope.ok
+                and halt.reached(run.tally.failed_here, run.total)
+            ):
+                run.halt(f"halted: {run.tally.failed_here} failed (--halt); the rest not started")
+            run.journal.record(item.id, envelope)
+        finally:
+            # The runner is done: the next item may start while this one's commit is
+            # awaited (the commit is shared with the other items', group-committed).
+            slot.release()
         await run.journal.wait_committed()
         run.results.write(item.id, envelope)
-        run.tally.add(item.id, envelope, here=True)
-        run.counters.done += 1
-        run.counters.failed += not envelope.ok
-        halt = run.settings.halt
-        if halt is not None and not envelope.ok and halt.reached(run.tally.failed_here, run.total):
-            run.halt(f"halted: {run.tally.failed_here} failed (--halt); the rest not started")
     finally:
-        slot.release()
+        backlog.release()
+
+
+async def _envelope_of(run: _Run, item: Item) -> DelegateResult:
+    agent = ""
+    try:
+        agent = _agent_for(item, run.settings.specs)
+        text = _input_of(item, run.settings.template)
+        handle = run.manager.spawn(agent, text, timeout=run.settings.timeout)
+    except Exception as exc:  # a bad item is its own error envelope, never the batch's
+        return _refused(agent, exc)
+    run.running[item.id] = handle.task_id
+    run.counters.running += 1
+    try:
+        envelope = await handle.wait()
+    finally:
+        run.counters.running -= 1
+        del run.running[item.id]
+    run.manager.collect(handle)  # retain_collected=0: the record goes with it
+    return envelope
 
 
 async def _admit(run: _Run, items: list[Item]) -> None:
     slot = anyio.Semaphore(run.settings.jobs)
+    backlog = anyio.Semaphore(run.settings.jobs + _BACKLOG)
     async with anyio.create_task_group() as tg:
         for item in items:
+            await backlog.acquire()
             await slot.acquire()
             if run.stop.is_set():
                 slot.release()
+                backlog.release()
                 break
-            tg.start_soon(_one, run, item, slot)
+            tg.start_soon(_one, run, item, slot, backlog)
 
 
 async def _signals(run: _Run) -> None:

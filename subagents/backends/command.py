@@ -121,9 +121,12 @@ class CommandRunner:
         Cancellation (the watchdog's included) ends the process group, ``SIGTERM`` then
         ``SIGKILL`` after ``grace`` seconds, shielded, then propagates.
         """
-        process = await anyio.open_process(
-            list(argv), cwd=self.cwd, env=self.env, start_new_session=True
-        )
+        # Shielded: a cancellation while the process is being started would leave it
+        # running (or killed alone, its children not), with no handle here to end it by.
+        with anyio.CancelScope(shield=True):
+            process = await anyio.open_process(
+                list(argv), cwd=self.cwd, env=self.env, start_new_session=True
+            )
         out = bytearray()
         err = bytearray()
         try:
