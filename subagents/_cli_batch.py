@@ -91,6 +91,10 @@ def register(commands: Any) -> None:
         "--grace", type=_grace, default=5.0, metavar="SECONDS",
         help="after Ctrl-C, before what runs is cancelled; SIGTERM to SIGKILL (default 5)",
     )  # fmt: skip
+    run.add_argument(
+        "--backend", choices=("asyncio", "trio"), default="asyncio",
+        help="the event loop (default asyncio; trio must be installed)",
+    )  # fmt: skip
     run.set_defaults(func=_run)
     status = sub.add_parser("status", help="counts by state, failures, ETA (changes nothing)")
     status.add_argument("--store", required=True, metavar="PATH", help="the batch's store")
@@ -168,7 +172,9 @@ def _run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     try:
         os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
-        return anyio.run(run_batch, settings, items, sys.stderr)
+        return anyio.run(run_batch, settings, items, sys.stderr, backend=args.backend)
     except SubagentsError as exc:  # the store cannot be opened, or failed
         print(f"subagents batch run: {exc}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as exc:  # --backend trio without trio
+        return _usage(f"--backend {args.backend}: {exc}")
