@@ -1,8 +1,9 @@
 """``subagents batch run --input``: the items of a JSONL or CSV file (or stdin), with ids.
 
 Read once, whole, before anything runs: duplicate ids are found before the first item
-starts, and the total is known for the progress bar. Each item keeps its line (JSONL) or
-row (CSV, the header is row 1... its first data row is line 2, as an editor shows it).
+starts, and the total is known for the progress bar. Each item keeps its line number as
+an editor shows it (a CSV's header is line 1, so its first row is line 2; blank lines
+count and are skipped).
 """
 
 from __future__ import annotations

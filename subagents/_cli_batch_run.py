@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Final, Literal, TextIO
 
 import anyio
@@ -35,7 +36,7 @@ from ._jsonl import JsonlSink
 from ._manager import SubagentManager
 from ._spec import AgentSpec, SubagentConfig
 from .backends.command import fill_template
-from .store import SqliteStore
+from .store import SqliteStore, StoreError
 
 __all__ = ["Resume", "Settings", "run_batch"]
 
@@ -82,9 +83,11 @@ class _Run:
     stop: anyio.Event = attrs.Factory(anyio.Event)
     running: dict[str, str] = attrs.Factory(dict)
     """Item id -> task id of what runs."""
+    failures: list[Exception] = attrs.Factory(list)
+    """What stopped the run from recording: the results file's OSError (the sink reports
+    it), the store's StoreError."""
     stopped: str | None = None
     interrupted: bool = False
-    write_error: OSError | None = None
 
     def halt(self, why: str) -> None:
         if self.stopped is None:
@@ -142,7 +145,13 @@ async def _one(run: _Run, item: Item, slot: anyio.Semaphore, backlog: anyio.Sema
             # awaited (the commit is shared with the other items', group-committed).
             slot.release()
         await run.journal.wait_committed()
+    except StoreError as exc:  # the batch cannot record anything more: it stops
+        run.failures.append(exc)
+        run.halt("stopped: the store failed")
+    else:
         run.results.write(item.id, envelope)
+        if run.failures:
+            run.halt("stopped: the results file could not be written")
     finally:
         backlog.release()
 
@@ -211,15 +220,16 @@ async def _manifest(run: _Run) -> None:
 
 def _write_manifest(run: _Run, state: str) -> None:
     c = run.counters
-    run.journal.write_manifest(
-        state=state,
-        total=c.total,
-        done=c.done,
-        failed=c.failed,
-        running=c.running,
-        rate=round(c.rate(), 3),
-        started_ms=run.journal.started_ms,
-    )
+    with suppress(StoreError):  # a failed store is reported by the items' own writes
+        run.journal.write_manifest(
+            state=state,
+            total=c.total,
+            done=c.done,
+            failed=c.failed,
+            running=c.running,
+            rate=round(c.rate(), 3),
+            started_ms=run.journal.started_ms,
+        )
 
 
 def _plan(journal: BatchJournal, items: list[Item], s: Settings, tally: Tally) -> list[Item]:
@@ -257,8 +267,8 @@ async def run_batch(settings: Settings, items: Items, err: TextIO) -> int:
     """Run the batch; returns the exit status. Blocks until every admitted item is written.
 
     Raises:
-        StoreError: the store cannot be opened or fails.
-        OSError: the results file cannot be read or written.
+        StoreError: the store cannot be opened, or failed before the run began.
+        OSError: the results file cannot be read or rewritten before the run began.
     """
     started = time.monotonic()
     tally = Tally(total=len(items.items), malformed=len(items.malformed))
@@ -274,35 +284,42 @@ async def run_batch(settings: Settings, items: Items, err: TextIO) -> int:
             retain_collected=0,
             spawn_timeout=settings.timeout,
         )
-        run: _Run | None = None
-
-        def failed_write(exc: OSError) -> None:
-            if run is not None:
-                run.write_error = exc
-                run.halt(f"stopped: writing {settings.out} failed ({exc.strerror or exc})")
-
+        failures: list[Exception] = []
         results = ResultsFile(
             settings.out,
             order=[i.id for i in to_run] if settings.keep_order else None,
-            on_error=failed_write,
+            on_error=failures.append,
         )
-        counters = Counters(len(items.items), tally.done)
-        async with SubagentManager(settings.specs, config=config) as manager:
-            run = _Run(
-                settings=settings,
-                manager=manager,
-                journal=journal,
-                results=results,
-                tally=tally,
-                counters=counters,
-                total=len(to_run),
-            )
-            status = await _drive(run, to_run, settings.events, err)
-        await journal.wait_committed()
+        try:
+            async with SubagentManager(settings.specs, config=config) as manager:
+                run = _Run(
+                    settings=settings,
+                    manager=manager,
+                    journal=journal,
+                    results=results,
+                    tally=tally,
+                    counters=Counters(len(items.items), tally.done),
+                    total=len(to_run),
+                    failures=failures,
+                )
+                status = await _drive(run, to_run, settings.events, err)
+        finally:
+            results.close()
+        try:
+            await journal.wait_committed()
+        except StoreError as exc:
+            failures.append(exc)
     print_summary(tally, err, seconds=time.monotonic() - started, stopped=run.stopped)
-    if run.write_error is not None:
+    if failures:
+        print(f"subagents batch run: {_describe(failures[0])}", file=err)
         return 1
     return status
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, OSError):
+        return f"writing the results failed: {exc.strerror or exc}"
+    return str(exc)
 
 
 async def _drive(run: _Run, to_run: list[Item], events: str | None, err: TextIO) -> int:
@@ -318,7 +335,6 @@ async def _drive(run: _Run, to_run: list[Item], events: str | None, err: TextIO)
             await _admit(run, to_run)
             helpers.cancel_scope.cancel()
     finally:
-        run.results.close()
         if detach is not None and sink is not None:
             sink.close()
         progress.finish()
