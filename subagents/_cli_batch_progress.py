@@ -13,7 +13,7 @@ from typing import Final, Literal, TextIO
 
 import anyio
 
-__all__ = ["Counters", "Mode", "Progress", "choose_mode", "clock"]
+__all__ = ["Counters", "Mode", "Progress", "choose_mode", "clock", "render"]
 
 Mode = Literal["auto", "bar", "lines", "none"]
 _BAR_EVERY: Final = 0.2
@@ -24,12 +24,13 @@ _WIDTH: Final = 24
 class Counters:
     """What the progress shows; the run updates it, the progress reads it."""
 
-    def __init__(self, total: int, done_before: int) -> None:
+    def __init__(self, total: int, done_before: int = 0, failed_before: int = 0) -> None:
         self.total = total
         """Items of the batch."""
         self.done = done_before
         """Items with an envelope (earlier runs' included)."""
-        self.failed = 0
+        self.failed = failed_before
+        """Of those, not completed."""
         self.running = 0
         self.started = time.monotonic()
         self._done_before = done_before

@@ -298,7 +298,7 @@ async def run_batch(settings: Settings, items: Items, err: TextIO) -> int:
                     journal=journal,
                     results=results,
                     tally=tally,
-                    counters=Counters(len(items.items), tally.done),
+                    counters=Counters(len(items.items), tally.done, tally.failed),
                     total=len(to_run),
                     failures=failures,
                 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def test_ctrl_c_cancels_what_runs_after_the_grace_writes_it_and_exits_130(
     )  # fmt: skip
     # q0, q1 end at once; s0, s1 take their slots; then s2, s3: four running.
     wait_until(lambda: len(runs_of(runs)) == 6 and lines_of(tmp_path / "out.jsonl") == 2, "6 runs")
+    shown = batch("status", "--store", ".subagents/batch.db", "--json", cwd=tmp_path)
+    (report,) = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert (report["state"], report["total"]) == ("running", 10), "status sees it live"
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130, stderr
