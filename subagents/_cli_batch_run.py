@@ -199,8 +199,9 @@ async def _signals(run: _Run) -> None:
                     continue
                 run.interrupted = True
                 run.halt("interrupted: the running items ended, the rest were not started")
+                # On a line of its own: a progress bar may be drawn on the current one.
                 print(
-                    f"batch: interrupted; what runs is cancelled in {run.settings.grace:g} s"
+                    f"\nbatch: interrupted; what runs is cancelled in {run.settings.grace:g} s"
                     " (Ctrl-C again: now)",
                     file=sys.stderr,
                 )

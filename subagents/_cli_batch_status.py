@@ -126,7 +126,7 @@ def _format(report: dict[str, object]) -> list[str]:
     assert isinstance(by_status, dict)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(by_status.items())) or "nothing yet"
     lines = [
-        f"batch {report['batch']} (run {report['generation']}): {report['state']}",
+        f"batch {report['out']} (run {report['generation']}): {report['state']}",
         f"  {report['done']}/{report['total']} done: {counts}",
     ]
     if report["state"] == "running":
@@ -153,6 +153,10 @@ def run_status(args: argparse.Namespace) -> int:
     except StoreError as exc:
         print(f"subagents batch status: {exc}", file=sys.stderr)
         return 1
+    here = os.path.dirname(os.path.abspath(args.store))
+    for report in reports:
+        # The results file as this shell sees it (the name is relative to the store's folder).
+        report["out"] = os.path.relpath(os.path.join(here, str(report["batch"])))
     if args.json:
         for report in reports:
             print(dumps_str(report))
