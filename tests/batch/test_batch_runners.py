@@ -76,11 +76,11 @@ def test_the_timeout_ends_a_command_in_a_timeout_envelope(tmp_path: Path) -> Non
     write_jsonl(tmp_path / "items.jsonl", [{"id": "slow", "sleep": 60}, {"id": "fast", "sleep": 0}])
     done = batch(
         "run", "--input", "items.jsonl", "--out", "out.jsonl", "--id-field", "id",
-        "--progress", "none", "--command", "sleep {sleep}", "--timeout", "0.3", cwd=tmp_path,
+        "--progress", "none", "--command", "sleep {sleep}", "--timeout", "1", cwd=tmp_path,
     )  # fmt: skip
     found = by_id(tmp_path / "out.jsonl")
     assert (found["slow"]["status"], found["fast"]["status"]) == ("timeout", "completed")
-    assert found["slow"]["error"] == "watchdog: no result within 0.3 s"
+    assert found["slow"]["error"] == "watchdog: no result within 1 s"
     assert done.returncode == 1
 
 

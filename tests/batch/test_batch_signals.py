@@ -78,7 +78,7 @@ def test_a_command_ignoring_sigterm_is_killed_by_the_watchdog_with_its_children(
     script = 'trap \'\' TERM; echo $$ >> "$1"; sleep 60 & echo $! >> "$1"; wait; wait'
     done = batch(
         "run", "--input", "items.jsonl", "--out", "out.jsonl", "--id-field", "id",
-        "--command", f"sh -c '{script}' sh {{pids}}", "--timeout", "0.5", "--grace", "0.2",
+        "--command", f"sh -c '{script}' sh {{pids}}", "--timeout", "1", "--grace", "0.2",
         "--progress", "none", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
