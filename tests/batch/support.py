@@ -120,3 +120,10 @@ def alive(pids: Sequence[int]) -> list[int]:
         if state not in ("Z", "X"):
             living.append(pid)
     return living
+
+
+def wait_ended(pids: Sequence[int], timeout: float = 10.0) -> None:
+    """Wait until none of ``pids`` runs. SIGKILL returns before its target has died, and
+    an orphan's end is its own (only its parent, gone, could have waited for it): so the
+    test waits on /proc for what the kernel is finishing, and fails on what it is not."""
+    wait_until(lambda: not alive(pids), f"the end of {alive(pids)}", timeout)

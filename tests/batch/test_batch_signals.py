@@ -7,12 +7,12 @@ import signal
 from pathlib import Path
 
 from tests.batch.support import (
-    alive,
     batch,
     by_id,
     lines_of,
     runs_of,
     start,
+    wait_ended,
     wait_until,
     write_jsonl,
 )
@@ -85,7 +85,7 @@ def test_a_command_ignoring_sigterm_is_killed_by_the_watchdog_with_its_children(
     assert by_id(tmp_path / "out.jsonl")["stubborn"]["status"] == "timeout"
     started = [int(p) for p in pids.read_text().split()]
     assert len(started) == 2, "the shell and its sleep both ran"
-    assert alive(started) == [], "nothing the command started outlives the batch"
+    wait_ended(started)  # nothing the command started outlives the batch
 
 
 def test_ctrl_c_ends_a_command_that_ignores_sigterm_and_leaves_no_process(
@@ -104,4 +104,4 @@ def test_ctrl_c_ends_a_command_that_ignores_sigterm_and_leaves_no_process(
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130, stderr
     assert by_id(tmp_path / "out.jsonl")["stubborn"]["status"] == "cancelled"
-    assert alive([int(p) for p in pids.read_text().split()]) == []
+    wait_ended([int(p) for p in pids.read_text().split()])

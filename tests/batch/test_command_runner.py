@@ -9,7 +9,7 @@ import pytest
 
 from subagents import AgentSpec, ConfigError, SubagentManager
 from subagents.backends.command import CommandFailed, CommandRunner, command_agent, fill_template
-from tests.batch.support import alive, wait_until
+from tests.batch.support import wait_ended, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +64,8 @@ async def test_cancelling_a_run_ends_its_process_group_even_past_sigterm(tmp_pat
         handle.cancel()
         envelope = await handle.wait()
     assert envelope.status.value == "cancelled"
-    assert alive([int(p) for p in pids.read_text().split()]) == []
+    ended = [int(p) for p in pids.read_text().split()]
+    await anyio.to_thread.run_sync(wait_ended, ended)
 
 
 async def test_run_returns_the_exit_of_a_command_killed_by_a_signal() -> None:
