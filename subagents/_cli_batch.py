@@ -9,6 +9,7 @@ This module is the command line (arguments, their checks, the wiring); the run i
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -170,11 +171,11 @@ def _run(args: argparse.Namespace) -> int:
         timeout=args.timeout, resume=resume, halt=args.halt, keep_order=args.keep_order,
         progress=args.progress, events=args.events, grace=args.grace,
     )  # fmt: skip
+    if args.backend == "trio" and importlib.util.find_spec("trio") is None:
+        return _usage("--backend trio: trio is not installed (pip install trio)")
     try:
         os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
         return anyio.run(run_batch, settings, items, sys.stderr, backend=args.backend)
     except SubagentsError as exc:  # the store cannot be opened, or failed
         print(f"subagents batch run: {exc}", file=sys.stderr)
         return 1
-    except ModuleNotFoundError as exc:  # --backend trio without trio
-        return _usage(f"--backend {args.backend}: {exc}")
