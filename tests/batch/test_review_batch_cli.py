@@ -115,3 +115,22 @@ def test_a_csv_cell_over_128_kib_is_no_traceback(tmp_path: Path) -> None:
     )  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr
     assert "b" in by_id(tmp_path / "out.jsonl"), "the other rows run"
+
+
+def test_retry_failed_writes_every_id_once_when_a_failure_is_not_the_last_line(
+    tmp_path: Path,
+) -> None:
+    # reconcile's first pass stops at the first line it drops (any() short-circuits), so
+    # it reports only the ids before that line as present; _plan then appends the ones
+    # after it again, beside the copies the rewrite kept.
+    args = (
+        "run", "--input", "items.jsonl", "--out", "out.jsonl", "--id-field", "id",
+        "--agent", AGENT, "--progress", "none",
+    )  # fmt: skip
+    write_jsonl(tmp_path / "items.jsonl", [{"id": "bad", "fail": "x"}, {"id": "ok"}])
+    first = batch(*args, "-j", "1", cwd=tmp_path)
+    assert first.returncode == 1, first.stderr
+    write_jsonl(tmp_path / "items.jsonl", [{"id": "bad"}, {"id": "ok"}])
+    retried = batch(*args, "--retry-failed", cwd=tmp_path)
+    assert retried.returncode == 0, retried.stderr
+    assert sorted(by_id(tmp_path / "out.jsonl")) == ["bad", "ok"]  # by_id: no id twice

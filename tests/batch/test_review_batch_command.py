@@ -59,3 +59,11 @@ async def test_a_field_inside_a_sh_c_script_is_not_run_as_shell_code(tmp_path: P
     output, code, _ = await runner.run(runner.argv({"value": value}), b"")
     assert not marker.exists(), "the item's value ran as a shell command"
     assert (output, code) == (value, 0)
+
+
+async def test_a_stderr_tail_of_zero_keeps_no_stderr() -> None:
+    # keep = 0: `del into[:-0]` deletes nothing and `text[-0:]` is the whole text, so 0
+    # keeps all of stderr, unbounded, where 2000 keeps 2000 characters.
+    runner = CommandRunner("sh -c 'echo noisy >&2; exit 3'", stderr_tail=0)
+    _, code, tail = await runner.run(runner.argv({}), b"")
+    assert (code, tail) == (3, "")

@@ -1,10 +1,12 @@
-"""Review of ``subagents batch run --input``: edge cases of JSONL and CSV inputs."""
+"""Review of ``subagents batch run``: edge cases of JSONL and CSV inputs, and of the
+results file made to agree with the store on resume."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from subagents._cli_batch_inputs import read_items
+from subagents._cli_batch_results import reconcile
 
 
 def _read(path: Path, id_field: str | None = "id") -> tuple[list[tuple[str, int]], list[int]]:
@@ -55,3 +57,10 @@ def test_a_multiline_csv_record_is_numbered_by_the_line_it_starts_on(tmp_path: P
     path.write_text('text,n\n"two\nlines",1\nplain,2\n')
     # An editor shows the first record on line 2; csv's line_num is the line it ends on.
     assert _read(path, id_field=None) == ([("2", 2), ("4", 4)], [])
+
+
+def test_reconcile_reports_every_kept_id_when_an_early_line_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(b'{"id": "bad", "envelope": {}}\n{"id": "ok", "envelope": {}}\n')
+    assert reconcile(str(path), {"ok"}) == {"ok"}
+    assert path.read_bytes() == b'{"id": "ok", "envelope": {}}\n'
