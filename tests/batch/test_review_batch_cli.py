@@ -134,3 +134,18 @@ def test_retry_failed_writes_every_id_once_when_a_failure_is_not_the_last_line(
     retried = batch(*args, "--retry-failed", cwd=tmp_path)
     assert retried.returncode == 0, retried.stderr
     assert sorted(by_id(tmp_path / "out.jsonl")) == ["bad", "ok"]  # by_id: no id twice
+
+
+def test_an_error_names_the_batch_command_not_the_value_of_its_command_option(
+    tmp_path: Path,
+) -> None:
+    # batch run's --command has the dest of the top-level subcommand ("command"), so
+    # main()'s OSError net prints "subagents true: ..." (or "subagents None: ..." with
+    # --agent) for a missing --input.
+    for runner in (("--command", "true"), ("--agent", AGENT)):
+        done = batch(
+            "run", "--input", "missing.jsonl", "--out", "out.jsonl", *runner,
+            "--progress", "none", cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode in (1, 2)
+        assert done.stderr.startswith("subagents batch"), done.stderr
