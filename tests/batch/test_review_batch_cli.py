@@ -8,6 +8,9 @@ import signal
 from contextlib import suppress
 from pathlib import Path
 
+import attrs
+
+from tests.batch.agents import ECHO
 from tests.batch.support import (
     alive,
     batch,
@@ -20,6 +23,8 @@ from tests.batch.support import (
 )
 
 AGENT = "tests.batch.agents:ECHO"
+SHORT = attrs.evolve(ECHO, name="short", timeout=0.2)
+"""``--agent tests.batch.test_review_batch_cli:SHORT``: echo with a watchdog of its own."""
 _SCRIPT = 'echo $$ >> "$1"; sleep 60 & echo $! >> "$1"; wait'
 
 
@@ -149,3 +154,16 @@ def test_an_error_names_the_batch_command_not_the_value_of_its_command_option(
         )  # fmt: skip
         assert done.returncode in (1, 2)
         assert done.stderr.startswith("subagents batch"), done.stderr
+
+
+def test_an_agents_own_timeout_holds_when_timeout_is_not_given(tmp_path: Path) -> None:
+    # --timeout defaults to 1800 and is passed to every spawn, which overrides the spec's
+    # own timeout (the library's order: the spawn's, the agent's, the config's); --retries
+    # left out keeps the spec's retry policy, --timeout left out should keep its timeout.
+    write_jsonl(tmp_path / "items.jsonl", [{"id": "slow", "sleep": 3}])
+    done = batch(
+        "run", "--input", "items.jsonl", "--out", "out.jsonl", "--id-field", "id",
+        "--agent", "tests.batch.test_review_batch_cli:SHORT", "--progress", "none",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert by_id(tmp_path / "out.jsonl")["slow"]["status"] == "timeout", done.stderr
