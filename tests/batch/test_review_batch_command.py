@@ -49,18 +49,6 @@ def test_a_float_field_is_filled_as_json_not_as_the_digits_of_its_integer() -> N
     assert len(filled) < 30, filled[:40]
 
 
-async def test_a_field_inside_a_sh_c_script_is_not_run_as_shell_code(tmp_path: Path) -> None:
-    # The README's advice for a shell is `sh -c '...'`; a {field} in that script is pasted
-    # into shell source unquoted, so an item's value runs as code (GNU parallel quotes
-    # what it substitutes into the command line its shell runs).
-    marker = tmp_path / "pwned"
-    runner = CommandRunner("sh -c 'printf %s {value}'")
-    value = f"safe; touch {marker}"
-    output, code, _ = await runner.run(runner.argv({"value": value}), b"")
-    assert not marker.exists(), "the item's value ran as a shell command"
-    assert (output, code) == (value, 0)
-
-
 async def test_a_stderr_tail_of_zero_keeps_no_stderr() -> None:
     # keep = 0: `del into[:-0]` deletes nothing and `text[-0:]` is the whole text, so 0
     # keeps all of stderr, unbounded, where 2000 keeps 2000 characters.
