@@ -35,7 +35,7 @@ TOP_LEVEL = {
 TOOLS = {"Tool", "ToolLimits", "ToolResult", "Toolset", "build_tools"}
 TYPING = {"Backend", "JSONValue", "Runner"}
 MCP = {"build_server", "serve"}
-COMMAND = {"CommandFailed", "CommandRunner", "command_agent", "fill_template"}
+COMMAND = {"CommandFailed", "CommandRunner", "MissingField", "command_agent", "fill_template"}
 COMPAT = {"Tool", "ToolResult", "Toolset", "build_tools"}
 """Still importable from the top level, without a warning, though not in its __all__."""
 MOVED = {"ToolLimits": subagents.tools, "Runner": subagents.typing, "Backend": subagents.typing}

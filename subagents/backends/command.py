@@ -6,19 +6,22 @@
 - the request's ``input`` is the item: a JSON object (anything else is the object
   ``{"input": <the text>}``); each ``{field}`` of the template is replaced by the item's
   field, after the template is split into words (``shlex``), so a value is always one
-  argument and nothing goes through a shell (ask for one with ``sh -c '...'``);
+  argument and nothing goes through a shell (for one, ``sh -c '... "$1"' sh {field}``:
+  the value is the script's argument, never its source); ``{{`` and ``}}`` are literal
+  braces;
 - the input is written to the process's stdin, its stdout becomes the result's ``output``;
 - a non-zero exit raises :class:`CommandFailed` (exit code, the tail of stderr): an
   ``error`` envelope, retried under the agent's :class:`~subagents.RetryPolicy` if it lists
   the class;
-- the process leads a process group of its own (``start_new_session``): when the run
-  ends, however it ends (the watchdog, cancellation, a normal exit), the group gets
-  ``SIGTERM``, then ``SIGKILL`` after ``grace`` seconds, so no descendant outlives it.
+- the process leads a process group of its own (``start_new_session``). Cut short (the
+  watchdog, cancellation) the group gets ``SIGTERM``, then ``SIGKILL`` after ``grace``
+  seconds; after a normal exit it gets ``SIGKILL`` at once (what is left of it is
+  background processes the command left behind, which would otherwise hold its stdout
+  open). So no descendant that stays in the group outlives the run.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shlex
@@ -35,14 +38,31 @@ from .._json import dumps_str, loads
 from .._retry import RetryPolicy
 from .._spec import AgentSpec, Request, Result
 from .._validators import count, seconds
+from . import _warden
 
-__all__ = ["CommandFailed", "CommandRunner", "command_agent", "fill_template"]
+__all__ = ["CommandFailed", "CommandRunner", "MissingField", "command_agent", "fill_template"]
 
-_FIELD: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
-"""A ``{field}`` of a template: a name only, so ``awk '{print $1}'`` keeps its braces."""
+_FIELD: Final = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
+"""A ``{field}`` of a template (a name only, so ``awk '{print $1}'`` keeps its braces), or
+``{{`` / ``}}``, a literal brace (``awk '/x/{{next}} 1'``)."""
+_EXACT_INT: Final = 2**53
+"""An integral float below this is filled as the integer it is exactly (``3.0``: ``3``)."""
 _READ_CHUNK: Final = 65536
 _REAP_TIMEOUT: Final = 5.0
-"""How long a SIGKILLed process may take to be reaped before the run gives up on it."""
+"""How long a SIGKILLed process may take to be reaped, and its pipes to close, before the
+run gives up on it (a process in uninterruptible sleep, a descendant that left the group
+holding stdout)."""
+
+
+class MissingField(KeyError):
+    """A ``{field}`` of a template that the item does not have; ``field`` names it."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        super().__init__(field)
+
+    def __str__(self) -> str:  # KeyError's own quotes the message as a repr
+        return f"the item has no field {self.field!r} for {{{self.field}}}"
 
 
 class CommandFailed(Exception):
@@ -86,13 +106,14 @@ class CommandRunner:
         cwd: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        words = shlex.split(command) if isinstance(command, str) else [str(w) for w in command]
+        try:
+            words = shlex.split(command) if isinstance(command, str) else [str(w) for w in command]
+        except ValueError as exc:  # shlex: an unbalanced quote, a trailing escape
+            raise ConfigError("command", f"a shell-quoted argv template ({exc})", command) from None
         if not words:
             raise ConfigError("command", "a non-empty argv template", command)
         self.argv_template: tuple[str, ...] = tuple(words)
-        self.fields: frozenset[str] = frozenset(
-            m.group(1) for word in words for m in _FIELD.finditer(word)
-        )
+        self.fields: frozenset[str] = frozenset().union(*map(_template_fields, words))
         self.grace: float = seconds("grace", grace, none_ok=False, zero_ok=True)
         self.stderr_tail: int = count("stderr_tail", stderr_tail, minimum=0)
         self.cwd = cwd
@@ -102,7 +123,7 @@ class CommandRunner:
         """The template filled from ``item``.
 
         Raises:
-            KeyError: a ``{field}`` the item does not have (the message names it).
+            MissingField: a ``{field}`` the item does not have (a ``KeyError`` naming it).
         """
 
         return [fill_template(word, item) for word in self.argv_template]
@@ -127,6 +148,7 @@ class CommandRunner:
             process = await anyio.open_process(
                 list(argv), cwd=self.cwd, env=self.env, start_new_session=True
             )
+        _warden.started(process.pid)
         out = bytearray()
         err = bytearray()
         try:
@@ -135,10 +157,17 @@ class CommandRunner:
                 tg.start_soon(_drain, process.stdout, out, None)
                 tg.start_soon(_drain, process.stderr, err, self.stderr_tail * 4)
                 code = await process.wait()
+                # What is left of the group is what the command left in the background:
+                # it ends now, or a child holding stdout would keep the run from ending.
+                _signal_group(process.pid, signal.SIGKILL)
+                # A descendant that left the group may still hold a pipe: bounded.
+                tg.cancel_scope.deadline = anyio.current_time() + _REAP_TIMEOUT
         finally:
             with anyio.CancelScope(shield=True):
                 await _end_group(process, self.grace)
-        tail = err.decode("utf-8", "replace")[-self.stderr_tail :]
+            _warden.ended(process.pid)
+        text = err.decode("utf-8", "replace")
+        tail = text[len(text) - self.stderr_tail :] if self.stderr_tail else ""
         return out.decode("utf-8", "replace"), code, tail
 
 
@@ -155,6 +184,7 @@ def command_agent(
 ) -> AgentSpec:
     """An :class:`~subagents.AgentSpec` whose runner is ``CommandRunner(command, ...)``;
     ``retries`` further tries follow a :class:`CommandFailed` (backoff 0.1 s doubling)."""
+    count("retries", retries, minimum=0)
     runner = CommandRunner(command, grace=grace, cwd=cwd, env=env)
     retry = None if retries == 0 else RetryPolicy(attempts=retries + 1, retry_on=CommandFailed)
     return AgentSpec(
@@ -168,20 +198,28 @@ def command_agent(
 
 def fill_template(template: str, item: Mapping[str, object]) -> str:
     """``template`` with each ``{field}`` replaced by the item's field (a string as is,
-    ``null`` as the empty string, anything else as JSON). Braces around anything but a
-    name (``{print $1}``) stay as they are.
+    ``null`` as the empty string, anything else as JSON, an integral float below 2**53 as
+    its integer). ``{{`` and ``}}`` are literal braces; braces around anything but a name
+    (``{print $1}``) stay as they are.
 
     Raises:
-        KeyError: a ``{field}`` the item does not have (the message names it).
+        MissingField: a ``{field}`` the item does not have (a ``KeyError`` naming it).
     """
 
     def fill(match: re.Match[str]) -> str:
         name = match.group(1)
+        if not name:
+            return match.group(0)[0]
         if name not in item:
-            raise KeyError(f"the item has no field {name!r} for {{{name}}}")
+            raise MissingField(name)
         return _as_word(item[name])
 
     return _FIELD.sub(fill, template)
+
+
+def _template_fields(template: str) -> frozenset[str]:
+    """The names of the ``{field}`` placeholders of ``template``."""
+    return frozenset(m.group(1) for m in _FIELD.finditer(template) if m.group(1))
 
 
 def _item_of(text: str) -> Mapping[str, object]:
@@ -197,7 +235,7 @@ def _as_word(value: object) -> str:
         return value
     if value is None:
         return ""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and abs(value) < _EXACT_INT:
         return str(int(value))
     return dumps_str(value)
 
@@ -223,7 +261,7 @@ async def _drain(
     async for chunk in stream:
         into += chunk
         if keep is not None and len(into) > 2 * keep:
-            del into[:-keep]  # only the tail is reported: a chatty stderr stays bounded
+            del into[: len(into) - keep]  # only the tail is reported: a chatty stderr stays bounded
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
@@ -238,7 +276,8 @@ def _signal_group(pgid: int, signum: int) -> bool:
 
 
 async def _end_group(process: anyio.abc.Process, grace: float) -> None:
-    """End the process and its group: SIGTERM, ``grace`` seconds, SIGKILL; then reap.
+    """End the process and its group: SIGTERM, ``grace`` seconds, SIGKILL; then reap
+    (bounded: ``_REAP_TIMEOUT``).
 
     After a normal exit this still signals the group, which ends the background
     processes the command left (the kernel hands out no pid still in use as a group's
@@ -250,4 +289,11 @@ async def _end_group(process: anyio.abc.Process, grace: float) -> None:
     _signal_group(pgid, signal.SIGKILL)
     with anyio.move_on_after(_REAP_TIMEOUT):
         await process.wait()
-    await process.aclose()
+    if process.returncode is not None:
+        await process.aclose()
+        return
+    # Not reaped in time (uninterruptible sleep): close the pipes and leave it, since
+    # the process's own aclose would wait for it without a bound.
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            await stream.aclose()

@@ -8,7 +8,13 @@ import anyio
 import pytest
 
 from subagents import AgentSpec, ConfigError, SubagentManager
-from subagents.backends.command import CommandFailed, CommandRunner, command_agent, fill_template
+from subagents.backends.command import (
+    CommandFailed,
+    CommandRunner,
+    MissingField,
+    command_agent,
+    fill_template,
+)
 from tests.batch.support import wait_ended, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -74,3 +80,17 @@ async def test_run_returns_the_exit_of_a_command_killed_by_a_signal() -> None:
     assert (output, code) == ("", -9)
     failure = CommandFailed(runner.argv({}), code, "")
     assert "signal 9" in str(failure)
+
+
+def test_doubled_braces_are_literal_braces_and_no_field() -> None:
+    runner = CommandRunner("awk '/x/{{next}} {{print {col}}}'")
+    assert runner.fields == {"col"}
+    assert runner.argv({"col": "$2"}) == ["awk", "/x/{next} {print $2}"]
+
+
+def test_a_missing_field_is_a_key_error_whose_message_names_it_unquoted() -> None:
+    with pytest.raises(MissingField) as caught:
+        fill_template("cat {path}", {"other": 1})
+    assert isinstance(caught.value, KeyError)
+    assert caught.value.field == "path"
+    assert str(caught.value) == "the item has no field 'path' for {path}"
