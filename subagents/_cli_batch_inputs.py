@@ -2,14 +2,17 @@
 
 Read once, whole, before anything runs: duplicate ids are found before the first item
 starts, and the total is known for the progress bar. Each item keeps its line number as
-an editor shows it (a CSV's header is line 1, so its first row is line 2; blank lines
-count and are skipped).
+an editor shows it (a CSV's header is line 1, so its first row is line 2; a record over
+several lines is numbered by its first; blank lines count and are skipped). Only ``\n``
+ends a line (``\r\n`` too): JSON allows U+2028 or U+0085 raw inside a string. Bytes that
+are not UTF-8 make their line (or CSV record) malformed, not the input.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import re
 import sys
 from collections.abc import Iterator
 from typing import Final, Literal
@@ -23,6 +26,12 @@ __all__ = ["Item", "Items", "InputError", "read_items"]
 Format = Literal["jsonl", "csv"]
 _LISTED: Final = 10
 """A duplicate-id error lists this many ids (each with its lines)."""
+_CELL_LIMIT: Final = 2**31 - 1
+"""The largest CSV cell (``csv`` refuses cells over 128 KiB by default); the whole input
+is in memory anyway."""
+_NOT_UTF8: Final = re.compile("[\udc80-\udcff]")
+"""What ``surrogateescape`` decodes a byte that is not UTF-8 to."""
+_WHY_NOT_UTF8: Final = "not UTF-8"
 
 
 class InputError(Exception):
@@ -49,6 +58,8 @@ class Items:
     """The well-formed ones, in input order."""
     malformed: list[tuple[int, str]]
     """``(line, why)`` of each line that is no item; none of them runs."""
+    columns: list[str] | None = None
+    """A CSV's header; ``None`` for JSONL."""
 
 
 def _format(path: str, text: str, given: Format | None) -> Format:
@@ -59,7 +70,7 @@ def _format(path: str, text: str, given: Format | None) -> Format:
     if path.endswith((".jsonl", ".ndjson", ".json")):
         return "jsonl"
     # stdin or an unknown suffix: a JSONL line starts with '{'.
-    first = next((line for line in text.splitlines() if line.strip()), "")
+    first = next((line for line in text.split("\n") if line.strip()), "")
     return "jsonl" if first.lstrip().startswith("{") else "csv"
 
 
@@ -69,15 +80,16 @@ def _read_text(path: str) -> str:
     else:
         with open(path, "rb") as f:
             data = f.read()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    # A byte that is not UTF-8 becomes a lone surrogate: its line is malformed, not all.
+    return data.decode("utf-8-sig", "surrogateescape")
 
 
 def _jsonl(text: str) -> Iterator[tuple[int, dict[str, object] | str]]:
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
+            continue
+        if _NOT_UTF8.search(line):
+            yield number, _WHY_NOT_UTF8
             continue
         try:
             value = loads(line)
@@ -90,22 +102,57 @@ def _jsonl(text: str) -> Iterator[tuple[int, dict[str, object] | str]]:
         yield number, dict(value)
 
 
-def _csv(text: str) -> Iterator[tuple[int, dict[str, object] | str]]:
+def _csv(text: str, columns: list[str]) -> Iterator[tuple[int, dict[str, object] | str]]:
+    """The rows of a CSV; ``columns`` is filled with the header once it is read."""
+    csv.field_size_limit(_CELL_LIMIT)
     reader = csv.reader(io.StringIO(text, newline=""))
     header: list[str] | None = None
-    for row in reader:
-        number = reader.line_num
+    ended = 0  # the line the previous record ended on
+    lines = text.count("\n") + (not text.endswith("\n"))
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:  # the reader goes on at the next line
+            number, ended = ended + 1, reader.line_num
+            yield number, f"not CSV ({exc})"
+            continue
+        number, ended = ended + 1, reader.line_num
+        if not any(cell.strip() for cell in row):
+            continue
         if header is None:
             header = row
             if len(set(header)) != len(header):
                 raise InputError(f"the CSV header (line {number}) names a column twice")
+            if _NOT_UTF8.search("".join(header)):
+                raise InputError(f"the CSV header (line {number}) is not UTF-8")
+            columns.extend(header)
             continue
-        if not any(cell.strip() for cell in row):
+        if ended >= lines and _unterminated(text, number):
+            yield number, "a quoted field is never closed: it runs to the end of the input"
+            continue
+        if any(_NOT_UTF8.search(cell) for cell in row):
+            yield number, _WHY_NOT_UTF8
             continue
         if len(row) != len(header):
             yield number, f"{len(row)} fields where the header has {len(header)}"
             continue
         yield number, dict(zip(header, row, strict=True))
+
+
+def _unterminated(text: str, line: int) -> bool:
+    """The last record, from ``line`` on, opens a quote it never closes: the lenient
+    reader ends the field at the end of the input without a word, a strict one says so."""
+    start = 0
+    for _ in range(line - 1):
+        start = text.index("\n", start) + 1
+    try:
+        for _ in csv.reader(io.StringIO(text[start:], newline=""), strict=True):
+            pass
+    except csv.Error as exc:
+        return "end of data" in str(exc)
+    return False
 
 
 def _id_of(fields: dict[str, object], id_field: str | None, line: int) -> str | None:
@@ -126,15 +173,22 @@ def read_items(
     Raises:
         InputError: duplicate ids (listed with their lines) unless ``rename_duplicates``
             (then the second is ``<id>-2``, the third ``<id>-3``), a CSV header naming a
-            column twice, bytes that are not UTF-8.
+            column twice or lacking ``id_field``.
         OSError: the file cannot be read.
     """
     text = _read_text(path)
-    parse = _csv if _format(path, text, fmt) == "csv" else _jsonl
+    columns: list[str] = []
+    is_csv = _format(path, text, fmt) == "csv"
+    rows = _csv(text, columns) if is_csv else _jsonl(text)
     items: list[Item] = []
     malformed: list[tuple[int, str]] = []
     lines: dict[str, list[int]] = {}
-    for line, parsed in parse(text):
+    for line, parsed in rows:
+        if is_csv and id_field is not None and not items and id_field not in columns:
+            raise InputError(
+                f"--id-field {id_field!r} is not a column of the CSV header "
+                f"({', '.join(columns) or 'none'})"
+            )
         if isinstance(parsed, str):
             malformed.append((line, parsed))
             continue
@@ -156,7 +210,7 @@ def read_items(
         )
     if repeated:
         items = _renamed(items, set(lines))
-    return Items(items=items, malformed=malformed)
+    return Items(items=items, malformed=malformed, columns=columns if is_csv else None)
 
 
 def _renamed(items: list[Item], taken: set[str]) -> list[Item]:

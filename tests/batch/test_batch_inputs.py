@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from subagents._cli_batch_inputs import read_items
 from tests.batch.support import batch, by_id, write_jsonl
 
 AGENT = "tests.batch.agents:ECHO"
@@ -101,3 +102,41 @@ def test_strict_input_stops_the_run_before_anything_runs(tmp_path: Path) -> None
     assert done.returncode == 2
     assert "line 2: not JSON" in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_unterminated_csv_quote_is_a_malformed_record_named_by_its_first_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "items.csv"
+    path.write_text('id,text\na,1\nb,"never closed\nc,3\n')
+    found = read_items(str(path), id_field="id", fmt=None, rename_duplicates=False)
+    assert [i.id for i in found.items] == ["a"]
+    assert [line for line, _ in found.malformed] == [3]
+    assert "never closed" in found.malformed[0][1]
+
+
+def test_an_id_field_or_template_field_that_is_no_csv_column_is_one_usage_error(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "items.csv").write_text("name,n\na,1\nb,2\n")
+    base = ("run", "--input", "items.csv", "--out", "out.jsonl", "--progress", "none")
+    by_id_field = batch(*base, "--id-field", "id", "--command", "echo {name}", cwd=tmp_path)
+    by_command = batch(*base, "--command", "echo {nmae}", cwd=tmp_path)
+    by_template = batch(*base, "--agent", AGENT, "--template", "say {nmae}", cwd=tmp_path)
+    for done in (by_id_field, by_command, by_template):
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert "name, n" in done.stderr, "the error lists the header's columns"
+    assert "--id-field 'id'" in by_id_field.stderr
+    assert "--command: {nmae}" in by_command.stderr
+    assert "--template: {nmae}" in by_template.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_missing_input_file_is_a_usage_error(tmp_path: Path) -> None:
+    done = batch(
+        "run", "--input", "missing.jsonl", "--out", "out.jsonl", "--command", "true",
+        "--progress", "none", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--input missing.jsonl" in done.stderr
