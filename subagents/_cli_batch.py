@@ -26,17 +26,19 @@ from ._cli_specs import SpecsError, load_specs, specs_reference
 from ._errors import SubagentsError
 from ._retry import RetryPolicy
 from ._spec import AgentSpec
-from .backends.command import command_agent
+from .backends import _warden
+from .backends.command import CommandRunner, _template_fields, command_agent
 
 __all__ = ["register"]
 
 _EPILOG = """\
 Each line of --out is {"id": ..., "envelope": {DelegateResult}}, written once the
 envelope is committed to the store. Exit status: 0 every item completed; 1-100 the number
-that did not (malformed input lines included); 101 more; 2 a usage error; 130 Ctrl-C.
-Example:
+that did not (malformed input lines included); 101 more; 2 a usage error; 130 Ctrl-C;
+143 SIGTERM. In a template, {{ and }} are literal braces. Example:
   subagents batch run --input items.jsonl --out results.jsonl -j 8 \\
-      --command 'wc -c {path}'"""
+      --command 'wc -c {path}'
+  (a shell, the field its argument: --command 'sh -c "wc -c \\"$1\\"" sh {path}')"""
 
 
 def register(commands: Any) -> None:
@@ -58,7 +60,11 @@ def register(commands: Any) -> None:
     runner.add_argument(
         "--agent", type=specs_reference, metavar="MODULE:SPEC", help="an AgentSpec (or a list)"
     )
-    runner.add_argument("--command", metavar="CMD", help="argv template, e.g. 'wc -c {path}'")
+    # Not dest "command": that is the top-level subcommand's, which error messages name.
+    runner.add_argument(
+        "--command", dest="command_template", metavar="CMD",
+        help="argv template, e.g. 'wc -c {path}'",
+    )  # fmt: skip
     run.add_argument("--id-field", metavar="NAME", help="the item's id (default: its line)")
     run.add_argument(
         "--rename-duplicates", action="store_true", help="number repeated ids <id>-2, <id>-3"
@@ -69,8 +75,8 @@ def register(commands: Any) -> None:
     run.add_argument("--template", metavar="TEXT", help="an agent's input, with {field}s")
     run.add_argument("-j", "--jobs", type=_jobs, default=16, help="items at once (default 16)")
     run.add_argument(
-        "--timeout", type=positive_seconds, default=1800.0, metavar="SECONDS",
-        help="per item, retries included (default 1800)",
+        "--timeout", type=positive_seconds, metavar="SECONDS",
+        help="per item, retries included (default: the agent's own, else 1800)",
     )  # fmt: skip
     run.add_argument("--retries", type=_retries, metavar="N", help="tries after a failure")
     again = run.add_mutually_exclusive_group()
@@ -133,8 +139,8 @@ def _usage(message: str) -> int:
 
 
 def _specs(args: argparse.Namespace) -> list[AgentSpec]:
-    if args.command is not None:
-        return [command_agent(args.command, retries=args.retries or 0, grace=args.grace)]
+    if args.command_template is not None:
+        return [command_agent(args.command_template, retries=args.retries or 0, grace=args.grace)]
     specs = load_specs(args.agent)
     if args.retries is None:
         return specs
@@ -142,8 +148,31 @@ def _specs(args: argparse.Namespace) -> list[AgentSpec]:
     return [attrs.evolve(spec, retry=policy) for spec in specs]
 
 
+def _unknown_columns(
+    args: argparse.Namespace, specs: list[AgentSpec], columns: list[str] | None
+) -> str | None:
+    """A usage error for a ``{field}`` of the template that is no column of the CSV (every
+    row would fail alike); ``None`` for JSONL, whose items may differ."""
+    if columns is None:
+        return None
+    if args.command_template is not None:
+        runner = specs[0].runner
+        fields = runner.fields if isinstance(runner, CommandRunner) else frozenset()
+        option = "--command"
+    else:
+        fields = _template_fields(args.template or "")
+        option = "--template"
+    missing = sorted(fields - set(columns))
+    if not missing:
+        return None
+    return (
+        f"{option}: {', '.join('{' + m + '}' for m in missing)} is no column of the CSV "
+        f"header ({', '.join(columns) or 'none'})"
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
-    if args.template is not None and args.command is not None:
+    if args.template is not None and args.command_template is not None:
         return _usage("--template is an agent's input: with --command, use {field}s in it")
     out = args.out
     beside = os.path.dirname(os.path.abspath(out))
@@ -158,6 +187,8 @@ def _run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except InputError as exc:
         return _usage(str(exc))
+    except OSError as exc:  # a missing --input is the command line's mistake
+        return _usage(f"--input {args.input}: {exc.strerror or exc}")
     if args.strict_input and items.malformed:
         line, why = items.malformed[0]
         more = f" (and {len(items.malformed) - 1} more)" if len(items.malformed) > 1 else ""
@@ -166,6 +197,9 @@ def _run(args: argparse.Namespace) -> int:
         specs = _specs(args)
     except (SpecsError, SubagentsError) as exc:
         return _usage(f"--{'agent' if args.agent else 'command'}: {exc}")
+    unknown = _unknown_columns(args, specs, items.columns)
+    if unknown:
+        return _usage(unknown)
     settings = Settings(
         out=out, store=store, specs=specs, template=args.template, jobs=args.jobs,
         timeout=args.timeout, resume=resume, halt=args.halt, keep_order=args.keep_order,
@@ -175,7 +209,9 @@ def _run(args: argparse.Namespace) -> int:
         return _usage("--backend trio: trio is not installed (pip install trio)")
     try:
         os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
-        return anyio.run(run_batch, settings, items, sys.stderr, backend=args.backend)
+        # The warden ends the commands' process groups should this process be killed.
+        with _warden.installed(args.grace):
+            return anyio.run(run_batch, settings, items, sys.stderr, backend=args.backend)
     except SubagentsError as exc:  # the store cannot be opened, or failed
         print(f"subagents batch run: {exc}", file=sys.stderr)
         return 1

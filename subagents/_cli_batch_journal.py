@@ -24,7 +24,14 @@ from ._json import dumps_str, loads
 from ._validators import MAX_COUNT
 from .store import SqliteMailbox, SqliteStore
 
-__all__ = ["MANIFEST", "BatchJournal", "batch_name", "items_session", "manifest_session"]
+__all__ = [
+    "MANIFEST",
+    "BatchJournal",
+    "batch_name",
+    "items_session",
+    "manifest_session",
+    "process_start",
+]
 
 MANIFEST = "manifest"
 """The manifest's key in its session."""
@@ -33,8 +40,9 @@ _PREFIX = "batch:"
 
 def batch_name(out: str, store_path: str) -> str:
     """The batch's name: the results file's path relative to the store's directory."""
-    base = os.path.dirname(os.path.abspath(store_path))
-    return os.path.relpath(os.path.abspath(out), base)
+    # Real paths: the same file reached through a symbolic link is the same batch.
+    base = os.path.dirname(os.path.realpath(store_path))
+    return os.path.relpath(os.path.realpath(out), base)
 
 
 def manifest_session(name: str) -> str:
@@ -43,6 +51,21 @@ def manifest_session(name: str) -> str:
 
 def items_session(name: str, generation: int) -> str:
     return f"{_PREFIX}{name}#{generation}"
+
+
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (Linux's ``/proc``), or ``None``
+    where that is unknown. A pid is reused; a pid and its start time name one process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[-1].split()
+    try:
+        return int(fields[19])  # field 22 of stat(5); the name before ")" is fields 1-2
+    except (IndexError, ValueError):
+        return None
 
 
 def now_ms() -> int:
@@ -62,6 +85,8 @@ class BatchJournal:
         self.name = name
         self._meta = store.mailbox(manifest_session(name), capacity=MAX_COUNT)
         previous = self.manifest()
+        self.found: bool = previous is not None
+        """An earlier run of this batch left its manifest."""
         last = previous.get("generation") if previous else None
         generation = last if isinstance(last, int) and last >= 1 else 0
         self.generation: int = generation + 1 if fresh or generation == 0 else generation
@@ -88,6 +113,7 @@ class BatchJournal:
         body: dict[str, object] = {
             "generation": self.generation,
             "pid": os.getpid(),
+            "pid_start": process_start(os.getpid()),
             "updated_ms": now_ms(),
         }
         body.update(fields)

@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable, Container, Iterator
 from contextlib import suppress
 
+import anyio
+
 from ._envelope import DelegateResult
 from ._json import dumps, loads
 from ._jsonl import JsonlSink
@@ -56,8 +58,11 @@ def reconcile(path: str, keep: Container[str]) -> set[str]:
     kept: set[str] = set()
     try:
         # A first pass only decides: the common case (nothing to drop) rewrites nothing,
-        # and neither pass holds more than one line in memory.
-        dropped = any(line is None for line in _lines_kept(path, keep, kept))
+        # and neither pass holds more than one line in memory. It reads to the end (no
+        # any(), which stops at the first drop): ``kept`` must name every kept line.
+        dropped = False
+        for line in _lines_kept(path, keep, kept):
+            dropped = dropped or line is None
     except FileNotFoundError:
         return kept
     if not dropped:
@@ -105,6 +110,7 @@ class ResultsFile:
         self._order = order
         self._next = 0
         self._held: dict[int, bytes] = {}
+        self._room = anyio.Event()
 
     @property
     def written(self) -> int:
@@ -126,13 +132,31 @@ class ResultsFile:
             self._held.setdefault(self._position[item_id], b"")
             self._release()
 
+    @property
+    def held(self) -> int:
+        """Lines held back (``--keep-order``) so far."""
+        return len(self._held)
+
+    async def wait_held_below(self, bound: int) -> None:
+        """Block while ``bound`` lines or more are held back. Admission waits here, so
+        ``--keep-order`` holds at most ``bound`` lines behind a slow item (which runs:
+        admission is in input order, so the line everything waits on is in flight)."""
+        while len(self._held) >= bound:
+            if self._room.is_set():
+                self._room = anyio.Event()
+            await self._room.wait()
+
     def _release(self) -> None:
         assert self._order is not None
+        released = False
         while self._next in self._held:
             line = self._held.pop(self._next)
             if line:
                 self._sink.write_line(line)
             self._next += 1
+            released = True
+        if released:
+            self._room.set()
 
     def close(self) -> None:
         """Write whatever is still held (in order) and close the file."""

@@ -15,10 +15,10 @@ store, and its line written or not: :func:`reconcile` settles that on resume.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from contextlib import suppress
 from typing import Final, Literal, TextIO
 
@@ -29,21 +29,23 @@ from ._cli_batch_inputs import Item, Items
 from ._cli_batch_journal import BatchJournal, batch_name
 from ._cli_batch_progress import Counters, Mode, Progress, choose_mode
 from ._cli_batch_results import ResultsFile, line_of, reconcile
-from ._cli_batch_summary import Halt, Tally, exit_status, print_summary
+from ._cli_batch_summary import EXIT_USAGE, Halt, Tally, exit_status, print_summary
 from ._envelope import DelegateResult, describe_exception
 from ._json import dumps_str
 from ._jsonl import JsonlSink
 from ._manager import SubagentManager
-from ._spec import AgentSpec, SubagentConfig
+from ._spec import UNSET, AgentSpec, SubagentConfig
 from .backends.command import fill_template
 from .store import SqliteStore, StoreError
 
-__all__ = ["Resume", "Settings", "run_batch"]
+__all__ = ["DEFAULT_TIMEOUT", "Resume", "Settings", "run_batch"]
 
 Resume = Literal["fresh", "resume", "retry-failed"]
 _BACKLOG: Final = 4096
 """Items whose envelope awaits its commit (and its line) at most, beyond ``--jobs``: a
 bound on memory while the store is slower than the runners."""
+DEFAULT_TIMEOUT: Final = 1800.0
+"""An item's watchdog in seconds when neither ``--timeout`` nor its agent sets one."""
 _MANIFEST_EVERY: Final = 1.0
 """Seconds between two rewrites of the manifest ``batch status`` reads."""
 
@@ -59,6 +61,8 @@ class Settings:
     """``--template``: an agent's input text; ``None``: the item as JSON."""
     jobs: int
     timeout: float | None
+    """``--timeout``: every item's watchdog; ``None``: the agent's own, else
+    :data:`DEFAULT_TIMEOUT`."""
     resume: Resume
     halt: Halt | None
     keep_order: bool
@@ -87,7 +91,8 @@ class _Run:
     """What stopped the run from recording: the results file's OSError (the sink reports
     it), the store's StoreError."""
     stopped: str | None = None
-    interrupted: bool = False
+    interrupted: int | None = None
+    """The signal (SIGINT, SIGTERM) that interrupted the run, if one did."""
 
     def halt(self, why: str) -> None:
         if self.stopped is None:
@@ -133,12 +138,8 @@ async def _one(run: _Run, item: Item, slot: anyio.Semaphore, backlog: anyio.Sema
             run.counters.done += 1
             run.counters.failed += not envelope.ok
             halt = run.settings.halt
-            if (
-                halt is not None
-                and not envelope.ok
-                and halt.reached(run.tally.failed_here, run.total)
-            ):
-                run.halt(f"halted: {run.tally.failed_here} failed (--halt); the rest not started")
+            if halt is not None and not envelope.ok and _halt_reached(run, halt):
+                run.halt(f"halted: {_failed(run)} failed (--halt); the rest not started")
             run.journal.record(item.id, envelope)
         finally:
             # The runner is done: the next item may start while this one's commit is
@@ -156,12 +157,24 @@ async def _one(run: _Run, item: Item, slot: anyio.Semaphore, backlog: anyio.Sema
         backlog.release()
 
 
+def _failed(run: _Run) -> int:
+    """This run's failures as ``--halt`` counts them: as the exit status does, malformed
+    input lines included."""
+    return run.tally.failed_here + run.tally.malformed
+
+
+def _halt_reached(run: _Run, halt: Halt) -> bool:
+    # A percentage is of what this run admits at most, the malformed lines included.
+    return halt.reached(_failed(run), run.total + run.tally.malformed)
+
+
 async def _envelope_of(run: _Run, item: Item) -> DelegateResult:
     agent = ""
     try:
         agent = _agent_for(item, run.settings.specs)
         text = _input_of(item, run.settings.template)
-        handle = run.manager.spawn(agent, text, timeout=run.settings.timeout)
+        timeout = UNSET if run.settings.timeout is None else run.settings.timeout
+        handle = run.manager.spawn(agent, text, timeout=timeout)
     except Exception as exc:  # a bad item is its own error envelope, never the batch's
         return _refused(agent, exc)
     run.running[item.id] = handle.task_id
@@ -176,11 +189,16 @@ async def _envelope_of(run: _Run, item: Item) -> DelegateResult:
 
 
 async def _admit(run: _Run, items: list[Item]) -> None:
+    halt = run.settings.halt
+    if halt is not None and run.tally.malformed and _halt_reached(run, halt):
+        run.halt(f"halted: {_failed(run)} malformed input lines (--halt); nothing started")
+        return
     slot = anyio.Semaphore(run.settings.jobs)
     backlog = anyio.Semaphore(run.settings.jobs + _BACKLOG)
     async with anyio.create_task_group() as tg:
         for item in items:
             await backlog.acquire()
+            await run.results.wait_held_below(_BACKLOG)
             await slot.acquire()
             if run.stop.is_set():
                 slot.release()
@@ -190,19 +208,21 @@ async def _admit(run: _Run, items: list[Item]) -> None:
 
 
 async def _signals(run: _Run) -> None:
-    """Ctrl-C: stop admitting; cancel what runs after the grace (at once on a second)."""
-    with anyio.open_signal_receiver(signal.SIGINT) as received:
+    """Ctrl-C or SIGTERM: stop admitting; cancel what runs after the grace (at once on a
+    second signal)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
         async with anyio.create_task_group() as tg:
-            async for _ in received:
-                if run.interrupted:
+            async for signum in received:
+                if run.interrupted is not None:
                     run.cancel_running()
                     continue
-                run.interrupted = True
+                run.interrupted = signum
                 run.halt("interrupted: the running items ended, the rest were not started")
                 # On a line of its own: a progress bar may be drawn on the current one.
+                again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
                 print(
                     f"\nbatch: interrupted; what runs is cancelled in {run.settings.grace:g} s"
-                    " (Ctrl-C again: now)",
+                    f" ({again} again: now)",
                     file=sys.stderr,
                 )
                 tg.start_soon(_cancel_after, run, run.settings.grace)
@@ -278,12 +298,24 @@ async def run_batch(settings: Settings, items: Items, err: TextIO) -> int:
     async with SqliteStore(settings.store) as store:
         name = batch_name(settings.out, settings.store)
         journal = BatchJournal(store, name, fresh=settings.resume == "fresh")
+        if settings.resume != "fresh" and not journal.found and _has_results(settings.out):
+            # Without its journal the file's lines cannot be trusted or kept: refuse
+            # rather than empty it and run everything again.
+            print(
+                f"subagents batch run: error: {settings.store} holds no batch for "
+                f"{settings.out} (another --store? a removed .subagents?); nothing was run: "
+                "point --store at its store, or remove the file and run without --resume",
+                file=err,
+            )
+            return EXIT_USAGE
         to_run = _plan(journal, items.items, settings, tally)
         config = SubagentConfig(
             max_concurrent_spawns=settings.jobs,
             mailbox_capacity=settings.jobs + 64,
             retain_collected=0,
-            spawn_timeout=settings.timeout,
+            # The spawn's timeout, then the agent's, then this: without --timeout an
+            # agent's own watchdog holds.
+            spawn_timeout=DEFAULT_TIMEOUT if settings.timeout is None else settings.timeout,
         )
         failures: list[Exception] = []
         results = ResultsFile(
@@ -291,8 +323,12 @@ async def run_batch(settings: Settings, items: Items, err: TextIO) -> int:
             order=[i.id for i in to_run] if settings.keep_order else None,
             on_error=failures.append,
         )
+        # Open before the manager and closed after it: the events of its exit are written.
+        sink = JsonlSink(settings.events) if settings.events else None
         try:
             async with SubagentManager(settings.specs, config=config) as manager:
+                if sink is not None:
+                    sink.attach(manager.events)  # detached by close()
                 run = _Run(
                     settings=settings,
                     manager=manager,
@@ -303,8 +339,10 @@ async def run_batch(settings: Settings, items: Items, err: TextIO) -> int:
                     total=len(to_run),
                     failures=failures,
                 )
-                status = await _drive(run, to_run, settings.events, err)
+                status = await _drive(run, to_run, err)
         finally:
+            if sink is not None:
+                sink.close()
             results.close()
         try:
             await journal.wait_committed()
@@ -317,16 +355,21 @@ async def run_batch(settings: Settings, items: Items, err: TextIO) -> int:
     return status
 
 
+def _has_results(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
+
+
 def _describe(exc: Exception) -> str:
     if isinstance(exc, OSError):
         return f"writing the results failed: {exc.strerror or exc}"
     return str(exc)
 
 
-async def _drive(run: _Run, to_run: list[Item], events: str | None, err: TextIO) -> int:
+async def _drive(run: _Run, to_run: list[Item], err: TextIO) -> int:
     progress = Progress(run.counters, choose_mode(run.settings.progress, err), err)
-    sink = JsonlSink(events) if events else None
-    detach: Callable[[], None] | None = sink.attach(run.manager.events) if sink else None
     _write_manifest(run, "running")
     try:
         async with anyio.create_task_group() as helpers:
@@ -336,8 +379,6 @@ async def _drive(run: _Run, to_run: list[Item], events: str | None, err: TextIO)
             await _admit(run, to_run)
             helpers.cancel_scope.cancel()
     finally:
-        if detach is not None and sink is not None:
-            sink.close()
         progress.finish()
-    _write_manifest(run, "interrupted" if run.interrupted else "finished")
+    _write_manifest(run, "finished" if run.interrupted is None else "interrupted")
     return exit_status(run.tally, interrupted=run.interrupted)

@@ -14,7 +14,7 @@ import sqlite3
 import sys
 from typing import Final
 
-from ._cli_batch_journal import MANIFEST, items_session, now_ms
+from ._cli_batch_journal import MANIFEST, items_session, now_ms, process_start
 from ._cli_batch_progress import clock
 from ._json import dumps_str, loads
 from .store import DEFAULT_BUSY_TIMEOUT, StoreError
@@ -72,8 +72,12 @@ def _counts(conn: sqlite3.Connection, session: str) -> tuple[dict[str, int], lis
     return counts, failures
 
 
-def _alive(pid: object) -> bool:
+def _alive(pid: object, started: object) -> bool:
+    """The manifest's process still runs: its pid lives and, where the manifest recorded
+    its start time (Linux), started then (a reused pid is another process)."""
     if not isinstance(pid, int) or pid <= 0:
+        return False
+    if isinstance(started, int) and process_start(pid) not in (started, None):
         return False
     try:
         os.kill(pid, 0)
@@ -93,7 +97,7 @@ def _report(conn: sqlite3.Connection) -> list[dict[str, object]]:
             assert isinstance(generation, int)
             counts, failures = _counts(conn, items_session(name, generation))
             state = manifest.get("state")
-            if state == "running" and not _alive(manifest.get("pid")):
+            if state == "running" and not _alive(manifest.get("pid"), manifest.get("pid_start")):
                 state = "killed"
             total = manifest.get("total")
             done = sum(counts.values())

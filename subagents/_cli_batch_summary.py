@@ -2,8 +2,8 @@
 
 Exit status, as GNU parallel's: 0 when every item of the results file completed, else
 the number that did not (a malformed input line counts as one), 101 past 100; 2 is a
-usage error, 130 a run stopped by Ctrl-C. The count is of the whole results file, earlier
-runs' lines included, so ``0`` always means "every id completed".
+usage error, 130 a run stopped by Ctrl-C, 143 by SIGTERM. The count is of the whole
+results file, earlier runs' lines included, so ``0`` always means "every id completed".
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ _SHOWN_FAILURES: Final = 5
 _ERROR_CHARS: Final = 200
 _FAILED_MAX: Final = 100
 """Past this many failures the exit status is 101."""
-EXIT_INTERRUPTED: Final = 130
 EXIT_USAGE: Final = 2
 
 
@@ -96,10 +95,11 @@ class Tally:
         return self.done - self.by_status.get("completed", 0)
 
 
-def exit_status(tally: Tally, *, interrupted: bool) -> int:
-    """The command's exit status (module docstring)."""
-    if interrupted:
-        return EXIT_INTERRUPTED
+def exit_status(tally: Tally, *, interrupted: int | None) -> int:
+    """The command's exit status (module docstring); ``interrupted``: the signal that
+    stopped the run (128 + its number, as a shell reports it: 130 SIGINT, 143 SIGTERM)."""
+    if interrupted is not None:
+        return 128 + interrupted
     failed = tally.failed + tally.malformed
     return min(failed, _FAILED_MAX + 1)
 

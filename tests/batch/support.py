@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def start(*args: str, cwd: Path, runs: Path | None = None) -> subprocess.Popen[s
     )
 
 
-def write_jsonl(path: Path, items: Iterable[dict[str, object]]) -> Path:
+def write_jsonl(path: Path, items: Iterable[Mapping[str, object]]) -> Path:
     path.write_text("".join(json.dumps(item) + "\n" for item in items))
     return path
 

@@ -87,7 +87,9 @@ def test_resume_writes_the_lines_a_kill_kept_from_the_file_and_drops_a_torn_one(
 def test_retry_failed_reruns_error_timeout_and_cancelled_and_keeps_the_rest(
     tmp_path: Path,
 ) -> None:
-    items = [{"id": "ok"}, {"id": "bad", "fail": "x"}, {"id": "slow", "sleep": 60}]
+    items: list[dict[str, object]] = [
+        {"id": "ok"}, {"id": "bad", "fail": "x"}, {"id": "slow", "sleep": 60},
+    ]  # fmt: skip
     write_jsonl(tmp_path / "items.jsonl", items)
     runs = tmp_path / "runs"
     first = batch(*_run("--timeout", "0.3"), cwd=tmp_path, runs=runs)

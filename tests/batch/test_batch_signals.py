@@ -105,3 +105,36 @@ def test_ctrl_c_ends_a_command_that_ignores_sigterm_and_leaves_no_process(
     assert process.returncode == 130, stderr
     assert by_id(tmp_path / "out.jsonl")["stubborn"]["status"] == "cancelled"
     wait_ended([int(p) for p in pids.read_text().split()])
+
+
+def test_sigterm_is_handled_like_ctrl_c_and_exits_143(tmp_path: Path) -> None:
+    items = [{"id": "q"}] + [{"id": f"s{n}", "sleep": 60} for n in range(3)]
+    write_jsonl(tmp_path / "items.jsonl", items)
+    runs = tmp_path / "runs"
+    process = start(
+        "run", "--input", "items.jsonl", "--out", "out.jsonl", "--id-field", "id",
+        "--agent", AGENT, "-j", "2", "--grace", "0.1", "--progress", "none",
+        cwd=tmp_path, runs=runs,
+    )  # fmt: skip
+    # q ends at once; s0 and s1 take the two slots.
+    wait_until(lambda: len(runs_of(runs)) == 3 and lines_of(tmp_path / "out.jsonl") == 1, "3 runs")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143, stderr
+    found = by_id(tmp_path / "out.jsonl")
+    assert {k: v["status"] for k, v in found.items()} == {
+        "q": "completed", "s0": "cancelled", "s1": "cancelled",
+    }  # fmt: skip
+    assert "1 not run" in stderr, "the summary is printed"
+
+
+def test_halt_counts_malformed_lines_as_the_exit_status_does(tmp_path: Path) -> None:
+    (tmp_path / "items.jsonl").write_text('{"id": "a"}\nnot json\n{"id": "b", "fail": "x"}\n')
+    done = batch(
+        "run", "--input", "items.jsonl", "--out", "out.jsonl", "--id-field", "id",
+        "--agent", AGENT, "-j", "1", "--halt", "fail=1", "--progress", "none",
+        cwd=tmp_path, runs=tmp_path / "runs",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "halted: 1 malformed input lines" in done.stderr
+    assert runs_of(tmp_path / "runs") == [], "nothing started"
