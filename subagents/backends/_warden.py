@@ -10,8 +10,9 @@ signals the groups still listed, ``SIGTERM``, then ``SIGKILL`` after ``grace`` s
 and exits.
 
 One process per batch, not one per command (a supervisor per command would cost a
-Python start-up per item); two ``write`` calls per command. A SIGKILL between a command's
-start and its line on the pipe (no ``await`` in between) leaves that one group unlisted.
+Python start-up per item); two ``write`` calls per command. A SIGKILL in the short window
+between a command's fork and its line on the pipe (while the event loop connects its
+pipes) leaves that one group unlisted; so does a descendant that starts a group of its own.
 """
 
 from __future__ import annotations

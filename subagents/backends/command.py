@@ -137,7 +137,8 @@ class CommandRunner:
 
     async def run(self, argv: Sequence[str], stdin: bytes) -> tuple[str, int, str]:
         """Run ``argv`` with ``stdin``: ``(stdout, exit code, stderr tail)``. Blocks until
-        the process has exited and its pipes are closed.
+        the process has exited and its pipes are closed (at most ``_REAP_TIMEOUT`` seconds
+        past its exit: a descendant that left its group may hold them).
 
         Cancellation (the watchdog's included) ends the process group, ``SIGTERM`` then
         ``SIGKILL`` after ``grace`` seconds, shielded, then propagates.
