@@ -9,6 +9,7 @@ import types
 import pytest
 
 import subagents
+import subagents.backends.command
 import subagents.mcp
 import subagents.testing
 import subagents.tools
@@ -34,11 +35,19 @@ TOP_LEVEL = {
 TOOLS = {"Tool", "ToolLimits", "ToolResult", "Toolset", "build_tools"}
 TYPING = {"Backend", "JSONValue", "Runner"}
 MCP = {"build_server", "serve"}
+COMMAND = {"CommandFailed", "CommandRunner", "MissingField", "command_agent", "fill_template"}
 COMPAT = {"Tool", "ToolResult", "Toolset", "build_tools"}
 """Still importable from the top level, without a warning, though not in its __all__."""
 MOVED = {"ToolLimits": subagents.tools, "Runner": subagents.typing, "Backend": subagents.typing}
 PRIVATE = {"WAIT_MARGIN_RATIO", "WAIT_MARGIN_MIN", "NO_HOST_TIMEOUT_WAIT_CAP", "wait_margin"}
-PUBLIC_MODULES = (subagents, subagents.tools, subagents.typing, subagents.testing, subagents.mcp)
+PUBLIC_MODULES = (
+    subagents,
+    subagents.tools,
+    subagents.typing,
+    subagents.testing,
+    subagents.mcp,
+    subagents.backends.command,
+)
 
 
 @pytest.mark.parametrize(
@@ -48,8 +57,9 @@ PUBLIC_MODULES = (subagents, subagents.tools, subagents.typing, subagents.testin
         (subagents.tools, TOOLS),
         (subagents.typing, TYPING),
         (subagents.mcp, MCP),
+        (subagents.backends.command, COMMAND),
     ],
-    ids=["subagents", "subagents.tools", "subagents.typing", "subagents.mcp"],
+    ids=["subagents", "subagents.tools", "subagents.typing", "subagents.mcp", "command"],
 )
 def test_all_is_exactly_the_public_surface(module: types.ModuleType, names: set[str]) -> None:
     assert len(module.__all__) == len(set(module.__all__)), "a name is listed twice"

@@ -1,0 +1,96 @@
+"""``subagents.backends.command``: the command runner as a library, on asyncio and trio."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from subagents import AgentSpec, ConfigError, SubagentManager
+from subagents.backends.command import (
+    CommandFailed,
+    CommandRunner,
+    MissingField,
+    command_agent,
+    fill_template,
+)
+from tests.batch.support import wait_ended, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+def test_a_template_is_split_first_then_filled_one_word_per_field() -> None:
+    runner = CommandRunner("grep -c {pattern} '{path}' {n}")
+    item = {"pattern": "a b; rm -rf /", "path": "my file", "n": 3.0}
+    assert runner.argv(item) == ["grep", "-c", "a b; rm -rf /", "my file", "3"]
+    assert runner.fields == {"pattern", "path", "n"}
+
+
+def test_a_template_fills_json_for_structures_and_keeps_other_braces() -> None:
+    assert fill_template("{a} {b} {c} {print $1}", {"a": [1], "b": None, "c": True}) == (
+        "[1]  true {print $1}"
+    )
+    with pytest.raises(KeyError, match="no field 'missing'"):
+        fill_template("x {missing}", {})
+    with pytest.raises(ConfigError, match="command"):
+        CommandRunner("  ")
+
+
+async def test_the_output_is_stdout_and_a_failure_carries_the_code_and_stderr() -> None:
+    agents = [
+        command_agent(["sh", "-c", "cat; echo done >&2"], name="cat"),
+        command_agent("sh -c 'echo {why} >&2; exit 4'", name="fail"),
+    ]
+    async with SubagentManager(agents) as manager:
+        ok = await manager.execute("cat", '{"k": "v"}')
+        bad = await manager.execute("fail", '{"why": "broken"}')
+    assert (ok.status.value, ok.output) == ("completed", '{"k": "v"}')
+    assert bad.status.value == "error"
+    assert bad.error_type == "subagents.backends.command.CommandFailed"
+    assert bad.error.endswith("failed with exit code 4; stderr: broken")
+
+
+async def test_a_plain_text_input_is_the_item_input_field() -> None:
+    async with SubagentManager([command_agent("echo {input}")]) as manager:
+        result = await manager.execute("command", "not json")
+    assert result.output == "not json\n"
+
+
+async def test_cancelling_a_run_ends_its_process_group_even_past_sigterm(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = f"trap '' TERM; sleep 60 & echo $$ $! > {pids}; wait; wait"
+    runner = CommandRunner(["sh", "-c", script], grace=0.1)
+    spec = AgentSpec(name="stubborn", runner=runner)
+    async with SubagentManager([spec]) as manager:
+        handle = manager.spawn("stubborn", "{}")
+        # The file is how the shell says it has started both (another process: no event).
+        started = lambda: pids.exists() and len(pids.read_text().split()) == 2  # noqa: E731
+        await anyio.to_thread.run_sync(wait_until, started, "the pids")
+        handle.cancel()
+        envelope = await handle.wait()
+    assert envelope.status.value == "cancelled"
+    ended = [int(p) for p in pids.read_text().split()]
+    await anyio.to_thread.run_sync(wait_ended, ended)
+
+
+async def test_run_returns_the_exit_of_a_command_killed_by_a_signal() -> None:
+    runner = CommandRunner("sh -c 'kill -9 $$'")
+    output, code, _ = await runner.run(runner.argv({}), b"")
+    assert (output, code) == ("", -9)
+    failure = CommandFailed(runner.argv({}), code, "")
+    assert "signal 9" in str(failure)
+
+
+def test_doubled_braces_are_literal_braces_and_no_field() -> None:
+    runner = CommandRunner("awk '/x/{{next}} {{print {col}}}'")
+    assert runner.fields == {"col"}
+    assert runner.argv({"col": "$2"}) == ["awk", "/x/{next} {print $2}"]
+
+
+def test_a_missing_field_is_a_key_error_whose_message_names_it_unquoted() -> None:
+    with pytest.raises(MissingField) as caught:
+        fill_template("cat {path}", {"other": 1})
+    assert isinstance(caught.value, KeyError)
+    assert caught.value.field == "path"
+    assert str(caught.value) == "the item has no field 'path' for {path}"
