@@ -1,0 +1,95 @@
+"""The checks of a room call's arguments: each bad value is a ``ConfigError`` naming its
+field."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Final
+
+from .._errors import ConfigError
+from .._validators import seconds
+from ._members import check_name
+from ._messages import MAX_BODY, MAX_SUBJECT
+from ._records import LeaseMode
+
+__all__ = [
+    "MAX_LIMIT",
+    "absolute",
+    "check_body",
+    "check_limit",
+    "check_mode",
+    "check_path",
+    "check_rooms",
+    "check_selector",
+    "check_subject",
+    "check_tags",
+    "check_ttl",
+]
+
+MAX_LIMIT: Final = 1000
+"""The most rows one call returns."""
+MAX_PATH: Final = 4096
+
+
+def check_rooms(room: object, extra: Sequence[object]) -> tuple[str, ...]:
+    if isinstance(extra, str):
+        raise ConfigError("extra_rooms", "a list of room names (not one string)", extra)
+    rooms = [check_name("room", room), *(check_name("extra_rooms", r) for r in extra)]
+    return tuple(dict.fromkeys(rooms))
+
+
+def check_tags(tags: Sequence[object] | None) -> tuple[str, ...] | None:
+    if tags is None:
+        return None
+    if isinstance(tags, str):
+        raise ConfigError("tags", "a list of tags (not one string)", tags)
+    return tuple(dict.fromkeys(check_name("tags", t) for t in tags))
+
+
+def check_ttl(field: str, value: object, *, none_ok: bool) -> float | None:
+    return seconds(field, value, none_ok=none_ok, zero_ok=False)
+
+
+def check_limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise ConfigError("limit", f"an integer from 1 to {MAX_LIMIT}", value)
+    return value
+
+
+def check_mode(value: object) -> LeaseMode:
+    if value == "exclusive" or value == "shared":
+        return value
+    raise ConfigError("mode", "'exclusive' or 'shared'", value)
+
+
+def check_path(value: object) -> str:
+    if not isinstance(value, str) or not value or "\0" in value or len(value) > MAX_PATH:
+        raise ConfigError("path", f"a file path (1 to {MAX_PATH} characters, no NUL)", value)
+    return value
+
+
+def absolute(path: str, cwd: str) -> str:
+    """``path`` made absolute against ``cwd`` and normalised (``..`` and ``.`` resolved, no
+    symlink followed): ``src/x.py`` from ``/repo`` and ``/repo/src/x.py`` are one path."""
+    return os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
+
+
+def check_selector(value: object) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_PATH:
+        raise ConfigError("to", "'*', a member id, 'file:<glob>' or 'tag:<tag>'", value)
+    return value
+
+
+def check_body(value: object) -> str:
+    if not isinstance(value, str) or len(value) > MAX_BODY:
+        raise ConfigError("body", f"a string of at most {MAX_BODY} characters", value)
+    return value
+
+
+def check_subject(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_SUBJECT:
+        raise ConfigError("subject", f"a string of at most {MAX_SUBJECT} characters", value)
+    return value

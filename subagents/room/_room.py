@@ -1,0 +1,493 @@
+"""``Room``: coordination across the processes sharing one store file.
+
+One connection to the file, used by one worker thread at a time (a thread lock), and the
+store's watcher thread polling ``PRAGMA data_version`` while a receive waits. Every call
+runs its reads and writes in a worker thread inside one retried ``BEGIN IMMEDIATE``
+transaction and reads the room's clock inside it, so the time a call records is the time
+it held the database.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar, cast
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from .._validators import seconds
+from ..store._opening import close_all, open_connections
+from ..store._sqlite import Connection, Synchronous
+from ..store._watch import Watcher
+from . import _leases, _members, _messages, _who
+from ._checks import (
+    absolute,
+    check_body,
+    check_limit,
+    check_mode,
+    check_path,
+    check_rooms,
+    check_selector,
+    check_subject,
+    check_tags,
+    check_ttl,
+)
+from ._ids import check_harness_key, resolve_member
+from ._liveness import process_start
+from ._members import check_autonomy, check_name
+from ._records import (
+    Autonomy,
+    Claim,
+    Drift,
+    Joined,
+    Lease,
+    LeaseCheck,
+    LeaseMode,
+    Member,
+    Message,
+    Received,
+    Sent,
+    SentMessage,
+)
+
+__all__ = ["DEFAULT_LEASE_TTL", "Room"]
+
+T = TypeVar("T")
+
+DEFAULT_LEASE_TTL: Final = 300.0
+"""Seconds a lease lasts unless claimed or renewed with another ``ttl``."""
+_OWN_PID: Final = -1
+
+
+class Room:
+    """Members, messages, file leases and drift checks in the store file at ``path``.
+
+    ``async with Room(path) as room:`` opens (creating or migrating the store) and closes
+    it. Every call but :meth:`history`, :meth:`check` and :meth:`who` takes a member id
+    (from :meth:`join`) as its first argument and counts as that member's activity.
+
+    Args:
+        path: the store's file (the same file a :class:`~subagents.store.SqliteStore`
+            opens; the room's tables are beside the mailbox's).
+        clock: seconds, read inside each transaction: lease and TTL times, ``seen_at``.
+            Every process sharing the file must use the same clock.
+        retry_window: a wake signal still ``offered`` after this many seconds is repeated
+            on the next call of any member.
+        poll_interval: how often a waiting receive looks at ``PRAGMA data_version``.
+        synchronous: ``NORMAL`` (default: a commit survives a process crash) or ``FULL``
+            (and a power loss).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_timeout: float = 10.0,
+        poll_interval: float = 0.005,
+        retry_window: float = 30.0,
+        synchronous: Synchronous = "NORMAL",
+    ) -> None:
+        self.path = os.fspath(path)
+        self._clock = clock
+        self._busy_timeout = seconds("busy_timeout", busy_timeout, none_ok=False, zero_ok=False)
+        self._poll_interval = seconds("poll_interval", poll_interval, none_ok=False, zero_ok=False)
+        self._retry_window = seconds("retry_window", retry_window, none_ok=False, zero_ok=True)
+        self._synchronous = synchronous
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._watcher: Watcher | None = None
+        self._waiters: set[anyio.Event] = set()
+
+    async def __aenter__(self) -> Room:
+        connections = await anyio.to_thread.run_sync(
+            lambda: open_connections(
+                self.path, synchronous=self._synchronous, busy_timeout=self._busy_timeout
+            )
+        )
+        close_all([connections.loop])
+        self._conn = Connection(
+            connections.writer,
+            path=self.path,
+            busy_timeout=self._busy_timeout,
+            retry_timeout=self._busy_timeout,
+        )
+        self._watcher = Watcher(
+            connections.watcher,
+            token=anyio.lowlevel.current_token(),
+            interval=self._poll_interval,
+            on_change=self._changed,
+        )
+        self._watcher.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        watcher, conn = self._watcher, self._conn
+        self._watcher = self._conn = None
+        if watcher is not None:
+            watcher.stop()
+            await anyio.to_thread.run_sync(watcher.join, None)
+        if conn is not None:
+            await anyio.to_thread.run_sync(conn.close)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _changed(self) -> None:
+        for event in self._waiters:
+            event.set()
+
+    def _open(self) -> Connection:
+        if self._conn is None:
+            raise RuntimeError("the room is not open: use `async with Room(path) as room`")
+        return self._conn
+
+    async def _write(self, body: Callable[[sqlite3.Connection, float], T]) -> T:
+        conn = self._open()
+
+        def run() -> T:
+            with self._lock:
+                # No precheck: write() answers body's result, never its None.
+                return cast("T", conn.write(lambda raw: body(raw, self._clock())))
+
+        result = await anyio.to_thread.run_sync(run)
+        self._changed()  # a waiter of this process looks at once, without the poll
+        return result
+
+    async def _as(self, member: object, body: Callable[[sqlite3.Connection, str, float], T]) -> T:
+        """``body`` as ``member``'s call: the id checked, its activity recorded."""
+
+        def run(raw: sqlite3.Connection, now: float) -> T:
+            found = resolve_member(raw, member, self.path)
+            _members.touch(raw, found, now)
+            _messages.resend_signals(raw, now, self._retry_window)
+            return body(raw, found, now)
+
+        return await self._write(run)
+
+    # ------------------------------------------------------------------ members
+
+    async def join(
+        self,
+        room: str = "default",
+        *,
+        extra_rooms: Sequence[str] = (),
+        label: str | None = None,
+        tags: Sequence[str] | None = None,
+        autonomy: Autonomy | None = None,
+        harness_key: str | None = None,
+        cwd: str | None = None,
+        pid: int | None = _OWN_PID,
+    ) -> Joined:
+        """Join ``room`` and ``extra_rooms``; the member id every other call takes.
+
+        With a ``harness_key`` (a UUID) that joined before, the same member comes back
+        (its rooms kept, these added, its pid and directory updated) and its wake level
+        stays unless ``autonomy`` raises it (up to the rooms' cap); a lower one is refused
+        with :attr:`Joined.warning` naming the level that stays. ``pid`` defaults to this
+        process (``None``: none recorded, so liveness reads ``unknown``); ``cwd`` to this
+        process's directory: relative lease paths and ``file:`` selectors are read
+        against it.
+        """
+        rooms = check_rooms(room, extra_rooms)
+        key = check_harness_key(harness_key)
+        level = None if autonomy is None else check_autonomy("autonomy", autonomy)
+        named = None if label is None else check_name("label", label)
+        tagged = check_tags(tags)
+        where = _absolute_dir(cwd)
+        process = os.getpid() if pid == _OWN_PID else pid
+        start = None if process is None else process_start(process)
+        return await self._write(
+            lambda raw, now: _members.join(
+                raw,
+                rooms=rooms,
+                label=named,
+                tags=tagged,
+                autonomy=level,
+                harness_key=key,
+                cwd=where,
+                pid=process,
+                pid_start=start,
+                now=now,
+            )
+        )
+
+    async def leave(self, member: str, room: str | None = None) -> tuple[str, ...]:
+        """Leave ``room``, or every room (``None``: its leases are released too); the
+        rooms the member is still in. The member id stays valid."""
+        where = None if room is None else check_name("room", room)
+
+        def body(raw: sqlite3.Connection, found: str, now: float) -> tuple[str, ...]:
+            if where is None:
+                _leases.release_all(raw, found, now)
+            return _members.leave(raw, found, where)
+
+        return await self._as(member, body)
+
+    async def set_autonomy_cap(self, room: str, autonomy: Autonomy) -> int:
+        """The operator's one way to lower wake levels: cap ``room`` at ``autonomy``
+        (members above it are lowered now; later raises stop there). How many were lowered."""
+        where = check_name("room", room)
+        level = check_autonomy("autonomy", autonomy)
+        return await self._write(lambda raw, now: _members.set_cap(raw, where, level))
+
+    async def who(self, room: str | None = None, *, limit: int = 1000) -> tuple[Member, ...]:
+        """The members of ``room`` (``None``: of the store), each with its liveness."""
+        where = None if room is None else check_name("room", room)
+        cap = check_limit(limit)
+        conn = self._open()
+
+        def run() -> tuple[Member, ...]:
+            with self._lock:
+                found = conn.read(lambda raw: _who.rows(raw, where, cap))
+            return _who.with_liveness(found)
+
+        return await anyio.to_thread.run_sync(run)
+
+    async def prune(self, *, silent_for: float, room: str | None = None) -> tuple[str, ...]:
+        """Remove the members (of ``room``, or the store) silent for over ``silent_for``
+        seconds *and* gone; the ids removed. A member whose liveness is ``unknown`` (no
+        pid) or ``alive`` stays however long it was silent."""
+        threshold = seconds("silent_for", silent_for, none_ok=False, zero_ok=True)
+        members = await self.who(room, limit=1000)
+        now = self._clock()
+        candidates = [
+            m.member_id for m in members if m.liveness == "gone" and m.seen_at < now - threshold
+        ]
+
+        if not candidates:
+            return ()
+        return await self._write(lambda raw, now: _who.prune(raw, candidates, threshold, now))
+
+    # ------------------------------------------------------------------ messages
+
+    async def send(
+        self,
+        member: str,
+        to: str,
+        body: str,
+        *,
+        subject: str | None = None,
+        ttl: float | None = None,
+        reply_to: int | None = None,
+        room: str | None = None,
+    ) -> Sent:
+        """Send ``body`` to the members selector ``to`` resolves to, among the members of
+        the sender's rooms (``room``: of that one only): ``*`` (all but the sender), a
+        member id, ``file:<glob>`` (holders of a live lease matching the glob as a full
+        path, relative to the holder's directory, or a bare file name) or ``tag:<tag>``.
+        Nobody found is a legal send: :attr:`Sent.recipients` is empty and
+        :attr:`Sent.warning` says so. ``ttl``: seconds until an untaken delivery expires."""
+        selector = check_selector(to)
+        text = check_body(body)
+        title = check_subject(subject)
+        lifetime = check_ttl("ttl", ttl, none_ok=True)
+        where = None if room is None else check_name("room", room)
+        return await self._as(
+            member,
+            lambda raw, found, now: _messages.send(
+                raw,
+                sender=found,
+                to=selector,
+                body=text,
+                subject=title,
+                ttl=lifetime,
+                reply_to=reply_to,
+                room=where,
+                now=now,
+                store=self.path,
+            ),
+        )
+
+    async def _take(self, member: str, limit: int) -> Received:
+        def body(raw: sqlite3.Connection, found: str, now: float) -> Received:
+            messages = _messages.receive(raw, found, limit, now)
+            if messages:
+                return Received(messages=tuple(messages))
+            return Received(messages=(), inbox=_messages.inbox(raw, found))
+
+        return await self._as(member, body)
+
+    async def receive(
+        self, member: str, *, limit: int = 50, timeout: float | None = 0.0
+    ) -> Received:
+        """Take up to ``limit`` messages for ``member`` (marked ``read``), waiting up to
+        ``timeout`` seconds for one (``None``: without end) if there is none: a send from
+        any process wakes the wait. Empty, it carries :attr:`Received.inbox`."""
+        cap = check_limit(limit)
+        wait = seconds("timeout", timeout, none_ok=True, zero_ok=True)
+        deadline = None if wait is None else anyio.current_time() + wait
+        while True:
+            event = anyio.Event()
+            self._waiters.add(event)
+            self._watch()
+            try:
+                got = await self._take(member, cap)
+                left = None if deadline is None else deadline - anyio.current_time()
+                if got.messages or (left is not None and left <= 0):
+                    return got
+                with anyio.move_on_after(left if left is not None else float("inf")):
+                    await event.wait()
+            finally:
+                self._waiters.discard(event)
+                self._watch()
+
+    def _watch(self) -> None:
+        if self._watcher is not None:
+            self._watcher.watch(bool(self._waiters))
+
+    async def accept(self, member: str) -> int:
+        """The member's harness took its wake signals and a turn runs: its ``offered``
+        deliveries become ``accepted`` (a signal is never repeated past that). How many."""
+        return await self._as(member, lambda raw, found, now: _messages.accept(raw, found, now))
+
+    async def ack(self, member: str, message_id: int) -> bool:
+        """Confirm a message delivered to ``member``; ``False`` if already acked or expired."""
+        return await self._as(
+            member, lambda raw, found, now: _messages.ack(raw, found, message_id, now)
+        )
+
+    async def unread(self, member: str) -> int:
+        """Deliveries waiting for ``member`` (not taken, not expired)."""
+        return await self._as(member, lambda raw, found, now: _messages.unread(raw, found, now))
+
+    async def sent(self, member: str, *, limit: int = 20) -> tuple[SentMessage, ...]:
+        """``member``'s newest messages, newest first, with each recipient's state."""
+        cap = check_limit(limit)
+        return tuple(
+            await self._as(member, lambda raw, found, now: _messages.sent(raw, found, cap, now))
+        )
+
+    async def history(
+        self, room: str, *, limit: int = 50, before: int | None = None
+    ) -> tuple[Message, ...]:
+        """The messages sent while their sender was in ``room`` (to whomever, so a member
+        that joined later reads them too), oldest first; marks nothing read."""
+        where = check_name("room", room)
+        cap = check_limit(limit)
+        conn = self._open()
+
+        def run() -> list[Message]:
+            with self._lock:
+                return conn.read(lambda raw: _messages.history(raw, where, cap, before))
+
+        return tuple(await anyio.to_thread.run_sync(run))
+
+    # ------------------------------------------------------------------ leases
+
+    async def claim(
+        self,
+        member: str,
+        path: str,
+        *,
+        mode: LeaseMode = "exclusive",
+        ttl: float = DEFAULT_LEASE_TTL,
+    ) -> Claim:
+        """Claim a lease on ``path`` (made absolute against the member's directory),
+        atomically across processes: ``exclusive`` blocks every other claim, ``shared``
+        blocks exclusive ones. Refused, :attr:`Claim.holder` is the lease in the way."""
+        where = check_path(path)
+        how = check_mode(mode)
+        lifetime = check_ttl("ttl", ttl, none_ok=False)
+        assert lifetime is not None
+        return await self._as(
+            member,
+            lambda raw, found, now: _leases.claim(
+                raw, found, absolute(where, _cwd(raw, found)), how, lifetime, now
+            ),
+        )
+
+    async def renew(self, member: str, path: str, *, ttl: float = DEFAULT_LEASE_TTL) -> Lease:
+        """Extend ``member``'s live lease on ``path`` to ``ttl`` seconds from now.
+
+        Raises:
+            LeaseNotHeld: no live lease of the member's there.
+        """
+        where = check_path(path)
+        lifetime = check_ttl("ttl", ttl, none_ok=False)
+        assert lifetime is not None
+        return await self._as(
+            member,
+            lambda raw, found, now: _leases.renew(
+                raw, found, absolute(where, _cwd(raw, found)), lifetime, now
+            ),
+        )
+
+    async def release(self, member: str, path: str) -> bool:
+        """Release ``member``'s lease on ``path``; whether a live one was held."""
+        where = check_path(path)
+        return await self._as(
+            member,
+            lambda raw, found, now: _leases.release(
+                raw, found, absolute(where, _cwd(raw, found)), now
+            ),
+        )
+
+    async def check(self, path: str, *, member: str | None = None) -> LeaseCheck:
+        """The live leases on ``path`` (relative: against ``member``'s directory, or this
+        process's); :attr:`LeaseCheck.free` when there are none."""
+        where = check_path(path)
+        if member is not None:
+            return await self._as(member, lambda raw, found, now: _check(raw, where, found, now))
+        full = absolute(where, os.getcwd())
+        return await self._write(
+            lambda raw, now: LeaseCheck(path=full, leases=tuple(_leases.check(raw, full, now)))
+        )
+
+    async def leases(self, member: str) -> tuple[Lease, ...]:
+        """``member``'s live leases, by path."""
+        return tuple(
+            await self._as(member, lambda raw, found, now: _leases.member_leases(raw, found, now))
+        )
+
+    # ------------------------------------------------------------------ drift
+
+    async def note_read(self, member: str, path: str) -> str:
+        """Record the SHA-256 of the file at ``path`` as ``member`` reads it now: the
+        baseline of :meth:`drift_check`. The hex digest.
+
+        Raises:
+            OSError: the file cannot be read.
+        """
+        where = check_path(path)
+        full = await self._as(member, lambda raw, found, now: absolute(where, _cwd(raw, found)))
+        digest = await anyio.to_thread.run_sync(_leases.sha256_of, full)
+        if digest is None:
+            raise FileNotFoundError(full)
+        await self._as(
+            member, lambda raw, found, now: _leases.note_read(raw, found, full, digest, now)
+        )
+        return digest
+
+    async def drift_check(self, member: str, path: str) -> Drift:
+        """Whether the file at ``path`` changed since ``member``'s :meth:`note_read`:
+        ``SAFE`` (unchanged, or no baseline), ``MINOR`` (changed, no other member held a
+        lease on it) or ``CRITICAL`` (changed while another member held one: who, since)."""
+        where = check_path(path)
+        full = await self._as(member, lambda raw, found, now: absolute(where, _cwd(raw, found)))
+        digest = await anyio.to_thread.run_sync(_leases.sha256_of, full)
+        return await self._as(
+            member, lambda raw, found, now: _leases.drift(raw, found, full, digest, now)
+        )
+
+
+def _cwd(raw: sqlite3.Connection, member: str) -> str:
+    row = raw.execute("SELECT cwd FROM room_members WHERE member_id = ?", (member,))
+    return str(row.fetchone()[0])
+
+
+def _check(raw: sqlite3.Connection, path: str, member: str, now: float) -> LeaseCheck:
+    full = absolute(path, _cwd(raw, member))
+    return LeaseCheck(path=full, leases=tuple(_leases.check(raw, full, now)))
+
+
+def _absolute_dir(cwd: str | None) -> str:
+    """``cwd`` (or this process's directory) made absolute: string work, no file access."""
+    return absolute(cwd if cwd is not None else ".", os.getcwd())
