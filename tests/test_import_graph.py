@@ -25,8 +25,9 @@ PACKAGE = pathlib.Path(subagents.__file__).parent
 EDGE = re.compile(
     r"subagents\.(tools(\..+)?|store(\..+)?|room(\..+)?|backends(\..+)?|mcp|_cli\w*|_demo|testing|_conformance\w*)"
 )
-"""Modules around the core: the tools package, the durable store and the room on it, the MCP server, the
-command line, the demo, test helpers (``testing`` and the conformance suites it ships)."""
+"""Modules around the core: the tools package, the durable store and the room on it, the
+MCP server, the command line, the demo, test helpers (``testing`` and the conformance
+suites it ships)."""
 FACADE = frozenset({"subagents", "subagents.__main__", "subagents.typing", "subagents._moved"})
 """The public faces: they re-export core and edges alike."""
 

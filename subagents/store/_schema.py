@@ -2,7 +2,8 @@
 
 Version 1 creates every table the durable store needs, the mailbox's and the journal's
 (spawns, names, idempotency); version 2 adds the index that deleting a forgotten task's
-envelopes needs; version 3 the tables of ``subagents.room``. ``design/store.md`` explains each table and column.
+envelopes needs; version 3 adds the tables of ``subagents.room`` (``design/room.md``).
+``design/store.md`` explains each table and column.
 
 A migration is a list of statements applied inside the caller's ``BEGIN IMMEDIATE``
 transaction (not ``executescript``, which commits whatever transaction is open).
