@@ -31,6 +31,7 @@ from ._records import (
     Severity,
 )
 from ._room import DEFAULT_LEASE_TTL, Room
+from ._tools import room_tools
 
 __all__ = [
     "AUTONOMY",
@@ -56,6 +57,7 @@ __all__ = [
     "SentMessage",
     "Severity",
     "UnknownMember",
+    "room_tools",
 ]
 
 for _obj in (
