@@ -3,19 +3,18 @@ field."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Final
 
 from .._errors import ConfigError
 from .._validators import seconds
-from ._members import check_name
+from ._members import absolute, check_name
 from ._messages import MAX_BODY, MAX_SUBJECT
 from ._records import LeaseMode
 
 __all__ = [
-    "MAX_LIMIT",
     "absolute",
+    "MAX_LIMIT",
     "check_body",
     "check_limit",
     "check_mode",
@@ -67,12 +66,6 @@ def check_path(value: object) -> str:
     if not isinstance(value, str) or not value or "\0" in value or len(value) > MAX_PATH:
         raise ConfigError("path", f"a file path (1 to {MAX_PATH} characters, no NUL)", value)
     return value
-
-
-def absolute(path: str, cwd: str) -> str:
-    """``path`` made absolute against ``cwd`` and normalised (``..`` and ``.`` resolved, no
-    symlink followed): ``src/x.py`` from ``/repo`` and ``/repo/src/x.py`` are one path."""
-    return os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
 
 
 def check_selector(value: object) -> str:

@@ -15,12 +15,14 @@ from collections.abc import Sequence
 from typing import Final
 
 from .._errors import SubagentsError
-from ._records import Claim, Drift, Lease, LeaseMode
+from ._members import absolute_for
+from ._records import Claim, Drift, Lease, LeaseCheck, LeaseMode
 
 __all__ = [
     "LeaseNotHeld",
     "SPAN_KEEP",
     "check",
+    "check_as",
     "claim",
     "drift",
     "member_leases",
@@ -81,12 +83,7 @@ def _live(conn: sqlite3.Connection, path: str, now: float) -> list[Lease]:
             "DELETE FROM room_lease_spans WHERE path = ? AND ended_at < ?",
             (path, now - SPAN_KEEP),
         )
-    rows = conn.execute(
-        "SELECT member_id, mode, claimed_at, expires_at FROM room_leases WHERE path = ? "
-        "ORDER BY claimed_at",
-        (path,),
-    ).fetchall()
-    return [_lease(path, row) for row in rows]
+    return check(conn, path, now)
 
 
 def claim(
@@ -154,6 +151,12 @@ def check(conn: sqlite3.Connection, path: str, now: float) -> list[Lease]:
         (path, now),
     ).fetchall()
     return [_lease(path, row) for row in rows]
+
+
+def check_as(conn: sqlite3.Connection, member: str, path: str, now: float) -> LeaseCheck:
+    """:func:`check` of ``path`` made absolute against the member's directory."""
+    full = absolute_for(conn, member, path)
+    return LeaseCheck(path=full, leases=tuple(check(conn, full, now)))
 
 
 def member_leases(conn: sqlite3.Connection, member: str, now: float) -> list[Lease]:

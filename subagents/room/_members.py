@@ -6,6 +6,7 @@ and reads the room's clock value ``now`` the caller read inside it.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Sequence
 from typing import Final
@@ -17,6 +18,8 @@ from ._records import AUTONOMY, Autonomy, Joined
 
 __all__ = [
     "MAX_NAME",
+    "absolute",
+    "absolute_for",
     "check_autonomy",
     "check_name",
     "join",
@@ -28,6 +31,12 @@ __all__ = [
 
 MAX_NAME: Final = 200
 """The longest room name, label or tag (characters)."""
+
+
+def absolute(path: str, cwd: str) -> str:
+    """``path`` made absolute against ``cwd`` and normalised (``..`` and ``.`` resolved, no
+    symlink followed): ``src/x.py`` from ``/repo`` and ``/repo/src/x.py`` are one path."""
+    return os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
 
 
 def check_name(field: str, value: object) -> str:
@@ -179,6 +188,12 @@ def set_cap(conn: sqlite3.Connection, room: str, autonomy: Autonomy) -> int:
         (autonomy, *above, room),
     )
     return cursor.rowcount
+
+
+def absolute_for(conn: sqlite3.Connection, member: str, path: str) -> str:
+    """``path`` made absolute against the member's working directory."""
+    row = conn.execute("SELECT cwd FROM room_members WHERE member_id = ?", (member,))
+    return absolute(path, str(row.fetchone()[0]))
 
 
 def touch(conn: sqlite3.Connection, member: str, now: float) -> None:

@@ -20,7 +20,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from .._validators import seconds
+from .._validators import count, seconds
 from ..store._opening import close_all, open_connections
 from ..store._sqlite import Connection, Synchronous
 from ..store._watch import Watcher
@@ -62,6 +62,8 @@ T = TypeVar("T")
 DEFAULT_LEASE_TTL: Final = 300.0
 """Seconds a lease lasts unless claimed or renewed with another ``ttl``."""
 _OWN_PID: Final = -1
+_PRUNE_BATCH: Final = 1000
+"""Members one prune looks at, the longest silent first."""
 
 
 class Room:
@@ -256,15 +258,19 @@ class Room:
         seconds *and* gone; the ids removed. A member whose liveness is ``unknown`` (no
         pid) or ``alive`` stays however long it was silent."""
         threshold = seconds("silent_for", silent_for, none_ok=False, zero_ok=True)
-        members = await self.who(room, limit=1000)
-        now = self._clock()
-        candidates = [
-            m.member_id for m in members if m.liveness == "gone" and m.seen_at < now - threshold
-        ]
+        where = None if room is None else check_name("room", room)
+        conn = self._open()
 
-        if not candidates:
+        def look() -> tuple[Member, ...]:
+            before = self._clock() - threshold
+            with self._lock:
+                found = conn.read(lambda raw: _who.silent_rows(raw, where, before, _PRUNE_BATCH))
+            return _who.with_liveness(found)
+
+        gone = [m.member_id for m in await anyio.to_thread.run_sync(look) if m.liveness == "gone"]
+        if not gone:
             return ()
-        return await self._write(lambda raw, now: _who.prune(raw, candidates, threshold, now))
+        return await self._write(lambda raw, now: _who.prune(raw, gone, threshold, now))
 
     # ------------------------------------------------------------------ messages
 
@@ -290,6 +296,7 @@ class Room:
         title = check_subject(subject)
         lifetime = check_ttl("ttl", ttl, none_ok=True)
         where = None if room is None else check_name("room", room)
+        answering = count("reply_to", reply_to, minimum=1, none_ok=True)
         return await self._as(
             member,
             lambda raw, found, now: _messages.send(
@@ -299,7 +306,7 @@ class Room:
                 body=text,
                 subject=title,
                 ttl=lifetime,
-                reply_to=reply_to,
+                reply_to=answering,
                 room=where,
                 now=now,
                 store=self.path,
@@ -372,11 +379,12 @@ class Room:
         that joined later reads them too), oldest first; marks nothing read."""
         where = check_name("room", room)
         cap = check_limit(limit)
+        older = count("before", before, minimum=1, none_ok=True)
         conn = self._open()
 
         def run() -> list[Message]:
             with self._lock:
-                return conn.read(lambda raw: _messages.history(raw, where, cap, before))
+                return conn.read(lambda raw: _messages.history(raw, where, cap, older))
 
         return tuple(await anyio.to_thread.run_sync(run))
 
@@ -400,7 +408,7 @@ class Room:
         return await self._as(
             member,
             lambda raw, found, now: _leases.claim(
-                raw, found, absolute(where, _cwd(raw, found)), how, lifetime, now
+                raw, found, _members.absolute_for(raw, found, where), how, lifetime, now
             ),
         )
 
@@ -416,7 +424,7 @@ class Room:
         return await self._as(
             member,
             lambda raw, found, now: _leases.renew(
-                raw, found, absolute(where, _cwd(raw, found)), lifetime, now
+                raw, found, _members.absolute_for(raw, found, where), lifetime, now
             ),
         )
 
@@ -426,7 +434,7 @@ class Room:
         return await self._as(
             member,
             lambda raw, found, now: _leases.release(
-                raw, found, absolute(where, _cwd(raw, found)), now
+                raw, found, _members.absolute_for(raw, found, where), now
             ),
         )
 
@@ -435,7 +443,9 @@ class Room:
         process's); :attr:`LeaseCheck.free` when there are none."""
         where = check_path(path)
         if member is not None:
-            return await self._as(member, lambda raw, found, now: _check(raw, where, found, now))
+            return await self._as(
+                member, lambda raw, found, now: _leases.check_as(raw, found, where, now)
+            )
         full = absolute(where, os.getcwd())
         return await self._write(
             lambda raw, now: LeaseCheck(path=full, leases=tuple(_leases.check(raw, full, now)))
@@ -449,6 +459,15 @@ class Room:
 
     # ------------------------------------------------------------------ drift
 
+    async def _hash(self, member: str, path: str) -> tuple[str, str | None]:
+        """``path`` made absolute for ``member``, and the file's hash (``None``: no file),
+        read outside any transaction (a large file must not hold the database)."""
+        where = check_path(path)
+        full = await self._as(
+            member, lambda raw, found, now: _members.absolute_for(raw, found, where)
+        )
+        return full, await anyio.to_thread.run_sync(_leases.sha256_of, full)
+
     async def note_read(self, member: str, path: str) -> str:
         """Record the SHA-256 of the file at ``path`` as ``member`` reads it now: the
         baseline of :meth:`drift_check`. The hex digest.
@@ -456,9 +475,7 @@ class Room:
         Raises:
             OSError: the file cannot be read.
         """
-        where = check_path(path)
-        full = await self._as(member, lambda raw, found, now: absolute(where, _cwd(raw, found)))
-        digest = await anyio.to_thread.run_sync(_leases.sha256_of, full)
+        full, digest = await self._hash(member, path)
         if digest is None:
             raise FileNotFoundError(full)
         await self._as(
@@ -470,22 +487,10 @@ class Room:
         """Whether the file at ``path`` changed since ``member``'s :meth:`note_read`:
         ``SAFE`` (unchanged, or no baseline), ``MINOR`` (changed, no other member held a
         lease on it) or ``CRITICAL`` (changed while another member held one: who, since)."""
-        where = check_path(path)
-        full = await self._as(member, lambda raw, found, now: absolute(where, _cwd(raw, found)))
-        digest = await anyio.to_thread.run_sync(_leases.sha256_of, full)
+        full, digest = await self._hash(member, path)
         return await self._as(
             member, lambda raw, found, now: _leases.drift(raw, found, full, digest, now)
         )
-
-
-def _cwd(raw: sqlite3.Connection, member: str) -> str:
-    row = raw.execute("SELECT cwd FROM room_members WHERE member_id = ?", (member,))
-    return str(row.fetchone()[0])
-
-
-def _check(raw: sqlite3.Connection, path: str, member: str, now: float) -> LeaseCheck:
-    full = absolute(path, _cwd(raw, member))
-    return LeaseCheck(path=full, leases=tuple(_leases.check(raw, full, now)))
 
 
 def _absolute_dir(cwd: str | None) -> str:

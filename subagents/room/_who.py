@@ -14,7 +14,7 @@ from ._liveness import liveness, running_keys
 from ._members import check_autonomy
 from ._records import Member
 
-__all__ = ["prune", "rows", "with_liveness"]
+__all__ = ["prune", "rows", "silent_rows", "with_liveness"]
 
 
 def rows(raw: sqlite3.Connection, room: str | None, limit: int) -> list[dict[str, object]]:
@@ -26,8 +26,28 @@ def rows(raw: sqlite3.Connection, room: str | None, limit: int) -> list[dict[str
             "SELECT member_id FROM room_memberships WHERE room = ? ORDER BY member_id LIMIT ?",
             (room, limit),
         )
+    return _rows(raw, [str(r[0]) for r in ids.fetchall()])
+
+
+def silent_rows(
+    raw: sqlite3.Connection, room: str | None, before: float, limit: int
+) -> list[dict[str, object]]:
+    """Up to ``limit`` member rows (of ``room``, or the store) last seen before ``before``,
+    the longest silent first (the ``seen_at`` index)."""
+    ids = raw.execute(
+        "SELECT member_id FROM room_members WHERE seen_at < ? ORDER BY seen_at LIMIT ?",
+        (before, limit if room is None else limit * 10),
+    ).fetchall()
+    members = [str(r[0]) for r in ids]
+    if room is not None:
+        inside = "SELECT 1 FROM room_memberships WHERE room = ? AND member_id = ?"
+        members = [m for m in members if raw.execute(inside, (room, m)).fetchone()][:limit]
+    return _rows(raw, members)
+
+
+def _rows(raw: sqlite3.Connection, members: Sequence[str]) -> list[dict[str, object]]:
     found = []
-    for (member,) in ids.fetchall():
+    for member in members:
         row = _members.member_row(raw, member)
         row["rooms"] = _members.member_rooms(raw, member)
         found.append(row)

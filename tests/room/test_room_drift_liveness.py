@@ -131,7 +131,8 @@ async def test_prune_removes_only_members_silent_and_gone(tmp_path: Path) -> Non
         await room.claim(silent_gone, "/tmp/held-by-the-gone")
         clock.advance(100)
         recent_gone = (await room.join("r", pid=2**22 + 2)).member_id
-        assert await room.prune(silent_for=50) == (silent_gone,)
+        assert await room.prune(silent_for=50, room="elsewhere") == ()
+        assert await room.prune(silent_for=50, room="r") == (silent_gone,)
         left = {m.member_id for m in await room.who("r")}
         assert left == {silent_unknown, silent_alive, recent_gone}
         assert (await room.check("/tmp/held-by-the-gone")).free

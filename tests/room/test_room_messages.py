@@ -31,6 +31,12 @@ async def test_selectors_resolve_among_the_senders_rooms(tmp_path: Path) -> None
         assert (await room.send(c, "*", "x", room="other")).recipients == (d,)
         with pytest.raises(ConfigError, match=r"^room"):
             await room.send(a, "*", "x", room="other")
+        with pytest.raises(ConfigError, match=r"^reply_to"):
+            await room.send(a, "*", "x", reply_to=0)
+        with pytest.raises(ConfigError, match=r"^before"):
+            await room.history("r", before=-1)
+        with pytest.raises(ConfigError, match=r"^to"):
+            await room.send(a, "file:", "x")
 
 
 async def test_a_selector_that_finds_nobody_reports_zero_recipients(tmp_path: Path) -> None:
