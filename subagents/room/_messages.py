@@ -25,6 +25,7 @@ __all__ = [
     "MAX_BODY",
     "accept",
     "ack",
+    "has_live",
     "history",
     "inbox",
     "receive",
@@ -183,6 +184,15 @@ def _expire(conn: sqlite3.Connection, member: str, now: float) -> None:
         f"AND state IN {LIVE} AND expires_at IS NOT NULL AND expires_at <= ?",
         (now, member, now),
     )
+
+
+def has_live(conn: sqlite3.Connection, member: str) -> bool:
+    """Whether the member has a delivery not yet read (or one to mark expired)."""
+    row = conn.execute(
+        f"SELECT 1 FROM room_deliveries WHERE recipient = ? AND state IN {LIVE} LIMIT 1",
+        (member,),
+    ).fetchone()
+    return row is not None
 
 
 def receive(conn: sqlite3.Connection, member: str, limit: int, now: float) -> list[Message]:

@@ -54,6 +54,7 @@ from ._records import (
     Sent,
     SentMessage,
 )
+from ._waiting import Waiters
 
 __all__ = ["DEFAULT_LEASE_TTL", "Room"]
 
@@ -104,7 +105,7 @@ class Room:
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._watcher: Watcher | None = None
-        self._waiters: set[anyio.Event] = set()
+        self._waiters = Waiters()
 
     async def __aenter__(self) -> Room:
         connections = await anyio.to_thread.run_sync(
@@ -123,9 +124,10 @@ class Room:
             connections.watcher,
             token=anyio.lowlevel.current_token(),
             interval=self._poll_interval,
-            on_change=self._changed,
+            on_change=self._waiters.changed,
         )
         self._watcher.start()
+        self._waiters.watcher = self._watcher
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -134,6 +136,7 @@ class Room:
     async def aclose(self) -> None:
         watcher, conn = self._watcher, self._conn
         self._watcher = self._conn = None
+        self._waiters.watcher = None
         if watcher is not None:
             watcher.stop()
             await anyio.to_thread.run_sync(watcher.join, None)
@@ -142,37 +145,52 @@ class Room:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _changed(self) -> None:
-        for event in self._waiters:
-            event.set()
-
     def _open(self) -> Connection:
         if self._conn is None:
             raise RuntimeError("the room is not open: use `async with Room(path) as room`")
         return self._conn
 
     async def _write(self, body: Callable[[sqlite3.Connection, float], T]) -> T:
-        conn = self._open()
+        # No precheck: write() answers body's result, never its None.
+        return cast("T", await self._maybe_write(body, None))
 
-        def run() -> T:
+    async def _maybe_write(
+        self,
+        body: Callable[[sqlite3.Connection, float], T],
+        precheck: Callable[[sqlite3.Connection], bool] | None,
+    ) -> T | None:
+        """``body`` in a write transaction; ``None`` with nothing written when
+        ``precheck`` (a read in the same retry loop) says there is nothing to do."""
+        conn = self._open()
+        wrote = []
+
+        def transaction(raw: sqlite3.Connection) -> T:
+            wrote.append(True)
+            return body(raw, self._clock())
+
+        def run() -> T | None:
             with self._lock:
-                # No precheck: write() answers body's result, never its None.
-                return cast("T", conn.write(lambda raw: body(raw, self._clock())))
+                return conn.write(transaction, precheck=precheck)
 
         result = await anyio.to_thread.run_sync(run)
-        self._changed()  # a waiter of this process looks at once, without the poll
+        if wrote:
+            self._waiters.changed()  # a waiter of this process looks at once, without the poll
         return result
 
-    async def _as(self, member: object, body: Callable[[sqlite3.Connection, str, float], T]) -> T:
-        """``body`` as ``member``'s call: the id checked, its activity recorded."""
-
+    def _acting(
+        self, member: object, body: Callable[[sqlite3.Connection, str, float], T]
+    ) -> Callable[[sqlite3.Connection, float], T]:
         def run(raw: sqlite3.Connection, now: float) -> T:
             found = resolve_member(raw, member, self.path)
             _members.touch(raw, found, now)
             _messages.resend_signals(raw, now, self._retry_window)
             return body(raw, found, now)
 
-        return await self._write(run)
+        return run
+
+    async def _as(self, member: object, body: Callable[[sqlite3.Connection, str, float], T]) -> T:
+        """``body`` as ``member``'s call: the id checked, its activity recorded."""
+        return await self._write(self._acting(member, body))
 
     # ------------------------------------------------------------------ members
 
@@ -313,42 +331,38 @@ class Room:
             ),
         )
 
-    async def _take(self, member: str, limit: int) -> Received:
+    async def _take(self, member: str, limit: int, *, if_any: bool = False) -> Received | None:
+        """Take as :meth:`receive` does; with ``if_any``, only when the inbox index holds a
+        delivery not yet read (else ``None``, with nothing written: a waiting receive that
+        wrote on every wake-up would wake itself, and every waiter of the file, again)."""
+
         def body(raw: sqlite3.Connection, found: str, now: float) -> Received:
             messages = _messages.receive(raw, found, limit, now)
             if messages:
                 return Received(messages=tuple(messages))
             return Received(messages=(), inbox=_messages.inbox(raw, found))
 
-        return await self._as(member, body)
+        precheck = (lambda raw: _messages.has_live(raw, member)) if if_any else None
+        return await self._maybe_write(self._acting(member, body), precheck)
 
     async def receive(
         self, member: str, *, limit: int = 50, timeout: float | None = 0.0
     ) -> Received:
         """Take up to ``limit`` messages for ``member`` (marked ``read``), waiting up to
         ``timeout`` seconds for one (``None``: without end) if there is none: a send from
-        any process wakes the wait. Empty, it carries :attr:`Received.inbox`."""
+        any process wakes the wait. Empty, it carries :attr:`Received.inbox` (as the first
+        look found it)."""
         cap = check_limit(limit)
         wait = seconds("timeout", timeout, none_ok=True, zero_ok=True)
         deadline = None if wait is None else anyio.current_time() + wait
-        while True:
-            event = anyio.Event()
-            self._waiters.add(event)
-            self._watch()
-            try:
-                got = await self._take(member, cap)
-                left = None if deadline is None else deadline - anyio.current_time()
-                if got.messages or (left is not None and left <= 0):
-                    return got
-                with anyio.move_on_after(left if left is not None else float("inf")):
-                    await event.wait()
-            finally:
-                self._waiters.discard(event)
-                self._watch()
-
-    def _watch(self) -> None:
-        if self._watcher is not None:
-            self._watcher.watch(bool(self._waiters))
+        got = await self._take(member, cap)
+        assert got is not None
+        return await self._waiters.until(
+            got,
+            lambda received: bool(received.messages),
+            lambda: self._take(member, cap, if_any=True),
+            deadline,
+        )
 
     async def accept(self, member: str) -> int:
         """The member's harness took its wake signals and a turn runs: its ``offered``

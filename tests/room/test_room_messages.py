@@ -4,6 +4,7 @@ wake signals, and receives that wait for a send from another process."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 import anyio
@@ -225,15 +226,26 @@ async def test_wake_levels_set_the_first_state_and_signals_repeat_only_while_off
         assert [m.body for m in (await room.receive(gone)).messages] == ["x"]
 
 
-async def test_a_timed_receive_returns_on_time_with_the_inbox(tmp_path: Path) -> None:
-    async with Room(tmp_path / "s.db") as room:
+async def test_a_timed_receive_returns_on_time_with_the_inbox_and_writes_once(
+    tmp_path: Path,
+) -> None:
+    readings: list[float] = []
+
+    def clock() -> float:  # read once in every transaction
+        readings.append(time.time())
+        return readings[-1]
+
+    async with Room(tmp_path / "s.db", clock=clock) as room:
         b = (await room.join("r")).member_id
+        before = len(readings)
         started = anyio.current_time()
         got = await room.receive(b, timeout=0.2)
         took = anyio.current_time() - started
         assert got.messages == ()
         assert got.inbox is not None
         assert took >= 0.2
+        # One transaction, the first look: waking on its own commit, a wait reads only.
+        assert len(readings) - before == 1
         with anyio.fail_after(5):  # generous: only a wait that never ends fails
             await room.receive(b, timeout=0.05)
 
@@ -245,9 +257,9 @@ async def test_a_receive_waiting_in_another_process_wakes_on_a_send(
     async with Room(path) as room, room_worker(path, backend=anyio_backend) as proc:
         sender = (await room.join("r")).member_id
         member = (await proc.call("join", room="r"))["member_id"]  # type: ignore[index]
+        joined_at = {m.member_id: m.seen_at for m in await room.who("r")}[member]
         await proc.submit("receive", member=member, timeout=60)
         # The worker's receive waits once its first look (its activity) is recorded.
-        joined_at = {m.member_id: m.seen_at for m in await room.who("r")}[member]
         with anyio.fail_after(30):
             # Another process's activity is seen only in the file: poll it.
             while {m.member_id: m.seen_at for m in await room.who("r")}[member] == joined_at:  # noqa: ASYNC110
