@@ -1,20 +1,19 @@
 """``Room``: coordination across the processes sharing one store file.
 
-One connection to the file, used by one worker thread at a time (a thread lock), and the
-store's watcher thread polling ``PRAGMA data_version`` while a receive waits. Every call
-runs its reads and writes in a worker thread inside one retried ``BEGIN IMMEDIATE``
-transaction and reads the room's clock inside it, so the time a call records is the time
-it held the database.
+The public methods check their arguments (each bad value a ``ConfigError`` naming its
+field) and run the SQL of ``_members``, ``_messages``, ``_leases`` and ``_who`` through
+the room's connection (``_db.Database``: one transaction per call, the clock read inside
+it); the store's watcher thread polls ``PRAGMA data_version`` while a receive waits
+(``_waiting``).
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, TypeVar, cast
+from typing import Final, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -37,7 +36,8 @@ from ._checks import (
     check_tags,
     check_ttl,
 )
-from ._ids import check_harness_key, resolve_member
+from ._db import Database
+from ._ids import check_harness_key
 from ._liveness import process_start
 from ._members import check_autonomy, check_name
 from ._records import (
@@ -102,8 +102,7 @@ class Room:
         self._poll_interval = seconds("poll_interval", poll_interval, none_ok=False, zero_ok=False)
         self._retry_window = seconds("retry_window", retry_window, none_ok=False, zero_ok=True)
         self._synchronous = synchronous
-        self._lock = threading.Lock()
-        self._conn: Connection | None = None
+        self._database: Database | None = None
         self._watcher: Watcher | None = None
         self._waiters = Waiters()
 
@@ -114,11 +113,14 @@ class Room:
             )
         )
         close_all([connections.loop])
-        self._conn = Connection(
+        conn = Connection(
             connections.writer,
             path=self.path,
             busy_timeout=self._busy_timeout,
             retry_timeout=self._busy_timeout,
+        )
+        self._database = Database(
+            conn, clock=self._clock, waiters=self._waiters, retry_window=self._retry_window
         )
         self._watcher = Watcher(
             connections.watcher,
@@ -134,63 +136,19 @@ class Room:
         await self.aclose()
 
     async def aclose(self) -> None:
-        watcher, conn = self._watcher, self._conn
-        self._watcher = self._conn = None
+        watcher, database = self._watcher, self._database
+        self._watcher, self._database = None, None
         self._waiters.watcher = None
         if watcher is not None:
             watcher.stop()
             await anyio.to_thread.run_sync(watcher.join, None)
-        if conn is not None:
-            await anyio.to_thread.run_sync(conn.close)
+        if database is not None:
+            await anyio.to_thread.run_sync(database.close)
 
-    # ------------------------------------------------------------------ plumbing
-
-    def _open(self) -> Connection:
-        if self._conn is None:
+    def _db(self) -> Database:
+        if self._database is None:
             raise RuntimeError("the room is not open: use `async with Room(path) as room`")
-        return self._conn
-
-    async def _write(self, body: Callable[[sqlite3.Connection, float], T]) -> T:
-        # No precheck: write() answers body's result, never its None.
-        return cast("T", await self._maybe_write(body, None))
-
-    async def _maybe_write(
-        self,
-        body: Callable[[sqlite3.Connection, float], T],
-        precheck: Callable[[sqlite3.Connection], bool] | None,
-    ) -> T | None:
-        """``body`` in a write transaction; ``None`` with nothing written when
-        ``precheck`` (a read in the same retry loop) says there is nothing to do."""
-        conn = self._open()
-        wrote = []
-
-        def transaction(raw: sqlite3.Connection) -> T:
-            wrote.append(True)
-            return body(raw, self._clock())
-
-        def run() -> T | None:
-            with self._lock:
-                return conn.write(transaction, precheck=precheck)
-
-        result = await anyio.to_thread.run_sync(run)
-        if wrote:
-            self._waiters.changed()  # a waiter of this process looks at once, without the poll
-        return result
-
-    def _acting(
-        self, member: object, body: Callable[[sqlite3.Connection, str, float], T]
-    ) -> Callable[[sqlite3.Connection, float], T]:
-        def run(raw: sqlite3.Connection, now: float) -> T:
-            found = resolve_member(raw, member, self.path)
-            _members.touch(raw, found, now)
-            _messages.resend_signals(raw, now, self._retry_window)
-            return body(raw, found, now)
-
-        return run
-
-    async def _as(self, member: object, body: Callable[[sqlite3.Connection, str, float], T]) -> T:
-        """``body`` as ``member``'s call: the id checked, its activity recorded."""
-        return await self._write(self._acting(member, body))
+        return self._database
 
     # ------------------------------------------------------------------ members
 
@@ -224,7 +182,7 @@ class Room:
         where = _absolute_dir(cwd)
         process = os.getpid() if pid == _OWN_PID else pid
         start = None if process is None else process_start(process)
-        return await self._write(
+        return await self._db().write(
             lambda raw, now: _members.join(
                 raw,
                 rooms=rooms,
@@ -249,27 +207,21 @@ class Room:
                 _leases.release_all(raw, found, now)
             return _members.leave(raw, found, where)
 
-        return await self._as(member, body)
+        return await self._db().act(member, body)
 
     async def set_autonomy_cap(self, room: str, autonomy: Autonomy) -> int:
         """The operator's one way to lower wake levels: cap ``room`` at ``autonomy``
         (members above it are lowered now; later raises stop there). How many were lowered."""
         where = check_name("room", room)
         level = check_autonomy("autonomy", autonomy)
-        return await self._write(lambda raw, now: _members.set_cap(raw, where, level))
+        return await self._db().write(lambda raw, now: _members.set_cap(raw, where, level))
 
     async def who(self, room: str | None = None, *, limit: int = 1000) -> tuple[Member, ...]:
         """The members of ``room`` (``None``: of the store), each with its liveness."""
         where = None if room is None else check_name("room", room)
         cap = check_limit(limit)
-        conn = self._open()
-
-        def run() -> tuple[Member, ...]:
-            with self._lock:
-                found = conn.read(lambda raw: _who.rows(raw, where, cap))
-            return _who.with_liveness(found)
-
-        return await anyio.to_thread.run_sync(run)
+        found = await self._db().read(lambda raw, now: _who.rows(raw, where, cap))
+        return await anyio.to_thread.run_sync(_who.with_liveness, found)  # scans /proc
 
     async def prune(self, *, silent_for: float, room: str | None = None) -> tuple[str, ...]:
         """Remove the members (of ``room``, or the store) silent for over ``silent_for``
@@ -277,18 +229,14 @@ class Room:
         pid) or ``alive`` stays however long it was silent."""
         threshold = seconds("silent_for", silent_for, none_ok=False, zero_ok=True)
         where = None if room is None else check_name("room", room)
-        conn = self._open()
-
-        def look() -> tuple[Member, ...]:
-            before = self._clock() - threshold
-            with self._lock:
-                found = conn.read(lambda raw: _who.silent_rows(raw, where, before, _PRUNE_BATCH))
-            return _who.with_liveness(found)
-
-        gone = [m.member_id for m in await anyio.to_thread.run_sync(look) if m.liveness == "gone"]
+        found = await self._db().read(
+            lambda raw, now: _who.silent_rows(raw, where, now - threshold, _PRUNE_BATCH)
+        )
+        members = await anyio.to_thread.run_sync(_who.with_liveness, found)
+        gone = [m.member_id for m in members if m.liveness == "gone"]
         if not gone:
             return ()
-        return await self._write(lambda raw, now: _who.prune(raw, gone, threshold, now))
+        return await self._db().write(lambda raw, now: _who.prune(raw, gone, threshold, now))
 
     # ------------------------------------------------------------------ messages
 
@@ -315,7 +263,7 @@ class Room:
         lifetime = check_ttl("ttl", ttl, none_ok=True)
         where = None if room is None else check_name("room", room)
         answering = count("reply_to", reply_to, minimum=1, none_ok=True)
-        return await self._as(
+        return await self._db().act(
             member,
             lambda raw, found, now: _messages.send(
                 raw,
@@ -343,7 +291,7 @@ class Room:
             return Received(messages=(), inbox=_messages.inbox(raw, found))
 
         precheck = (lambda raw: _messages.has_live(raw, member)) if if_any else None
-        return await self._maybe_write(self._acting(member, body), precheck)
+        return await self._db().maybe_write(self._db().acting(member, body), precheck)
 
     async def receive(
         self, member: str, *, limit: int = 50, timeout: float | None = 0.0
@@ -367,23 +315,29 @@ class Room:
     async def accept(self, member: str) -> int:
         """The member's harness took its wake signals and a turn runs: its ``offered``
         deliveries become ``accepted`` (a signal is never repeated past that). How many."""
-        return await self._as(member, lambda raw, found, now: _messages.accept(raw, found, now))
+        return await self._db().act(
+            member, lambda raw, found, now: _messages.accept(raw, found, now)
+        )
 
     async def ack(self, member: str, message_id: int) -> bool:
         """Confirm a message delivered to ``member``; ``False`` if already acked or expired."""
-        return await self._as(
+        return await self._db().act(
             member, lambda raw, found, now: _messages.ack(raw, found, message_id, now)
         )
 
     async def unread(self, member: str) -> int:
         """Deliveries waiting for ``member`` (not taken, not expired)."""
-        return await self._as(member, lambda raw, found, now: _messages.unread(raw, found, now))
+        return await self._db().act(
+            member, lambda raw, found, now: _messages.unread(raw, found, now)
+        )
 
     async def sent(self, member: str, *, limit: int = 20) -> tuple[SentMessage, ...]:
         """``member``'s newest messages, newest first, with each recipient's state."""
         cap = check_limit(limit)
         return tuple(
-            await self._as(member, lambda raw, found, now: _messages.sent(raw, found, cap, now))
+            await self._db().act(
+                member, lambda raw, found, now: _messages.sent(raw, found, cap, now)
+            )
         )
 
     async def history(
@@ -394,13 +348,9 @@ class Room:
         where = check_name("room", room)
         cap = check_limit(limit)
         older = count("before", before, minimum=1, none_ok=True)
-        conn = self._open()
-
-        def run() -> list[Message]:
-            with self._lock:
-                return conn.read(lambda raw: _messages.history(raw, where, cap, older))
-
-        return tuple(await anyio.to_thread.run_sync(run))
+        return tuple(
+            await self._db().read(lambda raw, now: _messages.history(raw, where, cap, older))
+        )
 
     # ------------------------------------------------------------------ leases
 
@@ -419,7 +369,7 @@ class Room:
         how = check_mode(mode)
         lifetime = check_ttl("ttl", ttl, none_ok=False)
         assert lifetime is not None
-        return await self._as(
+        return await self._db().act(
             member,
             lambda raw, found, now: _leases.claim(
                 raw, found, _members.absolute_for(raw, found, where), how, lifetime, now
@@ -435,7 +385,7 @@ class Room:
         where = check_path(path)
         lifetime = check_ttl("ttl", ttl, none_ok=False)
         assert lifetime is not None
-        return await self._as(
+        return await self._db().act(
             member,
             lambda raw, found, now: _leases.renew(
                 raw, found, _members.absolute_for(raw, found, where), lifetime, now
@@ -445,7 +395,7 @@ class Room:
     async def release(self, member: str, path: str) -> bool:
         """Release ``member``'s lease on ``path``; whether a live one was held."""
         where = check_path(path)
-        return await self._as(
+        return await self._db().act(
             member,
             lambda raw, found, now: _leases.release(
                 raw, found, _members.absolute_for(raw, found, where), now
@@ -457,18 +407,21 @@ class Room:
         process's); :attr:`LeaseCheck.free` when there are none."""
         where = check_path(path)
         if member is not None:
-            return await self._as(
+            return await self._db().act(
                 member, lambda raw, found, now: _leases.check_as(raw, found, where, now)
             )
         full = absolute(where, os.getcwd())
-        return await self._write(
-            lambda raw, now: LeaseCheck(path=full, leases=tuple(_leases.check(raw, full, now)))
+        return LeaseCheck(
+            path=full,
+            leases=tuple(await self._db().read(lambda raw, now: _leases.check(raw, full, now))),
         )
 
     async def leases(self, member: str) -> tuple[Lease, ...]:
         """``member``'s live leases, by path."""
         return tuple(
-            await self._as(member, lambda raw, found, now: _leases.member_leases(raw, found, now))
+            await self._db().act(
+                member, lambda raw, found, now: _leases.member_leases(raw, found, now)
+            )
         )
 
     # ------------------------------------------------------------------ drift
@@ -477,7 +430,7 @@ class Room:
         """``path`` made absolute for ``member``, and the file's hash (``None``: no file),
         read outside any transaction (a large file must not hold the database)."""
         where = check_path(path)
-        full = await self._as(
+        full = await self._db().act(
             member, lambda raw, found, now: _members.absolute_for(raw, found, where)
         )
         return full, await anyio.to_thread.run_sync(_leases.sha256_of, full)
@@ -492,7 +445,7 @@ class Room:
         full, digest = await self._hash(member, path)
         if digest is None:
             raise FileNotFoundError(full)
-        await self._as(
+        await self._db().act(
             member, lambda raw, found, now: _leases.note_read(raw, found, full, digest, now)
         )
         return digest
@@ -502,7 +455,7 @@ class Room:
         ``SAFE`` (unchanged, or no baseline), ``MINOR`` (changed, no other member held a
         lease on it) or ``CRITICAL`` (changed while another member held one: who, since)."""
         full, digest = await self._hash(member, path)
-        return await self._as(
+        return await self._db().act(
             member, lambda raw, found, now: _leases.drift(raw, found, full, digest, now)
         )
 
