@@ -71,14 +71,23 @@ class Member:
     """One member as :meth:`Room.who` reports it."""
 
     member_id: str
+    """16 lower-case hex characters."""
     label: str
+    """Given at join (``''``: none)."""
     tags: tuple[str, ...]
+    """What ``tag:<tag>`` selectors match."""
     rooms: tuple[str, ...]
+    """The rooms it is in, sorted."""
     cwd: str
+    """Its working directory: relative lease paths and ``file:`` forms are read against it."""
     pid: int | None
+    """The process that joined (``None``: none recorded)."""
     harness_key: str | None
+    """The UUID it joined with, if any."""
     autonomy: Autonomy
+    """Its wake level."""
     joined_at: float
+    """When it first joined."""
     seen_at: float
     """The member's last call."""
     liveness: Liveness
@@ -105,6 +114,7 @@ class Sent:
     """What :meth:`Room.send` answers: the message stored, and to whom it goes."""
 
     message_id: int
+    """The stored message."""
     recipients: tuple[str, ...]
     """Member ids, one delivery row each; empty is a legal send that reached nobody."""
     warning: str | None = None
@@ -116,13 +126,21 @@ class Message:
     """One message, as a recipient receives it or a history lists it."""
 
     message_id: int
+    """Unique in the store, in the order of sending."""
     sender: str
+    """The sender's member id."""
     selector: str
+    """The ``to`` it was sent with."""
     subject: str | None
+    """A short subject, if any."""
     body: str
+    """The text."""
     reply_to: int | None
+    """The message it answers, if any."""
     created_at: float
+    """When it was sent."""
     expires_at: float | None
+    """When its untaken deliveries expire (``None``: never)."""
 
     def to_dict(self) -> dict[str, JSONValue]:
         return {
@@ -142,7 +160,9 @@ class Inbox:
     """Where an empty receive looked, so "nothing for you" and "wrong place" differ."""
 
     member_id: str
+    """The member that looked."""
     rooms: tuple[str, ...]
+    """Its rooms."""
     deliveries: int
     """Deliveries this member ever had."""
     read: int
@@ -165,6 +185,7 @@ class Received:
     """What :meth:`Room.receive` answers: the messages now marked read, or the inbox block."""
 
     messages: tuple[Message, ...]
+    """In arrival order."""
     inbox: Inbox | None = None
     """Set when ``messages`` is empty."""
 
@@ -174,6 +195,7 @@ class SentMessage:
     """One of a sender's messages with each recipient's delivery state."""
 
     message: Message
+    """The message."""
     states: dict[str, DeliveryState]
     """Recipient member id to its delivery's state."""
 
@@ -192,9 +214,13 @@ class Lease:
     path: str
     """Absolute."""
     member_id: str
+    """The holder."""
     mode: LeaseMode
+    """``exclusive`` or ``shared``."""
     claimed_at: float
+    """When it was first claimed (a renewal keeps it)."""
     expires_at: float
+    """When it ends unless renewed."""
 
     def to_dict(self) -> dict[str, JSONValue]:
         return {
@@ -211,12 +237,15 @@ class Claim:
     """What :meth:`Room.claim` answers."""
 
     ok: bool
+    """Whether the lease is held now."""
     path: str
+    """The path made absolute."""
     lease: Lease | None = None
     """The lease now held (when ``ok``)."""
     holder: Lease | None = None
     """A lease of another member that blocked the claim (when not ``ok``)."""
     reason: str = ""
+    """Why it was refused (``claimed`` when ``ok``)."""
     at: float = 0.0
     """The room's clock inside the claim's transaction."""
 
@@ -226,7 +255,9 @@ class LeaseCheck:
     """What :meth:`Room.check` answers: the live leases of a path (none: free)."""
 
     path: str
+    """The path made absolute."""
     leases: tuple[Lease, ...]
+    """Its live leases, oldest first."""
 
     @property
     def free(self) -> bool:
@@ -238,13 +269,17 @@ class Drift:
     """What :meth:`Room.drift_check` answers."""
 
     path: str
+    """The path made absolute."""
     severity: Severity
+    """``SAFE``, ``MINOR`` or ``CRITICAL``."""
     changed: bool
+    """Whether the file differs from the baseline (or is gone)."""
     holder: str | None = None
     """The other member whose lease makes it CRITICAL."""
     since: float | None = None
     """When that lease was claimed."""
     message: str = ""
+    """What it means, for a model."""
 
     def to_dict(self) -> dict[str, JSONValue]:
         return {
