@@ -74,6 +74,13 @@ class Room:
     it. Every call but :meth:`history`, :meth:`check` and :meth:`who` takes a member id
     (from :meth:`join`) as its first argument and counts as that member's activity.
 
+    Every method blocks its task (never the event loop: the work runs in a worker thread)
+    for one transaction, waiting up to ``busy_timeout`` for a lock another process holds
+    (then ``StoreError(reason="locked")``, nothing changed). Cancelled while that
+    transaction runs, it waits for the transaction to end (microseconds) and then raises
+    the cancellation: what it wrote stays written. Only :meth:`receive` waits longer, and
+    only with a ``timeout``.
+
     Args:
         path: the store's file (the same file a :class:`~subagents.store.SqliteStore`
             opens; the room's tables are beside the mailbox's).
@@ -299,7 +306,9 @@ class Room:
         """Take up to ``limit`` messages for ``member`` (marked ``read``), waiting up to
         ``timeout`` seconds for one (``None``: without end) if there is none: a send from
         any process wakes the wait. Empty, it carries :attr:`Received.inbox` (as the first
-        look found it)."""
+        look found it). It returns at its deadline; cancelled while waiting it has taken
+        nothing, cancelled during a take (a transaction) the messages are taken all the
+        same and lost to the caller."""
         cap = check_limit(limit)
         wait = seconds("timeout", timeout, none_ok=True, zero_ok=True)
         deadline = None if wait is None else anyio.current_time() + wait
