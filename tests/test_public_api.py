@@ -10,6 +10,7 @@ import pytest
 
 import subagents
 import subagents.mcp
+import subagents.room
 import subagents.testing
 import subagents.tools
 import subagents.typing
@@ -34,11 +35,24 @@ TOP_LEVEL = {
 TOOLS = {"Tool", "ToolLimits", "ToolResult", "Toolset", "build_tools"}
 TYPING = {"Backend", "JSONValue", "Runner"}
 MCP = {"build_server", "serve"}
+ROOM = {
+    "AUTONOMY", "DEFAULT_LEASE_TTL", "DELIVERY_STATES", "HARNESS_KEY", "MEMBER_ID", "Autonomy",
+    "Claim", "DeliveryState", "Drift", "Inbox", "Joined", "Lease", "LeaseCheck", "LeaseNotHeld",
+    "Liveness", "Member", "Message", "Received", "Room", "Sent", "SentMessage", "Severity",
+    "UnknownMember", "room_tools",
+}  # fmt: skip
 COMPAT = {"Tool", "ToolResult", "Toolset", "build_tools"}
 """Still importable from the top level, without a warning, though not in its __all__."""
 MOVED = {"ToolLimits": subagents.tools, "Runner": subagents.typing, "Backend": subagents.typing}
 PRIVATE = {"WAIT_MARGIN_RATIO", "WAIT_MARGIN_MIN", "NO_HOST_TIMEOUT_WAIT_CAP", "wait_margin"}
-PUBLIC_MODULES = (subagents, subagents.tools, subagents.typing, subagents.testing, subagents.mcp)
+PUBLIC_MODULES = (
+    subagents,
+    subagents.tools,
+    subagents.typing,
+    subagents.testing,
+    subagents.mcp,
+    subagents.room,
+)
 
 
 @pytest.mark.parametrize(
@@ -48,8 +62,9 @@ PUBLIC_MODULES = (subagents, subagents.tools, subagents.typing, subagents.testin
         (subagents.tools, TOOLS),
         (subagents.typing, TYPING),
         (subagents.mcp, MCP),
+        (subagents.room, ROOM),
     ],
-    ids=["subagents", "subagents.tools", "subagents.typing", "subagents.mcp"],
+    ids=["subagents", "subagents.tools", "subagents.typing", "subagents.mcp", "subagents.room"],
 )
 def test_all_is_exactly_the_public_surface(module: types.ModuleType, names: set[str]) -> None:
     assert len(module.__all__) == len(set(module.__all__)), "a name is listed twice"

@@ -75,6 +75,7 @@ for _obj in (
     Sent,
     SentMessage,
     UnknownMember,
+    room_tools,
 ):
     _obj.__module__ = __name__
 del _obj
