@@ -153,3 +153,20 @@ async def test_listing_a_members_leases_is_not_that_members_activity(tmp_path: P
         (mine,) = await room.sent(sender)
         assert mine.states[quiet] == "stored"
         assert await room.prune(silent_for=50) == (quiet,)
+
+
+async def test_a_delivery_past_its_ttl_stays_expired_and_cannot_be_acked(tmp_path: Path) -> None:
+    """``sent`` reports a delivery past its TTL ``expired`` (final); an ``ack`` after that
+    must answer False and leave it expired, not move the sender's view from expired to
+    acked."""
+    clock = FakeClock()
+    async with Room(tmp_path / "s.db", clock=clock) as room:
+        a = (await room.join("r")).member_id
+        b = (await room.join("r")).member_id
+        sent = await room.send(a, b, "soon stale", ttl=10)
+        clock.advance(20)
+        (before,) = await room.sent(a)
+        assert before.states[b] == "expired"
+        assert await room.ack(b, sent.message_id) is False
+        (after,) = await room.sent(a)
+        assert after.states[b] == "expired"
