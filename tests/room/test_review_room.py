@@ -90,7 +90,7 @@ async def test_a_harness_key_in_upper_case_in_a_running_environment_is_alive(
     clock = FakeClock()
     async with Room(path, clock=clock) as room, room_worker(path, env={"HARNESS_SESSION": key}):
         member = (await room.join("r", harness_key=key, pid=NO_SUCH_PID)).member_id
-        assert [m.liveness for m in await room.who("r")] == ["alive"]
+        assert [(m.member_id, m.liveness) for m in await room.who("r")] == [(member, "alive")]
         clock.advance(100)
         assert await room.prune(silent_for=10) == ()
 
