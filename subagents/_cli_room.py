@@ -1,10 +1,11 @@
 """``subagents room who|history|leases|send --store PATH``: look at and write into the rooms
 of a store file from a shell.
 
-``who``, ``history`` and ``leases`` only read (opening migrates an older store to the
-room's schema, as any process opening it does); ``send`` stores a message as a member.
-A missing file, an unknown member id or a bad argument is one line on stderr and exit
-status 1; a usage error is status 2.
+``who``, ``history`` and ``leases`` only read: they open the file read-only, so a store
+of an older schema is refused rather than migrated, and an empty file is not made a store;
+``send`` stores a message as a member (opening read-write, as any process does). A missing
+file, an older store, an unknown member id or a bad argument is one line on stderr and
+exit status 1; a usage error is status 2.
 """
 
 from __future__ import annotations
@@ -36,20 +37,20 @@ def register(commands: Any) -> None:
     who = sub.add_parser("who", help="the members (of a room), each alive, gone or unknown")
     _common(who)
     who.add_argument("--room", help="only this room's members")
-    who.set_defaults(func=_run(_who))
+    who.set_defaults(func=_run(_who, read_only=True))
 
     history = sub.add_parser("history", help="a room's messages, oldest first (marks nothing read)")
     _common(history)
     history.add_argument("--room", required=True)
     history.add_argument("--limit", type=int, default=50, help="the newest N (default 50)")
-    history.set_defaults(func=_run(_history))
+    history.set_defaults(func=_run(_history, read_only=True))
 
     leases = sub.add_parser("leases", help="the live leases of a member, or of a path")
     _common(leases)
     which = leases.add_mutually_exclusive_group(required=True)
     which.add_argument("--member", help="a member id")
     which.add_argument("--path", help="a file path (relative: to this directory)")
-    leases.set_defaults(func=_run(_leases))
+    leases.set_defaults(func=_run(_leases, read_only=True))
 
     send = sub.add_parser("send", help="send a message as a member")
     _common(send)
@@ -68,6 +69,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _run(
     command: Callable[[Room, argparse.Namespace], Awaitable[list[dict[str, JSONValue]] | str]],
+    *,
+    read_only: bool = False,
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         name = f"subagents room {args.room_command}"
@@ -76,7 +79,7 @@ def _run(
             return 1
 
         async def main() -> list[dict[str, JSONValue]] | str:
-            async with Room(args.store) as room:
+            async with Room(args.store, read_only=read_only) as room:
                 return await command(room, args)
 
         try:

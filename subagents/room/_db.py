@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar, cast
 
 import anyio.to_thread
 
+from ..store._errors import StoreError
 from ..store._sqlite import Connection
 from . import _members, _messages
 from ._ids import resolve_member
@@ -28,7 +30,7 @@ T = TypeVar("T")
 
 
 class Database:
-    """The connection of one open :class:`Room`."""
+    """The connection of one open :class:`Room` (``read_only``: every write refused)."""
 
     def __init__(
         self,
@@ -37,11 +39,13 @@ class Database:
         clock: Callable[[], float],
         waiters: Waiters,
         retry_window: float,
+        read_only: bool = False,
     ) -> None:
         self.conn = conn
         self._clock = clock
         self._waiters = waiters
         self._retry_window = retry_window
+        self._read_only = read_only
         self._lock = threading.Lock()
 
     async def write(self, body: Callable[[sqlite3.Connection, float], T]) -> T:
@@ -53,9 +57,15 @@ class Database:
         self,
         body: Callable[[sqlite3.Connection, float], T],
         precheck: Callable[[sqlite3.Connection], bool] | None,
+        *,
+        timeout: float | None = None,
     ) -> T | None:
         """``body`` in a write transaction; ``None`` with nothing written when
-        ``precheck`` (a read in the same retry loop) says there is nothing to do."""
+        ``precheck`` (a read in the same retry loop) says there is nothing to do. With
+        ``timeout``, the waits for this process's other call and for another process's
+        lock end after that many seconds (``StoreError(locked)``), not ``busy_timeout``."""
+        if self._read_only:
+            raise StoreError(self.conn.path, "unwritable", "the room was opened read_only")
         wrote = []
 
         def transaction(raw: sqlite3.Connection) -> T:
@@ -63,13 +73,42 @@ class Database:
             return body(raw, self._clock())
 
         def run() -> T | None:
-            with self._lock:
-                return self.conn.write(transaction, precheck=precheck)
+            if timeout is None:
+                with self._lock:
+                    return self.conn.write(transaction, precheck=precheck)
+            return self._bounded(transaction, precheck, timeout)
 
         result = await anyio.to_thread.run_sync(run)
         if wrote:
             self._waiters.changed()  # a waiter of this process looks at once, without the poll
         return result
+
+    def _bounded(
+        self,
+        transaction: Callable[[sqlite3.Connection], T],
+        precheck: Callable[[sqlite3.Connection], bool] | None,
+        timeout: float,
+    ) -> T | None:
+        end = time.monotonic() + timeout
+        path = self.conn.path
+
+        def bounded(raw: sqlite3.Connection) -> bool:
+            # Before each try of the retry loop: SQLite's wait is what is left, no more.
+            left = end - time.monotonic()
+            if left <= 0:
+                raise StoreError(path, "locked", "another connection held the lock past the wait")
+            raw.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")
+            return precheck is None or precheck(raw)
+
+        if not self._lock.acquire(timeout=max(timeout, 0.0)):
+            raise StoreError(path, "locked", "this process's other room call held it")
+        raw = self.conn.raw
+        try:
+            limited = Connection(raw, path=path, busy_timeout=timeout, retry_timeout=timeout)
+            return limited.write(transaction, precheck=bounded)
+        finally:
+            raw.execute(f"PRAGMA busy_timeout = {int(self.conn.busy_timeout * 1000)}")
+            self._lock.release()
 
     async def read(self, query: Callable[[sqlite3.Connection, float], T]) -> T:
         """``query(raw, now)`` in autocommit mode (no transaction, nothing written)."""
@@ -79,6 +118,13 @@ class Database:
                 return self.conn.read(lambda raw: query(raw, self._clock()))
 
         return await anyio.to_thread.run_sync(run)
+
+    async def look(self, member: object, query: Callable[[sqlite3.Connection, str, float], T]) -> T:
+        """``query(raw, member, now)`` as a :meth:`read`, the id checked
+        (``UnknownMember``): a look at a member that is not its activity."""
+        return await self.read(
+            lambda raw, now: query(raw, resolve_member(raw, member, self.conn.path), now)
+        )
 
     def acting(
         self, member: object, body: Callable[[sqlite3.Connection, str, float], T]
@@ -99,4 +145,6 @@ class Database:
         return await self.write(self.acting(member, body))
 
     def close(self) -> None:
-        self.conn.close()
+        """Close the connection once the call in flight (a worker thread's) ended."""
+        with self._lock:
+            self.conn.close()

@@ -50,8 +50,8 @@ class UnknownMember(SubagentsError, LookupError):
         suggestions: member ids it was probably meant to be, best first.
         reason: ``harness_key`` (a harness key where a member id goes: ``suggestions``
             holds its member), ``partial`` (a prefix or label of the ``suggestions``),
-            ``gone`` (well-formed, nothing behind it: left, pruned or another store's) or
-            ``malformed``.
+            ``gone`` (a well-formed member id or harness key with nothing behind it:
+            pruned, or another store's) or ``malformed``.
         store: the store's file.
     """
 
@@ -71,6 +71,12 @@ class UnknownMember(SubagentsError, LookupError):
         elif reason == "partial":
             listed = ", ".join(repr(s) for s in self.suggestions)
             message = f"unknown member id {shown}; did you mean {listed}? ({_SHAPES})"
+        elif reason == "gone" and HARNESS_KEY.fullmatch(given):
+            message = (
+                f"{shown} is a harness key (a UUID), not a member id, and no member of the "
+                f"store {store!r} joined with it: it is gone (pruned) or from another store "
+                "(join(harness_key=...) to get a member id here)"
+            )
         elif reason == "gone":
             message = (
                 f"no member {shown} in the store {store!r}: it left or was pruned, or it "
@@ -124,7 +130,7 @@ def resolve_member(conn: sqlite3.Connection, given: object, store: str) -> str:
         ).fetchone()
         if row is not None:
             raise UnknownMember(given, reason="harness_key", store=store, suggestions=[row[0]])
-        raise UnknownMember(given, reason="malformed", store=store)
+        raise UnknownMember(given, reason="gone", store=store)
     return _partial(conn, given, store)
 
 

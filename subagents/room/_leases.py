@@ -194,10 +194,12 @@ def drift(conn: sqlite3.Connection, member: str, path: str, sha: str | None, now
     if sha == baseline:
         return Drift(path=path, severity="SAFE", changed=False, message="unchanged since read")
     what = "deleted" if sha is None else "changed"
+    # A lease row counts if it lasted past the baseline: live now, or expired since and
+    # not removed yet (spans hold only the leases a release, claim or prune removed).
     held = conn.execute(
         "SELECT member_id, claimed_at FROM room_leases WHERE path = ? AND member_id <> ? "
         "AND expires_at > ? ORDER BY claimed_at LIMIT 1",
-        (path, member, now),
+        (path, member, read_at),
     ).fetchone()
     if held is None:
         held = conn.execute(

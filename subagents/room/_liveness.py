@@ -69,11 +69,13 @@ def pid_running(pid: int, start: int | None) -> bool:
 
 
 def running_keys(keys: Collection[str]) -> set[str]:
-    """Those of ``keys`` that are the value of some variable in a running process's
-    environment (one pass over ``/proc``; empty where there is none)."""
+    """Those of ``keys`` (lower-case) that are the value of some variable in a running
+    process's environment, in either case (one pass over ``/proc``; empty where there is
+    none)."""
     if not keys:
         return set()
-    wanted = {k.encode() for k in keys}
+    # Keys are stored lower-cased; a harness may keep its key in either case.
+    wanted = {k.lower().encode() for k in keys}
     found: set[bytes] = set()
     try:
         entries = list(os.scandir(_PROC))
@@ -88,8 +90,8 @@ def running_keys(keys: Collection[str]) -> set[str]:
             continue
         for variable in environ.split(b"\0"):
             _, sep, value = variable.partition(b"=")
-            if sep and value in wanted:
-                found.add(value)
+            if sep and len(value) == 36 and value.lower() in wanted:
+                found.add(value.lower())
         if found == wanted:
             break
     return {k.decode() for k in found}

@@ -14,7 +14,8 @@ from typing import Final
 from .._errors import ConfigError
 from .._json import dumps_str, loads
 from ._ids import new_member_id
-from ._records import AUTONOMY, Autonomy, Joined
+from ._liveness import pid_running
+from ._records import AUTONOMY, LIVE, Autonomy, Joined
 
 __all__ = [
     "MAX_NAME",
@@ -26,7 +27,9 @@ __all__ = [
     "leave",
     "member_rooms",
     "set_cap",
+    "signal_waiting",
     "touch",
+    "unwakeable",
 ]
 
 MAX_NAME: Final = 200
@@ -34,9 +37,11 @@ MAX_NAME: Final = 200
 
 
 def absolute(path: str, cwd: str) -> str:
-    """``path`` made absolute against ``cwd`` and normalised (``..`` and ``.`` resolved, no
-    symlink followed): ``src/x.py`` from ``/repo`` and ``/repo/src/x.py`` are one path."""
-    return os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
+    """``path`` made absolute against ``cwd`` and resolved as ``open`` resolves it (symlinks
+    followed as far as they exist, then ``..`` and ``.``; a leading ``//`` is ``/``): every
+    spelling of one file is one path, so ``src/x.py`` from ``/repo``, ``/repo/src/x.py``
+    and the same file through a symlinked directory contend for one lease."""
+    return os.path.realpath(os.path.join(cwd, os.path.expanduser(path)))
 
 
 def check_name(field: str, value: object) -> str:
@@ -119,16 +124,18 @@ def join(
         )
     else:
         member, stored = str(existing[0]), existing[1]
-        level = stored
+        wanted = stored
         if autonomy is not None and _rank(autonomy) < _rank(stored):
             warning = (
                 f"autonomy {autonomy!r} refused: {stored!r} stays (a re-join never lowers "
                 "the level; lowering is the operator's, through set_autonomy_cap)"
             )
-        elif autonomy is not None and _rank(autonomy) > _rank(stored):
-            level = autonomy if _rank(autonomy) <= _rank(cap) else cap
-            if level != autonomy:
-                warning = f"autonomy {autonomy!r} is above the room's cap: {level!r} applies"
+        elif autonomy is not None:
+            wanted = autonomy
+        # The cap of every room the member is in now holds, a kept level included.
+        level = wanted if _rank(wanted) <= _rank(cap) else cap
+        if level != wanted:
+            warning = f"autonomy {wanted!r} is above the room's cap: {level!r} applies"
         conn.execute(
             "UPDATE room_members SET cwd = ?, pid = ?, pid_start = ?, autonomy = ?, "
             "seen_at = ?, label = coalesce(?, label), tags = coalesce(?, tags) "
@@ -146,6 +153,8 @@ def join(
         )
         if tags is not None:
             conn.execute("DELETE FROM room_tags WHERE member_id = ?", (member,))
+        if level == "wake" and (pid is None or pid_running(pid, pid_start)):
+            signal_waiting(conn, member, now)
     if tags is not None:
         conn.executemany(
             "INSERT OR IGNORE INTO room_tags (tag, member_id) VALUES (?, ?)",
@@ -182,12 +191,36 @@ def set_cap(conn: sqlite3.Connection, room: str, autonomy: Autonomy) -> int:
     if not above:
         return 0
     marks = ", ".join("?" * len(above))
-    cursor = conn.execute(
+    lowered = conn.execute(
         f"UPDATE room_members SET autonomy = ? WHERE autonomy IN ({marks}) AND member_id IN "
-        "(SELECT member_id FROM room_memberships WHERE room = ?)",
+        "(SELECT member_id FROM room_memberships WHERE room = ?) RETURNING member_id",
         (autonomy, *above, room),
+    ).fetchall()
+    for (member,) in lowered:
+        unwakeable(conn, str(member))
+    return len(lowered)
+
+
+def unwakeable(conn: sqlite3.Connection, member: str) -> None:
+    """The member can no longer be woken (lowered below ``wake``, or pruned): its
+    ``offered`` deliveries become ``undeliverable``, so no signal is repeated to it."""
+    conn.execute(
+        "UPDATE room_deliveries SET state = 'undeliverable' "
+        "WHERE recipient = ? AND state = 'offered' AND state IN " + LIVE,
+        (member,),
     )
-    return cursor.rowcount
+
+
+def signal_waiting(conn: sqlite3.Connection, member: str, now: float) -> None:
+    """The member is at ``wake`` with a process to wake (it came back, or was raised): its
+    deliveries never signalled (``stored``) or not signallable then (``undeliverable``)
+    are signalled now, by this commit."""
+    conn.execute(
+        "UPDATE room_deliveries SET state = 'offered', offered_at = ?, signals = signals + 1, "
+        "changed_at = ? WHERE recipient = ? AND state IN ('stored', 'undeliverable') "
+        "AND state IN " + LIVE,
+        (now, now, member),
+    )
 
 
 def absolute_for(conn: sqlite3.Connection, member: str, path: str) -> str:
@@ -198,7 +231,7 @@ def absolute_for(conn: sqlite3.Connection, member: str, path: str) -> str:
 
 def touch(conn: sqlite3.Connection, member: str, now: float) -> None:
     """The member's activity: its ``seen_at``, and for a member at ``notify`` the signals of
-    its stored deliveries ride on this turn (they become ``accepted``)."""
+    its deliveries not yet taken by a turn ride on this one (they become ``accepted``)."""
     row = conn.execute(
         "UPDATE room_members SET seen_at = ? WHERE member_id = ? RETURNING autonomy",
         (now, member),
@@ -206,8 +239,8 @@ def touch(conn: sqlite3.Connection, member: str, now: float) -> None:
     if row is not None and row[0] == "notify":
         conn.execute(
             "UPDATE room_deliveries SET state = 'accepted', changed_at = ? "
-            "WHERE recipient = ? AND state = 'stored' "
-            "AND state IN ('stored', 'offered', 'accepted', 'undeliverable')",
+            "WHERE recipient = ? AND state IN ('stored', 'offered', 'undeliverable') "
+            "AND state IN " + LIVE,
             (now, member),
         )
 

@@ -18,9 +18,10 @@ from .._errors import ConfigError
 from ._ids import resolve_member
 from ._liveness import pid_running
 from ._members import member_rooms
-from ._records import DeliveryState, Inbox, Message, Sent, SentMessage
+from ._records import LIVE, DeliveryState, Inbox, Message, Sent, SentMessage
 
 __all__ = [
+    "EXPIRE_BATCH",
     "FILE_SCAN",
     "MAX_BODY",
     "accept",
@@ -32,6 +33,7 @@ __all__ = [
     "resend_signals",
     "send",
     "sent",
+    "UNREAD_CAP",
     "unread",
 ]
 
@@ -43,8 +45,11 @@ FILE_SCAN: Final = 10_000
 one request that reads rows it does not look up by key); past it the send says so."""
 RESEND_BATCH: Final = 100
 """Wake signals repeated by one call at most."""
-LIVE: Final = "('stored', 'offered', 'accepted', 'undeliverable')"
-"""The states of a delivery whose body is not taken: the inbox index's condition."""
+EXPIRE_BATCH: Final = 1000
+"""Deliveries one receive marks expired at most (the rest on the next)."""
+UNREAD_CAP: Final = 1000
+""":func:`unread` counts up to this many (the count reads the inbox index, so its cost
+is bounded by this, not by a member's backlog)."""
 
 _MESSAGE_COLUMNS: Final = (
     "m.id, m.sender, m.selector, m.subject, m.body, m.reply_to, m.created_at, m.expires_at"
@@ -179,10 +184,13 @@ def send(
 
 
 def _expire(conn: sqlite3.Connection, member: str, now: float) -> None:
+    """Mark the member's deliveries past their TTL ``expired``: at most
+    :data:`EXPIRE_BATCH`, read by the expiry index (only those due)."""
     conn.execute(
-        f"UPDATE room_deliveries SET state = 'expired', changed_at = ? WHERE recipient = ? "
-        f"AND state IN {LIVE} AND expires_at IS NOT NULL AND expires_at <= ?",
-        (now, member, now),
+        "UPDATE room_deliveries SET state = 'expired', changed_at = ? WHERE id IN "
+        "(SELECT id FROM room_deliveries WHERE recipient = ? AND expires_at <= ? "
+        f"AND state IN {LIVE} AND expires_at IS NOT NULL ORDER BY expires_at LIMIT ?)",
+        (now, member, now, EXPIRE_BATCH),
     )
 
 
@@ -201,8 +209,9 @@ def receive(conn: sqlite3.Connection, member: str, limit: int, now: float) -> li
     rows = conn.execute(
         f"SELECT d.id, {_MESSAGE_COLUMNS} FROM room_deliveries d "
         "JOIN room_messages m ON m.id = d.message_id "
-        f"WHERE d.recipient = ? AND d.state IN {LIVE} ORDER BY d.id LIMIT ?",
-        (member, limit),
+        f"WHERE d.recipient = ? AND d.state IN {LIVE} "
+        "AND (d.expires_at IS NULL OR d.expires_at > ?) ORDER BY d.id LIMIT ?",
+        (member, now, limit),
     ).fetchall()
     if not rows:
         return []
@@ -240,12 +249,21 @@ def ack(conn: sqlite3.Connection, member: str, message_id: int, now: float) -> b
         ConfigError: the member never had that message.
     """
     row = conn.execute(
-        "SELECT state FROM room_deliveries WHERE message_id = ? AND recipient = ?",
+        "SELECT state, expires_at FROM room_deliveries WHERE message_id = ? AND recipient = ?",
         (message_id, member),
     ).fetchone()
     if row is None:
         raise ConfigError("message_id", f"the id of a message delivered to {member}", message_id)
-    if row[0] in ("acked", "expired"):
+    state, expires = row
+    if state in ("acked", "expired"):
+        return False
+    if state != "read" and expires is not None and expires <= now:
+        # Past its TTL before its body was taken: expired (final), as sent() reports it.
+        conn.execute(
+            "UPDATE room_deliveries SET state = 'expired', changed_at = ? "
+            "WHERE message_id = ? AND recipient = ?",
+            (now, message_id, member),
+        )
         return False
     conn.execute(
         "UPDATE room_deliveries SET state = 'acked', changed_at = ? "
@@ -256,10 +274,12 @@ def ack(conn: sqlite3.Connection, member: str, message_id: int, now: float) -> b
 
 
 def unread(conn: sqlite3.Connection, member: str, now: float) -> int:
+    """Deliveries waiting for the member (not taken, not past their TTL), counted up to
+    :data:`UNREAD_CAP`. Reads only."""
     ((count,),) = conn.execute(
-        f"SELECT count(*) FROM room_deliveries WHERE recipient = ? AND state IN {LIVE} "
-        "AND (expires_at IS NULL OR expires_at > ?)",
-        (member, now),
+        "SELECT count(*) FROM (SELECT 1 FROM room_deliveries WHERE recipient = ? "
+        f"AND state IN {LIVE} AND (expires_at IS NULL OR expires_at > ?) LIMIT ?)",
+        (member, now, UNREAD_CAP),
     ).fetchall()
     return int(count)
 

@@ -15,6 +15,7 @@ from .._json import JSONValue
 __all__ = [
     "AUTONOMY",
     "DELIVERY_STATES",
+    "LIVE",
     "Autonomy",
     "Claim",
     "DeliveryState",
@@ -38,6 +39,9 @@ AUTONOMY: Final[tuple[Autonomy, ...]] = ("hold", "notify", "wake")
 DeliveryState = Literal[
     "stored", "offered", "accepted", "read", "acked", "expired", "undeliverable"
 ]
+LIVE: Final = "('stored', 'offered', 'accepted', 'undeliverable')"
+"""The states of a delivery whose body is not taken, as SQL: the inbox index's condition
+(repeated in a query's WHERE so the planner may use that partial index)."""
 DELIVERY_STATES: Final[tuple[DeliveryState, ...]] = (
     "stored",
     "offered",

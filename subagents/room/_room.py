@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final, TypeVar
 
 import anyio
@@ -20,24 +19,24 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from .._validators import count, seconds
-from ..store._opening import close_all, open_connections
-from ..store._sqlite import Connection, Synchronous
-from ..store._watch import Watcher
+from ..store._errors import StoreError
 from . import _leases, _members, _messages, _who
 from ._checks import (
     absolute,
     check_body,
+    check_cwd,
     check_limit,
     check_mode,
     check_path,
+    check_pid,
     check_rooms,
     check_selector,
     check_subject,
     check_tags,
     check_ttl,
 )
-from ._db import Database
 from ._ids import check_harness_key
+from ._lifecycle import RoomBase
 from ._liveness import process_start
 from ._members import check_autonomy, check_name
 from ._records import (
@@ -54,7 +53,6 @@ from ._records import (
     Sent,
     SentMessage,
 )
-from ._waiting import Waiters
 
 __all__ = ["DEFAULT_LEASE_TTL", "Room"]
 
@@ -67,12 +65,16 @@ _PRUNE_BATCH: Final = 1000
 """Members one prune looks at, the longest silent first."""
 
 
-class Room:
+class Room(RoomBase):
     """Members, messages, file leases and drift checks in the store file at ``path``.
 
     ``async with Room(path) as room:`` opens (creating or migrating the store) and closes
-    it. Every call but :meth:`history`, :meth:`check` and :meth:`who` takes a member id
-    (from :meth:`join`) as its first argument and counts as that member's activity.
+    it; a room is entered once at a time. Every call but :meth:`history`, :meth:`check`
+    and :meth:`who` takes a member id (from :meth:`join`) as its first argument; those
+    that write count as that member's activity, the looks (:meth:`unread`,
+    :meth:`leases`, :meth:`check`, :meth:`drift_check`) do not and write nothing. A call
+    on a closed room, and a receive waiting as it closes, raise
+    ``anyio.ClosedResourceError``.
 
     Every method blocks its task (never the event loop: the work runs in a worker thread)
     for one transaction, waiting up to ``busy_timeout`` for a lock another process holds
@@ -91,71 +93,10 @@ class Room:
         poll_interval: how often a waiting receive looks at ``PRAGMA data_version``.
         synchronous: ``NORMAL`` (default: a commit survives a process crash) or ``FULL``
             (and a power loss).
+        read_only: open the file read-only: nothing is created or migrated (a missing or
+            empty file, or an older store, is ``StoreError(not_a_store)``) and every call
+            that writes raises ``StoreError(unwritable)``; the looks work.
     """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        clock: Callable[[], float] = time.time,
-        busy_timeout: float = 10.0,
-        poll_interval: float = 0.005,
-        retry_window: float = 30.0,
-        synchronous: Synchronous = "NORMAL",
-    ) -> None:
-        self.path = os.fspath(path)
-        self._clock = clock
-        self._busy_timeout = seconds("busy_timeout", busy_timeout, none_ok=False, zero_ok=False)
-        self._poll_interval = seconds("poll_interval", poll_interval, none_ok=False, zero_ok=False)
-        self._retry_window = seconds("retry_window", retry_window, none_ok=False, zero_ok=True)
-        self._synchronous = synchronous
-        self._database: Database | None = None
-        self._watcher: Watcher | None = None
-        self._waiters = Waiters()
-
-    async def __aenter__(self) -> Room:
-        connections = await anyio.to_thread.run_sync(
-            lambda: open_connections(
-                self.path, synchronous=self._synchronous, busy_timeout=self._busy_timeout
-            )
-        )
-        close_all([connections.loop])
-        conn = Connection(
-            connections.writer,
-            path=self.path,
-            busy_timeout=self._busy_timeout,
-            retry_timeout=self._busy_timeout,
-        )
-        self._database = Database(
-            conn, clock=self._clock, waiters=self._waiters, retry_window=self._retry_window
-        )
-        self._watcher = Watcher(
-            connections.watcher,
-            token=anyio.lowlevel.current_token(),
-            interval=self._poll_interval,
-            on_change=self._waiters.changed,
-        )
-        self._watcher.start()
-        self._waiters.watcher = self._watcher
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        watcher, database = self._watcher, self._database
-        self._watcher, self._database = None, None
-        self._waiters.watcher = None
-        if watcher is not None:
-            watcher.stop()
-            await anyio.to_thread.run_sync(watcher.join, None)
-        if database is not None:
-            await anyio.to_thread.run_sync(database.close)
-
-    def _db(self) -> Database:
-        if self._database is None:
-            raise RuntimeError("the room is not open: use `async with Room(path) as room`")
-        return self._database
 
     # ------------------------------------------------------------------ members
 
@@ -186,8 +127,8 @@ class Room:
         level = None if autonomy is None else check_autonomy("autonomy", autonomy)
         named = None if label is None else check_name("label", label)
         tagged = check_tags(tags)
-        where = _absolute_dir(cwd)
-        process = os.getpid() if pid == _OWN_PID else pid
+        where = _absolute_dir(check_cwd(cwd))
+        process = os.getpid() if pid == _OWN_PID else check_pid(pid)
         start = None if process is None else process_start(process)
         return await self._db().write(
             lambda raw, now: _members.join(
@@ -205,14 +146,15 @@ class Room:
         )
 
     async def leave(self, member: str, room: str | None = None) -> tuple[str, ...]:
-        """Leave ``room``, or every room (``None``: its leases are released too); the
-        rooms the member is still in. The member id stays valid."""
+        """Leave ``room``, or every room (``None``); the rooms the member is still in. Out
+        of its last room, its leases are released. The member id stays valid."""
         where = None if room is None else check_name("room", room)
 
         def body(raw: sqlite3.Connection, found: str, now: float) -> tuple[str, ...]:
-            if where is None:
+            left = _members.leave(raw, found, where)
+            if not left:
                 _leases.release_all(raw, found, now)
-            return _members.leave(raw, found, where)
+            return left
 
         return await self._db().act(member, body)
 
@@ -286,10 +228,13 @@ class Room:
             ),
         )
 
-    async def _take(self, member: str, limit: int, *, if_any: bool = False) -> Received | None:
+    async def _take(
+        self, member: str, limit: int, *, if_any: bool = False, timeout: float | None = None
+    ) -> Received | None:
         """Take as :meth:`receive` does; with ``if_any``, only when the inbox index holds a
         delivery not yet read (else ``None``, with nothing written: a waiting receive that
-        wrote on every wake-up would wake itself, and every waiter of the file, again)."""
+        wrote on every wake-up would wake itself, and every waiter of the file, again).
+        ``timeout``: the most seconds it waits for a lock (then ``None``, nothing taken)."""
 
         def body(raw: sqlite3.Connection, found: str, now: float) -> Received:
             messages = _messages.receive(raw, found, limit, now)
@@ -297,8 +242,14 @@ class Room:
                 return Received(messages=tuple(messages))
             return Received(messages=(), inbox=_messages.inbox(raw, found))
 
+        db = self._db()
         precheck = (lambda raw: _messages.has_live(raw, member)) if if_any else None
-        return await self._db().maybe_write(self._db().acting(member, body), precheck)
+        try:
+            return await db.maybe_write(db.acting(member, body), precheck, timeout=timeout)
+        except StoreError as exc:
+            if timeout is None or exc.reason != "locked":
+                raise
+            return None  # the deadline came while another connection held the lock
 
     async def receive(
         self, member: str, *, limit: int = 50, timeout: float | None = 0.0
@@ -306,9 +257,10 @@ class Room:
         """Take up to ``limit`` messages for ``member`` (marked ``read``), waiting up to
         ``timeout`` seconds for one (``None``: without end) if there is none: a send from
         any process wakes the wait. Empty, it carries :attr:`Received.inbox` (as the first
-        look found it). It returns at its deadline; cancelled while waiting it has taken
-        nothing, cancelled during a take (a transaction) the messages are taken all the
-        same and lost to the caller."""
+        look found it). It returns by its deadline (a later look waits for a lock only as
+        long as the time left); cancelled while waiting it has taken nothing, cancelled
+        during a take (a transaction) the messages are taken all the same and lost to the
+        caller. The room closing while it waits raises ``anyio.ClosedResourceError``."""
         cap = check_limit(limit)
         wait = seconds("timeout", timeout, none_ok=True, zero_ok=True)
         deadline = None if wait is None else anyio.current_time() + wait
@@ -317,7 +269,7 @@ class Room:
         return await self._waiters.until(
             got,
             lambda received: bool(received.messages),
-            lambda: self._take(member, cap, if_any=True),
+            lambda left: self._take(member, cap, if_any=True, timeout=left),
             deadline,
         )
 
@@ -329,16 +281,17 @@ class Room:
         )
 
     async def ack(self, member: str, message_id: int) -> bool:
-        """Confirm a message delivered to ``member``; ``False`` if already acked or expired."""
+        """Confirm a message delivered to ``member``; ``False`` if already acked or expired
+        (a delivery past its TTL whose body was not taken is expired now)."""
+        which = count("message_id", message_id, minimum=1)
         return await self._db().act(
-            member, lambda raw, found, now: _messages.ack(raw, found, message_id, now)
+            member, lambda raw, found, now: _messages.ack(raw, found, which, now)
         )
 
     async def unread(self, member: str) -> int:
-        """Deliveries waiting for ``member`` (not taken, not expired)."""
-        return await self._db().act(
-            member, lambda raw, found, now: _messages.unread(raw, found, now)
-        )
+        """Deliveries waiting for ``member`` (not taken, not expired), counted up to 1,000;
+        a look: not the member's activity."""
+        return await self._db().look(member, _messages.unread)
 
     async def sent(self, member: str, *, limit: int = 20) -> tuple[SentMessage, ...]:
         """``member``'s newest messages, newest first, with each recipient's state."""
@@ -416,7 +369,7 @@ class Room:
         process's); :attr:`LeaseCheck.free` when there are none."""
         where = check_path(path)
         if member is not None:
-            return await self._db().act(
+            return await self._db().look(
                 member, lambda raw, found, now: _leases.check_as(raw, found, where, now)
             )
         full = absolute(where, os.getcwd())
@@ -426,12 +379,8 @@ class Room:
         )
 
     async def leases(self, member: str) -> tuple[Lease, ...]:
-        """``member``'s live leases, by path."""
-        return tuple(
-            await self._db().act(
-                member, lambda raw, found, now: _leases.member_leases(raw, found, now)
-            )
-        )
+        """``member``'s live leases, by path (a look: not the member's activity)."""
+        return tuple(await self._db().look(member, _leases.member_leases))
 
     # ------------------------------------------------------------------ drift
 
@@ -439,7 +388,7 @@ class Room:
         """``path`` made absolute for ``member``, and the file's hash (``None``: no file),
         read outside any transaction (a large file must not hold the database)."""
         where = check_path(path)
-        full = await self._db().act(
+        full = await self._db().look(
             member, lambda raw, found, now: _members.absolute_for(raw, found, where)
         )
         return full, await anyio.to_thread.run_sync(_leases.sha256_of, full)
@@ -462,13 +411,14 @@ class Room:
     async def drift_check(self, member: str, path: str) -> Drift:
         """Whether the file at ``path`` changed since ``member``'s :meth:`note_read`:
         ``SAFE`` (unchanged, or no baseline), ``MINOR`` (changed, no other member held a
-        lease on it) or ``CRITICAL`` (changed while another member held one: who, since)."""
+        lease on it) or ``CRITICAL`` (changed while another member held one: who, since).
+        A look: it writes nothing."""
         full, digest = await self._hash(member, path)
-        return await self._db().act(
+        return await self._db().look(
             member, lambda raw, found, now: _leases.drift(raw, found, full, digest, now)
         )
 
 
 def _absolute_dir(cwd: str | None) -> str:
-    """``cwd`` (or this process's directory) made absolute: string work, no file access."""
+    """``cwd`` (or this process's directory) made absolute, its symlinks resolved."""
     return absolute(cwd if cwd is not None else ".", os.getcwd())

@@ -10,9 +10,11 @@ carries ``unread`` when messages wait for the member: the signal of a member bel
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+from .._errors import SubagentsError
 from .._json import JSONValue
 from .._tracing import ToolSpan
 from ..tools import Tool, ToolResult
@@ -24,6 +26,8 @@ from ._records import LeaseMode
 from ._room import Room
 
 __all__ = ["room_tools"]
+
+logger = logging.getLogger("subagents.room")
 
 _OBJECT: Final[dict[str, JSONValue]] = {"type": "object"}
 _PATH = Param(
@@ -74,8 +78,19 @@ class _Handlers:
                 return _error(str(exc), "not_held")
             except FileNotFoundError as exc:
                 return _error(f"no file at {exc.args[0] if exc.args else 'that path'}", "no_file")
-            unread = await room.unread(member)
-            if not unread or name == "room_receive":
+            except OSError as exc:  # a directory, no permission: the path is the mistake
+                where = exc.filename or args.get("path")
+                return _error(f"cannot read {where}: {exc.strerror or exc}", "unreadable")
+            if name == "room_receive":
+                return result
+            try:
+                unread = await room.unread(member)
+            except SubagentsError:
+                # The call itself succeeded (a send is stored): its result stands, the
+                # rider is left off rather than turn it into an error to retry.
+                logger.warning("the room's unread count failed after %s", name, exc_info=True)
+                return result
+            if not unread:
                 return result
             return ToolResult(
                 content=f"{result.content}\n({unread} room message(s) wait: call room_receive)",

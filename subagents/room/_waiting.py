@@ -28,11 +28,17 @@ class Waiters:
     def __init__(self) -> None:
         self._events: set[anyio.Event] = set()
         self.watcher: Watcher | None = None
+        self.closed = False
 
     def changed(self) -> None:
         """Something committed: every waiter looks again."""
         for event in self._events:
             event.set()
+
+    def close(self) -> None:
+        """The room closes: every waiter ends, with ``anyio.ClosedResourceError``."""
+        self.closed = True
+        self.changed()
 
     def _watch(self) -> None:
         if self.watcher is not None:
@@ -42,13 +48,19 @@ class Waiters:
         self,
         got: T,
         done: Callable[[T], bool],
-        look: Callable[[], Awaitable[T | None]],
+        look: Callable[[float | None], Awaitable[T | None]],
         deadline: float | None,
     ) -> T:
-        """``got`` once ``done(got)``, else look again (``look``: ``None`` when there was
-        nothing) after each change, until ``deadline`` (``anyio.current_time``; ``None``:
-        none); at the deadline the last answer."""
+        """``got`` once ``done(got)``, else look again (``look(seconds left)``: ``None``
+        when there was nothing) after each change, until ``deadline``
+        (``anyio.current_time``; ``None``: none); at the deadline the last answer.
+
+        Raises:
+            anyio.ClosedResourceError: the room closed while this waited.
+        """
         while not done(got):
+            if self.closed:
+                raise anyio.ClosedResourceError("the room closed while a receive waited")
             left = None if deadline is None else deadline - anyio.current_time()
             if left is not None and left <= 0:
                 return got
@@ -56,8 +68,9 @@ class Waiters:
             self._events.add(event)
             self._watch()
             try:
-                again = await look()
+                again = await look(left)
                 if again is None:
+                    left = None if deadline is None else deadline - anyio.current_time()
                     with anyio.move_on_after(left if left is not None else float("inf")):
                         await event.wait()
                 else:

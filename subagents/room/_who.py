@@ -96,6 +96,7 @@ def prune(
         if seen is None or seen[0] >= now - threshold:
             continue
         _leases.release_all(raw, member, now)
+        _members.unwakeable(raw, member)
         raw.execute("DELETE FROM room_members WHERE member_id = ?", (member,))
         removed.append(member)
     return tuple(removed)

@@ -196,12 +196,21 @@ _ROOM: Final = (
     "CREATE INDEX room_deliveries_recipient ON room_deliveries (recipient, state)",
     """CREATE INDEX room_deliveries_offered ON room_deliveries (offered_at)
         WHERE state = 'offered'""",
+    # A member's untaken deliveries with a TTL, soonest first: expiry reads only those due.
+    """CREATE INDEX room_deliveries_expiry ON room_deliveries (recipient, expires_at)
+        WHERE state IN ('stored', 'offered', 'accepted', 'undeliverable')
+        AND expires_at IS NOT NULL""",
     # Forward only: stored 0, offered and undeliverable 1, accepted 2, read 3, then acked
     # (from anything not final) or expired (only before the body was taken); both final.
+    # Within rank 1 a delivery moves both ways: offered -> undeliverable when its member
+    # can no longer be woken (lowered below wake, pruned), undeliverable -> offered when
+    # it can again (back with a running process, or raised to wake): a signal tried again.
     """CREATE TRIGGER room_deliveries_forward_only BEFORE UPDATE OF state ON room_deliveries
         WHEN OLD.state IN ('acked', 'expired')
         OR (NEW.state = 'expired' AND OLD.state = 'read')
-        OR (NEW.state NOT IN ('acked', 'expired') AND
+        OR (NEW.state NOT IN ('acked', 'expired')
+            AND NOT (OLD.state IN ('offered', 'undeliverable')
+                AND NEW.state IN ('offered', 'undeliverable') AND NEW.state <> OLD.state) AND
             (CASE NEW.state WHEN 'stored' THEN 0 WHEN 'offered' THEN 1
                 WHEN 'undeliverable' THEN 1 WHEN 'accepted' THEN 2 ELSE 3 END)
             <= (CASE OLD.state WHEN 'stored' THEN 0 WHEN 'offered' THEN 1

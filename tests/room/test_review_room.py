@@ -57,7 +57,7 @@ async def test_wake_signals_are_not_repeated_to_a_member_the_operator_lowered_to
         await room.send(sender, woken, "x")
         assert await room.set_autonomy_cap("r", "hold") == 2
         clock.advance(60)
-        await room.unread(sender)  # any member's activity repeats due signals
+        await room.sent(sender)  # any member's activity repeats due signals (unread is a look)
         assert signals_of(tmp_path / "s.db", woken) == 1
 
 
@@ -74,7 +74,7 @@ async def test_wake_signals_are_not_repeated_to_a_pruned_member(tmp_path: Path) 
         clock.advance(100)
         assert await room.prune(silent_for=50) == (doomed,)
         clock.advance(60)
-        await room.unread(sender)
+        await room.sent(sender)
         assert signals_of(tmp_path / "s.db", doomed) == 1
 
 

@@ -132,10 +132,22 @@ async def test_a_well_formed_id_with_nothing_behind_it_is_gone_or_from_another_s
         assert caught.value.store == str(tmp_path / "two.db")
 
 
+async def test_a_harness_key_with_no_member_is_gone_or_from_another_store(
+    tmp_path: Path,
+) -> None:
+    key = str(uuid.uuid4())
+    async with Room(tmp_path / "one.db") as one, Room(tmp_path / "two.db") as two:
+        await one.join("r", harness_key=key)
+        with pytest.raises(UnknownMember, match=r"gone .*or from another store") as caught:
+            await two.unread(key)
+        assert caught.value.reason == "gone"
+        assert "harness key" in str(caught.value)
+
+
 async def test_an_id_of_neither_shape_says_what_each_looks_like(tmp_path: Path) -> None:
     async with Room(tmp_path / "s.db") as room:
         await room.join("r")
-        for given in ("zz-not-an-id", str(uuid.uuid4()), 42):
+        for given in ("zz-not-an-id", 42):
             with pytest.raises(UnknownMember, match="16 lower-case hex") as caught:
                 await room.unread(given)  # type: ignore[arg-type]
             assert caught.value.reason == "malformed"

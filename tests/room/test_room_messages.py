@@ -113,8 +113,9 @@ async def test_receive_marks_read_and_an_empty_one_carries_the_inbox(tmp_path: P
 STATES = ["stored", "offered", "accepted", "read", "acked", "expired", "undeliverable"]
 ALLOWED = {
     "stored": {"offered", "accepted", "read", "acked", "expired", "undeliverable"},
-    "offered": {"accepted", "read", "acked", "expired"},
-    "undeliverable": {"accepted", "read", "acked", "expired"},
+    # offered <-> undeliverable: the member could no longer be woken, or can again.
+    "offered": {"undeliverable", "accepted", "read", "acked", "expired"},
+    "undeliverable": {"offered", "accepted", "read", "acked", "expired"},
     "accepted": {"read", "acked", "expired"},
     "read": {"acked"},
     "acked": set(),
@@ -204,7 +205,7 @@ async def test_wake_levels_set_the_first_state_and_signals_repeat_only_while_off
             held: "stored",
             gone: "undeliverable",
         }
-        await room.unread(notified)  # a turn of its own: the signal rides on it
+        await room.sent(notified)  # a turn of its own: the signal rides on it
         sent = await room.sent(a)
         assert states()[notified] == "accepted"
         assert states()[held] == "stored"
@@ -212,14 +213,14 @@ async def test_wake_levels_set_the_first_state_and_signals_repeat_only_while_off
         try:
             signals = "SELECT signals FROM room_deliveries WHERE recipient = ?"
             clock.advance(5)
-            await room.unread(a)  # activity inside the window: no repeat
+            await room.sent(a)  # activity inside the window: no repeat
             assert conn.execute(signals, (woken,)).fetchone() == (1,)
             clock.advance(6)
-            await room.unread(a)
+            await room.sent(a)
             assert conn.execute(signals, (woken,)).fetchone() == (2,)
             assert await room.accept(woken) == 1
             clock.advance(60)
-            await room.unread(a)
+            await room.sent(a)
             assert conn.execute(signals, (woken,)).fetchone() == (2,)  # accepted: never again
         finally:
             conn.close()
