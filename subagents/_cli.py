@@ -1,5 +1,5 @@
-"""The ``subagents`` command line: ``demo``, ``events``, ``store``, ``mcp``, ``batch`` (each
-registered here).
+"""The ``subagents`` command line: ``demo``, ``events``, ``store``, ``room``, ``mcp``,
+``batch`` (each registered here).
 
 Every failure is one line on stderr and a non-zero exit status: 2 for a usage error
 (argparse), 1 for anything else (an unreadable file, a failed run); never a traceback.
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import NoReturn
 
-from . import _cli_batch, _cli_events, _cli_mcp, _cli_store, _demo
+from . import _cli_batch, _cli_events, _cli_mcp, _cli_room, _cli_store, _demo
 
 __all__ = ["main"]
 
@@ -42,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _demo.register(commands)
     _cli_events.register(commands)
     _cli_store.register(commands)
+    _cli_room.register(commands)
     _cli_mcp.register(commands)
     _cli_batch.register(commands)
     args = parser.parse_args(argv)

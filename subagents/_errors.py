@@ -12,8 +12,12 @@ Every exception the library raises on purpose derives from :class:`SubagentsErro
     ├── MailboxFull(SubagentsError)                  a new key beyond the mailbox capacity
     ├── RunnerReturnError(SubagentsError, TypeError) a runner returned no Result (or str),
     │                                                or one with a field of the wrong type
-    └── StoreError(SubagentsError)                   subagents.store: the durable store cannot
-                                                     open, read or write its file (``reason``)
+    ├── StoreError(SubagentsError)                   subagents.store: the durable store cannot
+    │                                                open, read or write its file (``reason``)
+    ├── UnknownMember(SubagentsError, LookupError)   subagents.room: no member with that id
+    │                                                (names the id probably meant)
+    └── LeaseNotHeld(SubagentsError, LookupError)    subagents.room: a renew of a lease the
+                                                     member does not hold
 
     TransientError(Exception)                        raised by runners, never by the library
 
@@ -23,7 +27,8 @@ failure worth retrying under the agent's :class:`~subagents.RetryPolicy`, so an
 failure. ``RunnerReturnError`` is raised inside a child (by :func:`~subagents.run_local`)
 and ends up in its envelope, as ``error_type`` ``subagents.RunnerReturnError``.
 ``StoreError`` is defined by the store package (an edge the core never imports), so it is
-imported from ``subagents.store``.
+imported from ``subagents.store``; ``UnknownMember`` and ``LeaseNotHeld`` likewise from
+``subagents.room``.
 
 Messages are built in ``__init__`` from the data, which stays available on attributes.
 They speak to the programmer who called the library; what a model should do about an error

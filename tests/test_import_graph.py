@@ -23,10 +23,11 @@ import subagents
 PACKAGE = pathlib.Path(subagents.__file__).parent
 
 EDGE = re.compile(
-    r"subagents\.(tools(\..+)?|store(\..+)?|backends(\..+)?|mcp|_cli\w*|_demo|testing|_conformance\w*)"
+    r"subagents\.(tools(\..+)?|store(\..+)?|room(\..+)?|backends(\..+)?|mcp|_cli\w*|_demo|testing|_conformance\w*)"
 )
-"""Modules around the core: the tools package, the durable store, the MCP server, the
-command line, the demo, test helpers (``testing`` and the conformance suites it ships)."""
+"""Modules around the core: the tools package, the durable store and the room on it, the
+MCP server, the command line, the demo, test helpers (``testing`` and the conformance
+suites it ships)."""
 FACADE = frozenset({"subagents", "subagents.__main__", "subagents.typing", "subagents._moved"})
 """The public faces: they re-export core and edges alike."""
 
@@ -347,8 +348,8 @@ def test_the_store_is_an_edge_that_never_reaches_into_the_engine() -> None:
     into = [e.source for e in EDGES_FOUND if e.target.startswith("subagents.store")]
     # Only the store itself; the package's face, which imports it so that its opener is
     # registered for SubagentConfig(store_path=...); the command line's `store` command,
-    # an edge around the store; and the `batch` command's modules that open the store,
-    # keep the batch in it and read it back.
+    # an edge around the store; the `batch` command's modules that open the store, keep
+    # the batch in it and read it back; and the room, which shares its file.
     outside = {
         "subagents",
         "subagents._cli_store",
@@ -356,4 +357,6 @@ def test_the_store_is_an_edge_that_never_reaches_into_the_engine() -> None:
         "subagents._cli_batch_run",
         "subagents._cli_batch_status",
     }
-    assert all(s.startswith("subagents.store") or s in outside for s in into), into
+    assert all(s.startswith(("subagents.store", "subagents.room")) or s in outside for s in into), (
+        into
+    )

@@ -11,6 +11,7 @@ import pytest
 import subagents
 import subagents.backends.command
 import subagents.mcp
+import subagents.room
 import subagents.testing
 import subagents.tools
 import subagents.typing
@@ -36,6 +37,12 @@ TOOLS = {"Tool", "ToolLimits", "ToolResult", "Toolset", "build_tools"}
 TYPING = {"Backend", "JSONValue", "Runner"}
 MCP = {"build_server", "serve"}
 COMMAND = {"CommandFailed", "CommandRunner", "MissingField", "command_agent", "fill_template"}
+ROOM = {
+    "AUTONOMY", "DEFAULT_LEASE_TTL", "DELIVERY_STATES", "HARNESS_KEY", "MEMBER_ID", "Autonomy",
+    "Claim", "DeliveryState", "Drift", "Inbox", "Joined", "Lease", "LeaseCheck", "LeaseNotHeld",
+    "Liveness", "Member", "Message", "Received", "Room", "Sent", "SentMessage", "Severity",
+    "UnknownMember", "room_tools",
+}  # fmt: skip
 COMPAT = {"Tool", "ToolResult", "Toolset", "build_tools"}
 """Still importable from the top level, without a warning, though not in its __all__."""
 MOVED = {"ToolLimits": subagents.tools, "Runner": subagents.typing, "Backend": subagents.typing}
@@ -47,6 +54,7 @@ PUBLIC_MODULES = (
     subagents.testing,
     subagents.mcp,
     subagents.backends.command,
+    subagents.room,
 )
 
 
@@ -58,8 +66,16 @@ PUBLIC_MODULES = (
         (subagents.typing, TYPING),
         (subagents.mcp, MCP),
         (subagents.backends.command, COMMAND),
+        (subagents.room, ROOM),
     ],
-    ids=["subagents", "subagents.tools", "subagents.typing", "subagents.mcp", "command"],
+    ids=[
+        "subagents",
+        "subagents.tools",
+        "subagents.typing",
+        "subagents.mcp",
+        "command",
+        "subagents.room",
+    ],
 )
 def test_all_is_exactly_the_public_surface(module: types.ModuleType, names: set[str]) -> None:
     assert len(module.__all__) == len(set(module.__all__)), "a name is listed twice"

@@ -1,0 +1,109 @@
+"""Whether a member's process still runs: by its harness key in a running process's
+environment, or by its pid.
+
+A harness keeps its key across a restart of the process that joined (an MCP server it
+restarts gets a new pid), so the key is looked for first: one scan of ``/proc/*/environ``
+answers for every member of a :meth:`Room.who`. A pid is checked with ``kill(pid, 0)``
+and, where ``/proc`` exists, against the start time recorded at join, so a pid the system
+gave to another process since reads as gone. Processes of other users whose environment
+cannot be read are skipped (they cannot hold this user's keys anyway).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from pathlib import Path
+from typing import Final
+
+from ._records import Liveness
+
+__all__ = ["liveness", "pid_running", "process_start", "running_keys"]
+
+_PROC: Final = Path("/proc")
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (``/proc``), or ``None``
+    where that is unknown."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = (_PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return bool(fields) and fields[0] in (b"Z", b"X")
+
+
+def pid_running(pid: int, start: int | None) -> bool:
+    """Whether process ``pid`` runs, and is the one that started at ``start`` (when known)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, owned by someone else
+    except OSError:
+        return False
+    if _zombie(pid):
+        return False
+    if start is not None:
+        now = process_start(pid)
+        if now is not None and now != start:
+            return False
+    return True
+
+
+def running_keys(keys: Collection[str]) -> set[str]:
+    """Those of ``keys`` (lower-case) that are the value of some variable in a running
+    process's environment, in either case (one pass over ``/proc``; empty where there is
+    none)."""
+    if not keys:
+        return set()
+    # Keys are stored lower-cased; a harness may keep its key in either case.
+    wanted = {k.lower().encode() for k in keys}
+    found: set[bytes] = set()
+    try:
+        entries = list(os.scandir(_PROC))
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes()
+        except OSError:
+            continue
+        for variable in environ.split(b"\0"):
+            _, sep, value = variable.partition(b"=")
+            if sep and len(value) == 36 and value.lower() in wanted:
+                found.add(value.lower())
+        if found == wanted:
+            break
+    return {k.decode() for k in found}
+
+
+def liveness(
+    pid: int | None, start: int | None, harness_key: str | None, keys_found: Collection[str]
+) -> Liveness:
+    """``alive`` when the harness key is among ``keys_found`` or the pid runs; ``unknown``
+    without a pid (and no key found); else ``gone``."""
+    if harness_key is not None and harness_key in keys_found:
+        return "alive"
+    if pid is None:
+        return "unknown"
+    return "alive" if pid_running(pid, start) else "gone"

@@ -1,0 +1,156 @@
+"""File leases: the claim rules, paths made absolute, renew, release, check, expiry, and
+contention from several processes at once."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import anyio
+import pytest
+
+from subagents import ConfigError
+from subagents.room import LeaseNotHeld, Room, UnknownMember
+from tests.room.support import FakeClock, room_worker
+
+pytestmark = pytest.mark.anyio
+
+BACKENDS = ("asyncio", "trio")
+
+
+async def test_exclusive_blocks_everything_and_shared_blocks_only_exclusive(
+    tmp_path: Path,
+) -> None:
+    async with Room(tmp_path / "s.db") as room:
+        a, b, c = [(await room.join("r", cwd=str(tmp_path))).member_id for _ in range(3)]
+        assert (await room.claim(a, "x.py")).ok
+        refused = await room.claim(b, "x.py", mode="shared")
+        assert not refused.ok
+        assert refused.holder is not None
+        assert refused.holder.member_id == a
+        assert "exclusively" in refused.reason
+        assert await room.release(a, "x.py")
+        assert (await room.claim(b, "x.py", mode="shared")).ok
+        assert (await room.claim(c, "x.py", mode="shared")).ok
+        blocked = await room.claim(a, "x.py")
+        assert not blocked.ok
+        assert "shared by 2" in blocked.reason
+        # A member's own shared lease never blocks it; the other one's does.
+        assert not (await room.claim(b, "x.py", mode="exclusive")).ok
+        await room.release(c, "x.py")
+        upgraded = await room.claim(b, "x.py", mode="exclusive")
+        assert upgraded.ok
+        assert upgraded.lease is not None
+        assert upgraded.lease.mode == "exclusive"
+
+
+async def test_relative_and_absolute_paths_from_one_directory_contend_for_one_lease(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "src").mkdir()
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    async with Room(tmp_path / "s.db") as room:
+        a = (await room.join("r", cwd=str(tmp_path))).member_id
+        b = (await room.join("r", cwd=str(tmp_path))).member_id
+        c = (await room.join("r", cwd=str(elsewhere))).member_id
+        got = await room.claim(a, "src/../src/x.py")
+        assert got.ok
+        assert got.path == str(tmp_path / "src" / "x.py")
+        assert not (await room.claim(b, str(tmp_path / "src" / "x.py"))).ok
+        # The same relative path from another directory is another file.
+        assert (await room.claim(c, "src/x.py")).ok
+        check = await room.check("src/x.py", member=b)
+        assert [lease.member_id for lease in check.leases] == [a]
+        assert (await room.check(str(tmp_path / "free.py"))).free
+        assert [lease.path for lease in await room.leases(a)] == [str(tmp_path / "src/x.py")]
+
+
+async def test_leases_expire_on_their_ttl_and_renew_extends_a_live_one(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with Room(tmp_path / "s.db", clock=clock) as room:
+        a = (await room.join("r", cwd=str(tmp_path))).member_id
+        b = (await room.join("r", cwd=str(tmp_path))).member_id
+        assert (await room.claim(a, "x", ttl=10)).ok
+        clock.advance(9)
+        renewed = await room.renew(a, "x", ttl=10)
+        assert renewed.expires_at == clock.now + 10
+        clock.advance(9)
+        assert not (await room.claim(b, "x")).ok
+        clock.advance(1)  # exactly at its expiry: gone
+        assert (await room.check("x", member=b)).free
+        assert (await room.claim(b, "x")).ok
+        with pytest.raises(LeaseNotHeld, match="claim it again"):
+            await room.renew(a, "x")
+        assert not await room.release(a, "x")
+
+
+async def test_bad_lease_arguments_name_their_field(tmp_path: Path) -> None:
+    async with Room(tmp_path / "s.db") as room:
+        a = (await room.join("r")).member_id
+        with pytest.raises(ConfigError, match=r"^mode"):
+            await room.claim(a, "x", mode="mine")  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"^ttl"):
+            await room.claim(a, "x", ttl=0)
+        with pytest.raises(ConfigError, match=r"^path"):
+            await room.claim(a, "")
+        with pytest.raises(UnknownMember):
+            await room.claim("0" * 16, "x")
+
+
+def overlapping(spans: list[dict[str, object]]) -> list[tuple[object, object]]:
+    """Pairs of intervals on one path, of two members, held at one instant where either
+    is exclusive."""
+    bad = []
+    for one, two in itertools.combinations(spans, 2):
+        if one["path"] != two["path"] or one["member"] == two["member"]:
+            continue
+        if "exclusive" not in (one["mode"], two["mode"]):
+            continue
+        if one["start"] < two["end"] and two["start"] < one["end"]:  # type: ignore[operator]
+            bad.append((one, two))
+    return bad
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_contending_processes_never_hold_an_exclusive_lease_beside_another(
+    tmp_path: Path,
+) -> None:
+    """Four processes, two on each backend, claiming at once."""
+    path = tmp_path / "s.db"
+    async with Room(path):
+        pass  # created once, so the workers race on claims, not on the migration
+    files = [str(tmp_path / name) for name in ("a.py", "b.py")]
+    logs: list[list[dict[str, object]]] = []
+    joined: list[object] = []
+    all_joined = anyio.Event()
+
+    async def run(n: int) -> None:
+        async with room_worker(path, backend=BACKENDS[n % 2], clock="monotonic") as proc:
+            member = (await proc.call("join", room="r", label=f"w{n}"))["member_id"]  # type: ignore[index]
+            joined.append(member)
+            if len(joined) == 4:
+                all_joined.set()
+            await all_joined.wait()  # every process claims at the same time
+            log = await proc.call("contend", member=member, paths=files, claims=150, seed=n)
+            logs.append(log)  # type: ignore[arg-type]
+
+    async with anyio.create_task_group() as tg:
+        for n in range(4):
+            tg.start_soon(run, n)
+    spans = [entry for log in logs for entry in log if "path" in entry]
+    claims = [entry["claim"] for log in logs for entry in log if "claim" in entry]
+    assert len(logs) == 4
+    assert any(claims), "no claim succeeded"
+    assert not all(claims), "no claim was refused: no contention, the test proved nothing"
+    assert {s["mode"] for s in spans} == {"exclusive", "shared"}
+    assert not overlapping(spans)
+
+
+def test_the_invariant_check_sees_an_overlap() -> None:
+    one = {"path": "p", "member": "a", "mode": "exclusive", "start": 1.0, "end": 3.0}
+    two = {"path": "p", "member": "b", "mode": "shared", "start": 2.0, "end": 4.0}
+    three = {"path": "p", "member": "c", "mode": "shared", "start": 2.0, "end": 4.0}
+    assert overlapping([one, two])
+    assert not overlapping([two, three])
+    assert not overlapping([one, {**two, "start": 3.0}])

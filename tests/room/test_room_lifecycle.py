@@ -1,0 +1,259 @@
+"""A room's life and its looks: opened once, closed under a waiting receive, read-only
+opens that change nothing, a timed receive that ends by its deadline while another
+connection holds the lock, and members signalled when they can be woken again."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+from contextlib import closing
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from subagents._cli import main
+from subagents.room import Room, room_tools
+from subagents.store import StoreError
+from tests.room.support import FakeClock
+
+pytestmark = pytest.mark.anyio
+
+NO_SUCH_PID = 2**22 + 7
+"""Above the kernel's pid_max: no process has it."""
+
+
+async def test_a_room_is_entered_once_at_a_time(tmp_path: Path) -> None:
+    room = Room(tmp_path / "s.db")
+    async with room:
+        with pytest.raises(RuntimeError, match="open already"):
+            await room.__aenter__()
+        await room.join("r")  # the first opening still works
+    async with room:  # closed, it may be opened again
+        await room.who()
+
+
+async def test_closing_a_room_ends_a_waiting_receive_with_closed_resource_error(
+    tmp_path: Path,
+) -> None:
+    ended = anyio.Event()
+    async with Room(tmp_path / "s.db") as room:
+        member = (await room.join("r")).member_id
+
+        async def waiting() -> None:
+            with pytest.raises(anyio.ClosedResourceError):
+                await room.receive(member, timeout=None)
+            ended.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiting)
+            await anyio.wait_all_tasks_blocked()
+            await room.aclose()
+            with anyio.fail_after(10):
+                await ended.wait()
+        with pytest.raises(anyio.ClosedResourceError):
+            await room.unread(member)
+
+
+class _Holder:
+    """Another connection that commits a delivery and takes the write lock at once, then
+    holds it until released (or for 20 s)."""
+
+    def __init__(self, path: Path, sender: str, recipient: str) -> None:
+        self.path, self.sender, self.recipient = path, sender, recipient
+        self.release = threading.Event()
+        self.ready_at: float | None = None
+        self.lost = False
+        self.delivery = 0
+
+    def run(self) -> None:
+        with closing(sqlite3.connect(self.path, isolation_level=None, timeout=30)) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            ((message,),) = conn.execute(
+                "INSERT INTO room_messages (sender, selector, body, created_at, recipients) "
+                "VALUES (?, ?, 'x', 0, 1) RETURNING id",
+                (self.sender, self.recipient),
+            ).fetchall()
+            ((self.delivery,),) = conn.execute(
+                "INSERT INTO room_deliveries (message_id, recipient, state, created_at, "
+                "changed_at) VALUES (?, ?, 'stored', 0, 0) RETURNING id",
+                (message, self.recipient),
+            ).fetchall()
+            conn.execute("COMMIT")
+            conn.execute("BEGIN IMMEDIATE")
+            ((state,),) = conn.execute(
+                "SELECT state FROM room_deliveries WHERE id = ?", (self.delivery,)
+            ).fetchall()
+            self.lost = state != "stored"  # the receive took it between the two: again
+            self.ready_at = time.monotonic()
+            self.release.wait(20)
+            conn.execute("ROLLBACK")
+
+
+async def test_a_timed_receive_returns_by_its_deadline_while_another_connection_holds_the_lock(
+    tmp_path: Path,
+) -> None:
+    """The receive wakes on a commit and finds a delivery, but another connection took the
+    write lock right after committing it: the take waits for the lock only as long as the
+    receive has left, not ``busy_timeout`` (30 s here), and returns empty, nothing taken."""
+    path = tmp_path / "s.db"
+    armed, took = threading.Event(), threading.Event()
+
+    def clock() -> float:  # read inside each transaction: the first take has run
+        if armed.is_set():
+            took.set()
+        return time.time()
+
+    async with Room(path, busy_timeout=30, clock=clock) as room:
+        sender = (await room.join("r")).member_id
+        member = (await room.join("r")).member_id
+        for _ in range(10):
+            holder = _Holder(path, sender, member)
+            took.clear()
+            armed.set()
+
+            def hold(holder: _Holder = holder) -> None:
+                took.wait(20)
+                holder.run()
+
+            thread = threading.Thread(target=hold)
+            thread.start()
+            start = time.monotonic()
+            try:
+                got = await room.receive(member, timeout=1.0)
+            finally:
+                armed.clear()
+                holder.release.set()
+                await anyio.to_thread.run_sync(thread.join)
+            if holder.lost or holder.ready_at is None or holder.ready_at > start + 1.0:
+                continue  # the lock was not held before the deadline: not this case
+            assert got.messages == ()
+            with closing(sqlite3.connect(path)) as conn:
+                (state,) = conn.execute(
+                    "SELECT state FROM room_deliveries WHERE id = ?", (holder.delivery,)
+                ).fetchone()
+            assert state == "stored"
+            return
+        pytest.fail("the lock was never held while the receive waited")
+
+
+async def test_a_member_that_can_be_woken_again_is_signalled_for_what_waits(
+    tmp_path: Path,
+) -> None:
+    """Back with a running process (a re-join), an ``undeliverable`` delivery is
+    ``offered``; raised to ``wake``, a ``stored`` one is."""
+    async with Room(tmp_path / "s.db", clock=FakeClock()) as room:
+        sender = (await room.join("r")).member_id
+        gone_key, held_key = str(uuid.uuid4()), str(uuid.uuid4())
+        gone = (await room.join("r", harness_key=gone_key, pid=NO_SUCH_PID)).member_id
+        held = (await room.join("r", harness_key=held_key, autonomy="hold")).member_id
+        await room.send(sender, "*", "x")
+        (sent,) = await room.sent(sender)
+        assert sent.states == {gone: "undeliverable", held: "stored"}
+        await room.join("r", harness_key=gone_key, pid=NO_SUCH_PID)  # still no process
+        await room.join("r", harness_key=held_key)  # not raised
+        (sent,) = await room.sent(sender)
+        assert sent.states == {gone: "undeliverable", held: "stored"}
+        await room.join("r", harness_key=gone_key)  # back, with this process
+        await room.join("r", harness_key=held_key, autonomy="wake")
+        (sent,) = await room.sent(sender)
+        assert sent.states == {gone: "offered", held: "offered"}
+
+
+async def test_leaving_the_last_room_by_name_releases_the_members_leases(
+    tmp_path: Path,
+) -> None:
+    target = str(tmp_path / "x.py")
+    async with Room(tmp_path / "s.db") as room:
+        member = (await room.join("r", extra_rooms=["s"])).member_id
+        assert (await room.claim(member, target)).ok
+        assert await room.leave(member, "r") == ("s",)
+        assert not (await room.check(target)).free
+        assert await room.leave(member, "s") == ()
+        assert (await room.check(target)).free
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+async def test_the_read_only_tools_write_nothing(tmp_path: Path) -> None:
+    """``check_file`` and ``drift_check`` are marked ``readOnlyHint``: with a message
+    waiting (so the ``unread`` rider runs), no connection commits."""
+    path = tmp_path / "s.db"
+    (tmp_path / "f.txt").write_text("one")
+    async with Room(path) as room:
+        sender = (await room.join("r")).member_id
+        member = (await room.join("r", cwd=str(tmp_path))).member_id
+        await room.note_read(member, "f.txt")
+        await room.send(sender, member, "x")
+        tools = {tool.name: tool for tool in room_tools(room, member)}
+        with closing(sqlite3.connect(path)) as conn:
+            before = _data_version(conn)
+            for name in ("check_file", "drift_check"):
+                result = await tools[name].execute({"path": "f.txt"})
+                assert not result.is_error, result.content
+                assert result.details["unread"] == 1
+            assert _data_version(conn) == before
+
+
+def _older_store(path: Path) -> None:
+    """A store of schema version 2 (before the room's tables)."""
+
+    async def create() -> None:
+        async with Room(path):
+            pass
+
+    anyio.run(create)
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        names = conn.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE 'room%'"
+        ).fetchall()
+        for (name,) in names:
+            conn.execute(f"DROP TABLE {name}")
+        conn.execute("DELETE FROM schema_version WHERE version = 3")
+        conn.execute("PRAGMA user_version = 2")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _version(path: Path) -> int:
+    with closing(sqlite3.connect(path)) as conn:
+        return int(conn.execute("SELECT max(version) FROM schema_version").fetchone()[0])
+
+
+@pytest.mark.parametrize("command", ["who", "history", "leases"])
+def test_the_read_only_commands_refuse_an_older_or_empty_store_and_change_nothing(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = {"who": [], "history": ["--room", "r"], "leases": ["--path", "/tmp/x"]}[command]
+    older = tmp_path / "old.db"
+    _older_store(older)
+    assert main(["room", command, "--store", str(older), *extra]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "schema version 2" in err
+    assert _version(older) == 2
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    assert main(["room", command, "--store", str(empty), *extra]) == 1
+    assert "missing or empty" in capsys.readouterr().err
+    assert empty.stat().st_size == 0
+
+
+async def test_a_read_only_room_looks_and_refuses_writes(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    async with Room(path) as room:
+        member = (await room.join("r")).member_id
+    async with Room(path, read_only=True) as room:
+        assert [m.member_id for m in await room.who("r")] == [member]
+        assert await room.unread(member) == 0
+        with pytest.raises(StoreError) as caught:
+            await room.join("r")
+        assert caught.value.reason == "unwritable"
+    with pytest.raises(StoreError, match="missing or empty"):
+        async with Room(tmp_path / "none.db", read_only=True):
+            pass
+    assert not (tmp_path / "none.db").exists()

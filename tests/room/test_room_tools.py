@@ -1,0 +1,87 @@
+"""The room's tools for a model: bound to one member, errors as data, the unread rider."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from subagents.room import Room, room_tools
+from subagents.tools import Tool
+
+pytestmark = pytest.mark.anyio
+
+
+def by_name(tools: tuple[Tool, ...]) -> dict[str, Tool]:
+    return {tool.name: tool for tool in tools}
+
+
+async def test_file_tools_claim_check_drift_and_release(tmp_path: Path) -> None:
+    file = tmp_path / "x.py"
+    file.write_text("one")
+    async with Room(tmp_path / "s.db") as room:
+        me = by_name(room_tools(room, (await room.join("r", cwd=str(tmp_path))).member_id))
+        other_id = (await room.join("r", cwd=str(tmp_path))).member_id
+        other = by_name(room_tools(room, other_id))
+        assert set(me) == {
+            "claim_file",
+            "release_file",
+            "check_file",
+            "note_read",
+            "drift_check",
+            "room_send",
+            "room_receive",
+        }
+        assert (await me["note_read"].execute({"path": "x.py"})).details["sha256"]
+        claimed = await other["claim_file"].execute({"path": "x.py", "mode": "shared"})
+        assert claimed.details["ok"] is True
+        refused = await me["claim_file"].execute({"path": "x.py"})
+        assert not refused.is_error
+        assert refused.details["ok"] is False
+        assert "shared by 1" in refused.content
+        checked = await me["check_file"].execute('{"path": "x.py"}')
+        assert checked.details["free"] is False
+        file.write_text("two")
+        drift = await me["drift_check"].execute({"path": "x.py"})
+        assert drift.details["severity"] == "CRITICAL"
+        assert drift.details["holder"] == other_id
+        assert (await other["release_file"].execute({"path": "x.py"})).details["released"]
+
+
+async def test_tool_errors_are_data(tmp_path: Path) -> None:
+    async with Room(tmp_path / "s.db") as room:
+        me = by_name(room_tools(room, (await room.join("r")).member_id))
+        ghost = by_name(room_tools(room, "0123456789abcdef"))
+        bad = await me["claim_file"].execute({"path": "x", "mode": "mine"})
+        assert bad.is_error
+        assert bad.details["error"] == "invalid_arguments"
+        unknown = await ghost["check_file"].execute({"path": "x"})
+        assert unknown.is_error
+        assert unknown.details["error"] == "unknown_member"
+        missing = await me["note_read"].execute({"path": str(tmp_path / "none.py")})
+        assert missing.is_error
+        assert missing.details["error"] == "no_file"
+        wrong = await me["room_send"].execute({"to": "deadbeef", "body": "x"})
+        assert wrong.is_error
+        assert wrong.details["error"] == "unknown_member"
+
+
+async def test_messages_through_the_tools_and_the_unread_rider(tmp_path: Path) -> None:
+    async with Room(tmp_path / "s.db") as room:
+        me = by_name(room_tools(room, (await room.join("r")).member_id))
+        them = by_name(room_tools(room, (await room.join("r", autonomy="notify")).member_id))
+        empty = await them["room_receive"].execute({})
+        assert empty.details["messages"] == []
+        assert "no unread messages" in empty.content
+        sent = await me["room_send"].execute({"to": "*", "body": "hello", "subject": "hi"})
+        assert sent.details["recipients"] != []
+        rider = await them["check_file"].execute({"path": "/tmp/anything"})
+        assert rider.details["unread"] == 1
+        assert "room_receive" in rider.content
+        got = await them["room_receive"].execute({"timeout_ms": 10})
+        assert [m["body"] for m in got.details["messages"]] == ["hello"]  # type: ignore[index, union-attr]
+        after = await them["check_file"].execute({"path": "/tmp/anything"})
+        assert "unread" not in after.details
+        nobody = await me["room_send"].execute({"to": "tag:none", "body": "x"})
+        assert nobody.details["recipients"] == []
+        assert "0 member(s)" in nobody.content
