@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from . import _message_waits
 from ._account import remaining
 from ._budget import Budget
 from ._envelope import DelegateResult, Usage, clean_text
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
     # The one import back up the graph: the public type of RunContext.manager.
     from ._manager import SubagentManager
+    from ._messages import Message, PeerInfo, Receipt, Reply
     from ._spec import SpawnOptions
 
 __all__ = ["RunContext"]
@@ -51,6 +53,7 @@ class RunContext:
         """The watchdog deadline in :func:`anyio.current_time` units, or ``None``."""
         self.permissions: Ruleset = record.permissions
         """The effective ruleset: this agent's intersected with every ancestor's."""
+        manager._messaging.started(record, self)  # made as the runner starts: its inbox opens
 
     @property
     def task_id(self) -> str:
@@ -230,6 +233,56 @@ class RunContext:
     async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
         """Collect a child's envelope; see :meth:`SubagentManager.wait_result`."""
         return await self._manager.wait_result(task_id, timeout=timeout, session_id=self.session_id)
+
+    # ------------------------------------------------------------------ messaging
+
+    def send(
+        self, to: str, body: str, *, reply_to: str | None = None, wake: bool = True
+    ) -> Receipt:
+        """Send a message from this run; never blocks. See :meth:`SubagentManager.send`
+        (a relative path is looked up below this run first, then below the tree's root).
+
+        Raises :class:`SpawnRejected` (``session_closed``) once this run has ended.
+        """
+        messaging = self._manager._messaging
+        return messaging.send(self.task_id, to, body, reply_to=reply_to, wake=wake)
+
+    async def recv(
+        self, *, from_: str | None = None, timeout: float | None = None
+    ) -> Message | None:
+        """Take the oldest message sent to this run (from ``from_``), waiting up to
+        ``timeout`` seconds with this run's slot lent; ``None`` if none came. See
+        :meth:`SubagentManager.recv`."""
+        messaging, lend = self._manager._messaging, self._manager.lend_slot
+        return await _message_waits.recv(messaging, self.task_id, from_, timeout, lend)
+
+    def inbox(self, *, peek: bool = False, from_: str | None = None) -> list[Message]:
+        """The messages waiting for this run, oldest first: taken (receipts ``read``), or
+        with ``peek`` left in place. An agent loop calls it at every step boundary, before
+        its next model call (the delivery point ``testing.run_tool_loop`` uses)."""
+        return _message_waits.take(self._manager._messaging, self.task_id, peek=peek, from_=from_)
+
+    def peers(self) -> list[PeerInfo]:
+        """Every agent of this run's tree but itself; see :meth:`SubagentManager.peers`."""
+        return self._manager.peers(session_id=self.task_id)
+
+    async def ask(self, to: str, body: str, *, timeout: float | None = None) -> Reply:
+        """Send ``body`` to one peer and wait for its reply, this run's slot lent; see
+        :meth:`SubagentManager.ask`."""
+        messaging, lend = self._manager._messaging, self._manager.lend_slot
+        return await _message_waits.ask(messaging, self.task_id, to, body, timeout, lend)
+
+    def asides(self) -> list[tuple[Message, Message | None]]:
+        """The messages this run's ``on_message`` responder answered on the side, each with
+        its reply (``None``: it sent none), oldest first."""
+        return self._manager._messaging.postbox.asides(self.task_id)
+
+    @property
+    def previous(self) -> DelegateResult | None:
+        """For a follow-up run of a resumable agent (started by a message to its ended
+        run), the ended run's envelope (``previous.task_id`` is that run); else ``None``."""
+        revival = self._manager._messaging.revivals.get(self.task_id)
+        return None if revival is None else revival.previous
 
 
 def _plain_usage(usage: Usage) -> Usage:

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from contextlib import AbstractAsyncContextManager
-from typing import Final, Literal
+from typing import Literal
 
 from anyio.abc import TaskGroup
 
 from ._backend import Backend, run_local
 from ._budget import Budget
 from ._child import ChildRunner, CompletionEvents
-from ._completions import Completions
 from ._context import RunContext
 from ._envelope import DelegateResult, Usage
 from ._events import EventBus
@@ -27,24 +25,30 @@ from ._handle import SpawnHandle, handle_of, record_of
 from ._journal import Durability, DurableStore
 from ._ledger import Ledger, usage_of, with_budget
 from ._lifecycle import start_parts, stop_parts
-from ._limiter import SpawnLimiter
+from ._limiter import SpawnLimiter, start_unowned
 from ._mailbox import BaseMailbox, default_mailbox_factory
+from ._manager_messages import ManagerMessaging
+from ._messaging import Messaging
 from ._notifier import CompletionNotifier
-from ._record import ChildRecord, wait_for_record
-from ._sessions import Sessions
+from ._record import ChildRecord
+from ._sessions import DEFAULT_SESSION, Sessions
 from ._spawning import Spawner, publish_spawned
 from ._spec import UNSET, AgentSpec, SpawnOptions, SubagentConfig, _Unset
 from ._statistics import ManagerStatistics, snapshot
 from ._tracing import Telemetry
-from ._validators import seconds
 from ._watchdog import Watchdog
 
-__all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager", "budgets_of", "telemetry_of"]
+__all__ = [
+    "DEFAULT_SESSION",
+    "ManagerStatistics",
+    "SubagentManager",
+    "budgets_of",
+    "messaging_of",
+    "telemetry_of",
+]
 
-DEFAULT_SESSION: Final = "root"
 
-
-class SubagentManager:
+class SubagentManager(ManagerMessaging):
     """Runs subagents: fire-and-forget :meth:`spawn` and synchronous :meth:`execute`.
 
     Use it as an async context manager; children run in its task group, so every one of
@@ -109,6 +113,17 @@ class SubagentManager:
                 sessions.delivery_mailbox, completion_events, enabled=config.notify_completion
             )
         self._notifier = notifier
+        messaging = self._messaging = Messaging(
+            sessions,
+            self.events,
+            config.inbox_capacity,
+            capture_content=config.capture_content,
+            spawn_follow_up=lambda old, text: record_of(
+                self.spawn(old.spec.name, text, session_id=old.session_id, name=old.agent_path.name)
+            ),
+            start_task=lambda run: start_unowned(self._tg, run) if self._tg else None,
+        )
+        sessions.on_end = messaging.ended
         self._children = ChildRunner(
             backend=backend if backend is not None else run_local,
             make_context=functools.partial(RunContext, self),
@@ -211,15 +226,6 @@ class SubagentManager:
             ConfigError: ``value`` is not an integer >= 1 (0 would queue forever).
         """
         self._limiter.set_limit(value)
-
-    def lend_slot(self) -> AbstractAsyncContextManager[None]:
-        """Release the calling child's concurrency slot while the block runs, so queued
-        children (its own among them) can run; take a slot back on exit, ahead of the
-        queue, on a *borrowed* one (``statistics().borrowed``) if the block's deadline or
-        cancellation ends the wait for it. Outside a spawned child it does nothing. Every
-        blocking wait of the library that a child can reach uses it (design/core.md).
-        """
-        return self._limiter.lend_slot()
 
     def statistics(self) -> ManagerStatistics:
         """A snapshot of the admission counters."""
@@ -429,34 +435,6 @@ class SubagentManager:
             self._sessions.forget(record)
         return envelope
 
-    async def wait_result(
-        self,
-        task_id: str,
-        *,
-        timeout: float | None = None,
-        session_id: str | None = None,
-    ) -> DelegateResult | None:
-        """Wait for ``task_id`` to end, then collect (consume) and return its envelope.
-
-        Returns ``None`` if ``timeout`` seconds pass first; a result landing at the deadline
-        is returned. Collecting removes the entry from the session mailbox; the manager's
-        record stays, so a second call returns the same envelope at once (see
-        :attr:`SpawnHandle.collected`), unless ``config.retain_collected`` has forgotten it
-        (then the id is unknown). Works when the mailbox was full.
-
-        Raises:
-            UnknownTask: unknown id, or (with ``session_id``) another session's.
-            ConfigError: ``timeout`` not a number of seconds >= 0 or None.
-        """
-        timeout = seconds("timeout", timeout, none_ok=True, zero_ok=True)
-        record = self._sessions.require(task_id, session_id)
-        if record.envelope is None and timeout != 0:
-            await wait_for_record(record, timeout, self.lend_slot())
-        if record.envelope is None:
-            return None
-        self._sessions.collect(record)
-        return record.envelope
-
     async def wait_journaled(self, handle: SpawnHandle) -> None:
         """Block until ``handle``'s spawn is committed (:meth:`SpawnHandle.journaled`)."""
         await self._durability.journal.wait_journaled(record_of(handle).journaled)
@@ -475,19 +453,6 @@ class SubagentManager:
         self._sessions.collect(record)
         return record.envelope
 
-    def completions(self, session_id: str = DEFAULT_SESSION) -> Completions:
-        """Wake an idle host loop when children of ``session_id`` end, consuming nothing.
-
-        ``await manager.completions(sid)`` blocks until at least one child has ended with
-        a result not yet collected and returns those envelopes (peeked: ``wait_agent``
-        still collects them, and until then every call returns them again); it returns
-        ``[]`` at once only when no ended child is uncollected and none is unfinished, or
-        the session is closed. ``async for envelope in manager.completions(sid)`` yields each
-        uncollected envelope once, in completion order, until no child is unfinished.
-        Cancelling the waiter changes nothing. See :class:`~subagents.Completions`.
-        """
-        return Completions(self._sessions, self.lend_slot, lambda: self.running, session_id)
-
 
 def budgets_of(manager: SubagentManager) -> Ledger:
     """The ledger of ``manager``'s budgets: the tools read a session's remaining budget."""
@@ -498,3 +463,8 @@ def telemetry_of(manager: SubagentManager) -> Telemetry:
     """The telemetry ``manager`` traces with (its providers, resolved as it is entered):
     the tools trace their calls with it."""
     return manager._telemetry
+
+
+def messaging_of(manager: SubagentManager) -> Messaging:
+    """The messaging of ``manager``: the tools send and read through it."""
+    return manager._messaging

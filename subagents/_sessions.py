@@ -24,10 +24,12 @@ from ._paths import NameAllocator
 from ._record import JOURNALED_BEFORE, SETTLED, ChildRecord
 from ._task_ids import TaskIds
 
-__all__ = ["CLOSED_MEMORY", "Sessions"]
+__all__ = ["CLOSED_MEMORY", "DEFAULT_SESSION", "Sessions"]
 
 logger = logging.getLogger("subagents")
 
+DEFAULT_SESSION: Final = "root"
+"""The host session a caller that names none spawns into."""
 CLOSED_MEMORY: Final = 1024
 """Closed root sessions with no record left that are still remembered as closed."""
 
@@ -54,6 +56,8 @@ class Sessions:
     ) -> None:
         self._new_mailbox = new_mailbox
         self._journal = journal
+        self.on_end: Callable[[ChildRecord], None] | None = None
+        """A hook: ``record`` has its envelope (its inbox closes)."""
         self.restore: Callable[[str], ChildRecord | None] | None = None
         """A hook: the record of an id this process has no record of, made from a store
         (an ended child of an earlier process), or ``None``."""
@@ -177,6 +181,8 @@ class Sessions:
 
     def ended(self, record: ChildRecord) -> None:
         """``record`` has its envelope: it is no longer among its session's unfinished."""
+        if self.on_end is not None:
+            self.on_end(record)
         live = self._live.get(record.session_id)
         if live is not None:
             live.pop(record, None)
