@@ -38,6 +38,7 @@ class HostInbox(Protocol):
     """A host session's inbox as :meth:`Completions.activity` watches it."""
 
     def peek(self) -> list[Message]: ...
+    def waking(self) -> bool: ...
     def watch(self) -> anyio.Event: ...
     def unwatch(self, event: anyio.Event) -> None: ...
 
@@ -191,10 +192,9 @@ class Completions:
         await anyio.lowlevel.checkpoint()
         with anyio.move_on_after(math.inf if timeout is None else timeout):
             while True:
-                found = Activity(results=self._ready(), messages=inbox.peek())
-                live = self._live()
-                if found or not live or self._closed():
-                    return found
+                ready, live = self._ready(), self._live()
+                if ready or inbox.waking() or not live or self._closed():
+                    return Activity(results=ready, messages=inbox.peek())
                 arrival = inbox.watch()
                 try:
                     await self._wait_change(live, arrival)

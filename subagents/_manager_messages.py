@@ -33,6 +33,9 @@ class _HostInbox:
     def peek(self) -> list[Message]:
         return self._messaging.postbox.peek(self._session, None)
 
+    def waking(self) -> bool:
+        return self._messaging.postbox.waking(self._session)
+
     def watch(self) -> anyio.Event:
         return self._messaging.postbox.watch(self._session, idle=True)
 

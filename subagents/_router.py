@@ -62,6 +62,10 @@ class Postbox(Protocol):
         """How many messages wait in ``address``'s inbox."""
         ...
 
+    def waking(self, address: str) -> bool:
+        """Whether a message sent with ``wake`` waits in ``address``'s inbox."""
+        ...
+
     def watch(self, address: str, *, idle: bool = False) -> anyio.Event:
         """An event set by the next arrival for ``address``, or its closing; an ``idle``
         waiter (a host loop between turns) only by a send that wakes."""
@@ -118,12 +122,13 @@ class Postbox(Protocol):
 
 
 class _Entry:
-    __slots__ = ("message", "receipt", "woke")
+    __slots__ = ("message", "receipt", "wakes", "woke")
 
-    def __init__(self, message: Message, receipt: Receipt, woke: bool) -> None:
+    def __init__(self, message: Message, receipt: Receipt, woke: bool, wakes: bool = True) -> None:
         self.message = message
         self.receipt = receipt
-        self.woke = woke
+        self.woke = woke  # a waiter was woken by it
+        self.wakes = wakes  # sent with wake=True: an idle host loop wakes for it
 
 
 class _Ask:
@@ -191,7 +196,7 @@ class MemoryPostbox:
             )
             return
         woken = [e for e, idle in inbox.waiters.items() if wake or not idle]
-        inbox.entries[message.id] = _Entry(message, receipt, bool(woken))
+        inbox.entries[message.id] = _Entry(message, receipt, bool(woken), wake)
         for event in woken:
             del inbox.waiters[event]
             event.set()
@@ -248,6 +253,10 @@ class MemoryPostbox:
     def unread(self, address: str) -> int:
         inbox = self._inboxes.get(address)
         return 0 if inbox is None else len(inbox.entries)
+
+    def waking(self, address: str) -> bool:
+        inbox = self._inboxes.get(address)  # at most `capacity` entries to look at
+        return inbox is not None and any(e.wakes for e in inbox.entries.values())
 
     def watch(self, address: str, *, idle: bool = False) -> anyio.Event:
         event = anyio.Event()

@@ -1,0 +1,154 @@
+"""Ended resumable agents revived by a message; busy agents answering on the side."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from subagents import Message, Request, RunContext, SubagentManager
+from tests.helpers import clock_backends, on_mock_clock
+from tests.messaging.support import Gate, spec
+
+pytestmark = pytest.mark.anyio
+
+seen: list[tuple[str, str, str | None]] = []
+
+
+async def _remembering(request: Request, ctx: RunContext) -> str:
+    previous = ctx.previous
+    seen.append((ctx.task_id, request.input, None if previous is None else previous.task_id))
+    return f"answered {request.input!r}" + (
+        "" if previous is None else f" after {previous.output!r}"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    seen.clear()
+
+
+async def test_a_message_to_an_ended_resumable_agent_starts_exactly_one_follow_up() -> None:
+    async with SubagentManager([spec("memo", _remembering, resumable=True)]) as manager:
+        first = manager.spawn("memo", "first task")
+        await first.wait()
+        receipt = manager.send(first.task_id, "a follow-up question")
+        assert receipt.state == "delivered"
+        assert receipt.delivery == "revived"
+        follow_up_id = receipt.task_id
+        assert follow_up_id is not None
+        assert follow_up_id != first.task_id
+        envelope = await manager.handle(follow_up_id).wait()
+        assert envelope.output == "answered 'a follow-up question' after \"answered 'first task'\""
+        assert receipt.state == "read"  # the revived runner took it as its input
+        assert seen == [
+            (first.task_id, "first task", None),
+            (follow_up_id, "a follow-up question", first.task_id),
+        ]
+        assert len(manager.tasks()) == 2
+
+
+async def test_messages_to_a_revived_agent_reach_its_live_follow_up_not_a_new_one() -> None:
+    gate = Gate()
+
+    async def slow(request: Request, ctx: RunContext) -> str:
+        if ctx.previous is not None:
+            await gate.open.wait()
+            return "; ".join([request.input, *(m.body for m in ctx.inbox())])
+        return "first"
+
+    async with SubagentManager([spec("slow", slow, resumable=True)]) as manager:
+        first = manager.spawn("slow")
+        await first.wait()
+        one = manager.send(first.task_id, "one")
+        two = manager.send(first.task_id, "two")
+        assert one.delivery == "revived"
+        assert two.state == "queued"
+        assert two.to == one.task_id
+        gate.open.set()
+        assert one.task_id is not None
+        assert (await manager.handle(one.task_id).wait()).output == "one; two"
+        assert len(manager.tasks()) == 2
+
+
+async def test_an_ended_agent_that_is_not_resumable_is_never_revived() -> None:
+    async with SubagentManager([spec("memo", _remembering)]) as manager:
+        first = manager.spawn("memo", "x")
+        await first.wait()
+        receipt = manager.send(first.task_id, "hello?")
+        assert (receipt.state, receipt.reason, receipt.task_id) == (
+            "failed",
+            "ended",
+            first.task_id,
+        )
+        assert len(manager.tasks()) == 1
+
+
+async def test_a_broadcast_never_revives_and_wake_false_never_revives() -> None:
+    async def sender(request: Request, ctx: RunContext) -> str:
+        return repr(ctx.send("*", "everyone").recipients)
+
+    specs = [spec("memo", _remembering, resumable=True), spec("sender", sender)]
+    async with SubagentManager(specs) as manager:
+        ended = manager.spawn("memo", "x")
+        await ended.wait()
+        out = (await manager.spawn("sender").wait()).output
+        assert ended.task_id not in out
+        quiet = manager.send(ended.task_id, "no wake", wake=False)
+        assert quiet.reason == "ended"
+        assert len(manager.tasks()) == 2  # memo and sender: nothing revived
+
+
+async def test_follow_up_input_to_an_ended_resumable_child_fails_ended() -> None:
+    async with SubagentManager([spec("memo", _remembering, resumable=True)]) as manager:
+        first = manager.spawn("memo", "x")
+        await first.wait()
+        assert manager.send_input(first.task_id, "more").reason == "ended"
+        assert len(manager.tasks()) == 1
+
+
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_a_busy_recipients_responder_answers_before_the_senders_timeout(
+    anyio_backend: object,
+) -> None:
+    gate = Gate()
+
+    async def busy(request: Request, ctx: RunContext) -> str:
+        gate.started_event("busy").set()
+        await gate.open.wait()  # blocked: it never reaches a delivery point meanwhile
+        return f"asides: {[(m.body, r.body if r else None) for m, r in ctx.asides()]}"
+
+    async def responder(message: Message, ctx: RunContext) -> str:
+        return f"busy right now; got {message.body!r}"
+
+    async with SubagentManager([spec("busy", busy, on_message=responder)]) as manager:
+        child = manager.spawn("busy")
+        await gate.started_event("busy").wait()
+        started = anyio.current_time()
+        reply = await manager.ask(child.task_id, "status?", timeout=30)
+        assert reply.outcome == "replied"
+        assert reply.message is not None
+        assert reply.message.body == "busy right now; got 'status?'"
+        assert reply.receipt.state == "replied"
+        if on_mock_clock(anyio_backend):
+            assert anyio.current_time() - started < 1
+        gate.open.set()
+        out = (await child.wait()).output
+        assert out == "asides: [('status?', \"busy right now; got 'status?'\")]"
+
+
+async def test_a_responder_leaves_unawaited_messages_to_the_runner() -> None:
+    calls: list[str] = []
+
+    async def reader(request: Request, ctx: RunContext) -> str:
+        message = await ctx.recv(timeout=10)
+        return "none" if message is None else message.body
+
+    async def responder(message: Message, ctx: RunContext) -> str:
+        calls.append(message.body)
+        return "auto"
+
+    async with SubagentManager([spec("r", reader, on_message=responder)]) as manager:
+        child = manager.spawn("r")
+        manager.send(child.task_id, "plain")
+        assert (await child.wait()).output == "plain"
+        assert calls == []
