@@ -38,14 +38,21 @@ def _sender(messaging: Messaging, address: str, from_: object) -> str | None:
     return messaging.peers.resolve(messaging.peers.of(address), given).address
 
 
-def take(messaging: Messaging, address: str, *, peek: bool, from_: object = None) -> list[Message]:
-    """The messages waiting for ``address`` (from ``from_`` only, if given), oldest first:
-    taken (receipts ``read``) unless ``peek``."""
+def take(
+    messaging: Messaging,
+    address: str,
+    *,
+    peek: bool,
+    from_: object = None,
+    limit: int | None = None,
+) -> list[Message]:
+    """The messages waiting for ``address`` (from ``from_`` only, if given), oldest first
+    (the ``limit`` oldest): taken (receipts ``read``) unless ``peek``."""
     messaging.own(address)
     sender = _sender(messaging, address, from_)
     if peek:
-        return messaging.postbox.peek(address, sender)
-    return messaging.postbox.take(address, sender, None)
+        return messaging.postbox.peek(address, sender)[:limit]
+    return messaging.postbox.take(address, sender, limit)
 
 
 async def recv(

@@ -9,6 +9,7 @@ from .._envelope import bound_text, cut_middle
 from .._errors import UnknownTask
 from .._handle import record_of
 from .._json import JSONValue
+from .._manager import messaging_of
 from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
 from .._tracing import ToolSpan
 from .._validators import MAX_IDEMPOTENCY_KEY
@@ -256,12 +257,17 @@ class SessionTools(WaitAgent):
                 "your subagents: none in this process's memory; tasks of earlier runs stay in "
                 f"the store {store.path}, and wait_agent answers for their ids"
             )
+        postbox = messaging_of(manager).postbox
+        own_unread = postbox.unread(self.session_id)
+        if own_unread:
+            lines.append(f"you have {own_unread} unread message(s): call read_messages.")
         shown = 0
         budget = limit - sum(len(line) + 1 for line in lines) - 60
         for handle in children:
             waiting = handle.result is not None and not handle.collected
             status = status_of(handle)
             elapsed = handle.elapsed()
+            unread = postbox.unread(handle.task_id)
             child_details.append(
                 {
                     "task_id": handle.task_id,
@@ -270,11 +276,14 @@ class SessionTools(WaitAgent):
                     "status": status,
                     "elapsed_ms": ms(elapsed),
                     "result_waiting": waiting,
+                    "unread": unread,
                 }
             )
             line = f"- {handle.task_id} {handle.agent_path} {status} {elapsed:.1f} s" + (
                 " · result waiting (wait_agent)" if waiting else ""
             )
+            if unread:
+                line += f" · {unread} unread message(s)"
             if budget - len(line) - 1 >= 0:
                 lines.append(line)
                 budget -= len(line) + 1
@@ -284,7 +293,12 @@ class SessionTools(WaitAgent):
         content = bound_text("\n".join(lines), limit)
         return ToolResult(
             content=content,
-            details={"agents": agent_details, "tasks": child_details, "looked_in": looked_in},
+            details={
+                "agents": agent_details,
+                "tasks": child_details,
+                "looked_in": looked_in,
+                "unread": own_unread,
+            },
         )
 
 

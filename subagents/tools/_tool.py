@@ -24,6 +24,7 @@ from .._errors import (
     InvalidName,
     SpawnRejected,
     UnknownAgent,
+    UnknownPeer,
     UnknownTask,
 )
 from .._json import JSONValue, dumps_str
@@ -382,6 +383,17 @@ def error_result(exc: Exception, tool: str) -> ToolResult:
                 "error": "unknown_task",
                 "task_id": exc.task_id,
                 "suggestions": list(exc.suggestions),
+            },
+            is_error=True,
+        )
+    if isinstance(exc, UnknownPeer):
+        return ToolResult(
+            content=f"{bound_text(str(exc), 300)}. Call list_agents to see your peers' ids "
+            "and paths.",
+            details={
+                "error": "unknown_peer",
+                "field": "to",
+                "suggestions": [bound_text(s, 128) for s in exc.suggestions],
             },
             is_error=True,
         )
