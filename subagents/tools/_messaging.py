@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from .._envelope import bound_text, cut_middle
+from .._handle import handle_of
 from .._json import JSONValue
 from .._manager import messaging_of
 from .._message_waits import ask, recv, take
@@ -92,6 +93,7 @@ class MessageTools:
             if reply is not None:
                 details["reply"] = reply.to_dict()
         receipts = _flat(receipt)
+        self._trace(span, receipt, reply_to)
         lines = [f"message {receipt.message_id} sent to {len(receipts)} recipient(s):"]
         if not receipts:
             lines = ["no live peer to broadcast to; nothing was sent."]
@@ -116,6 +118,17 @@ class MessageTools:
             details=details,
             is_error=failed and requested is None and len(receipts) == 1,
         )
+
+    def _trace(self, span: ToolSpan, receipt: Receipt, reply_to: object) -> None:
+        """The call's span names the message; a reply's links to the span of the agent
+        whose message it answers (the question's sender, its recipient)."""
+        span.set_attribute("subagents.message_id", receipt.message_id)
+        if not isinstance(reply_to, str):
+            return
+        span.set_attribute("subagents.reply_to", reply_to)
+        asker = messaging_of(self.manager).peers.of(receipt.to).record
+        if asker is not None:
+            span.link_tasks([handle_of(asker, self.manager)])
 
     async def read(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
         messaging = messaging_of(self.manager)
