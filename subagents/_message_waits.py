@@ -23,6 +23,7 @@ from ._validators import seconds
 
 if TYPE_CHECKING:
     from ._messaging import Messaging
+    from ._router import Postbox
 
 __all__ = ["ask", "recv", "take"]
 
@@ -70,21 +71,32 @@ async def recv(
     if limit == 0 or not postbox.is_open(address):
         await anyio.lowlevel.checkpoint()  # a polling loop still lets others run
         return None
-    with anyio.move_on_after(math.inf if limit is None else limit):
-        while True:
-            event = postbox.watch(address)
-            try:
-                async with lend():
-                    await event.wait()
-            finally:
-                postbox.unwatch(address, event)
-            found = postbox.take(address, sender, 1)
-            if found:
-                return found[0]
-            if not postbox.is_open(address):
-                return None
+    if limit is None:  # no deadline: no cancel scope either (the common, hot case)
+        return await _wait_for_one(postbox, address, sender, lend)
+    with anyio.move_on_after(limit):
+        return await _wait_for_one(postbox, address, sender, lend)
     found = postbox.take(address, sender, 1)  # one landing at the deadline counts
     return found[0] if found else None
+
+
+async def _wait_for_one(
+    postbox: Postbox, address: str, sender: str | None, lend: Lend
+) -> Message | None:
+    """Wait (lending the slot) until a message from ``sender`` is taken, or the inbox
+    closes (``None``). Taking is synchronous, after the wait: a cancelled waiter takes
+    nothing."""
+    while True:
+        event = postbox.watch(address)
+        try:
+            async with lend():
+                await event.wait()
+        finally:
+            postbox.unwatch(address, event)
+        found = postbox.take(address, sender, 1)
+        if found:
+            return found[0]
+        if not postbox.is_open(address):
+            return None
 
 
 async def ask(
