@@ -109,8 +109,6 @@ class Messaging:
         ``ended`` naming it, and askers waiting on it return at once."""
         self._contexts.pop(record.task_id, None)
         self.revivals.pop(record.task_id, None)
-        if record.sync:
-            return
         self.postbox.close(
             record.task_id,
             "ended",

@@ -189,3 +189,25 @@ async def test_a_cancelled_ask_leaves_its_reply_to_the_inbox() -> None:
             assert returned[0].message.body == "echo:q"
         assert manager.inbox() == []
         manager.send(child.task_id, "stop")
+
+
+async def test_a_delegated_childs_inbox_closes_when_it_ends() -> None:
+    async def reader(request: Request, ctx: RunContext) -> str:
+        ctx.send("/root", ctx.task_id)
+        message = await ctx.recv(timeout=10)
+        return "none" if message is None else message.body
+
+    async with SubagentManager([spec("reader", reader)]) as manager:
+        async with anyio.create_task_group() as tg:
+
+            async def answer() -> None:
+                question = await manager.recv(timeout=10)
+                assert question is not None
+                manager.send(question.body, "for the delegate")
+
+            tg.start_soon(answer)
+            envelope = await manager.execute("reader")
+        assert envelope.output == "for the delegate"
+        late = manager.send(envelope.task_id, "too late")
+        assert late.reason == "ended"
+        assert messaging_of(manager).postbox.is_open(envelope.task_id) is False
