@@ -123,7 +123,7 @@ class SubagentManager(ManagerMessaging):
             ),
             start_task=lambda run: start_unowned(self._tg, run) if self._tg else None,
         )
-        sessions.on_end = messaging.ended
+        sessions.on_end, sessions.on_close = messaging.ended, messaging.closing
         self._children = ChildRunner(
             backend=backend if backend is not None else run_local,
             make_context=functools.partial(RunContext, self),

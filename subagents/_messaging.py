@@ -90,19 +90,20 @@ class Messaging:
         self._forward: dict[str, str] = {}  # ended task id -> its follow-up run's id
         self.revivals: dict[str, Revival] = {}  # follow-up run's id -> what started it
         self._awaited: dict[str, float] = {}  # asked message ids -> the asker's deadline
-        self._watched: set[str] = set()  # host sessions whose closing closes their inbox
+        self._watched: set[str] = set()  # host sessions with an open inbox
         self.expecting: dict[str, anyio.Event] = {}  # asked message id -> its reply's event
 
     # ------------------------------------------------------------------ lifecycle hooks
 
     def started(self, record: ChildRecord, ctx: object) -> None:
-        """``record``'s runner starts with ``ctx``: its inbox opens (it may exist from while
-        it was queued); a revival's message counts as read by it now."""
-        self.postbox.open(record.task_id)
-        self._contexts[record.task_id] = ctx
-        revival = self.revivals.get(record.task_id)
-        if revival is not None:
-            self.postbox.read(revival.message, revival.receipt, "revived")
+        """``record``'s runner starts with ``ctx``. Its inbox opens when first used (or
+        exists from while it was queued); a revival's message counts as read now."""
+        if record.spec.on_message is not None:
+            self._contexts[record.task_id] = ctx  # for its responder
+        if self.revivals:
+            revival = self.revivals.get(record.task_id)
+            if revival is not None:
+                self.postbox.read(revival.message, revival.receipt, "revived")
 
     def ended(self, record: ChildRecord) -> None:
         """``record`` has its envelope: its inbox closes, what waits in it fails
@@ -123,11 +124,14 @@ class Messaging:
         self.postbox.open(session_id)
         self._watched.add(session_id)
 
-        def closed() -> None:
-            self._watched.discard(session_id)
-            self.postbox.close(session_id, "closed", f"session {session_id!r} was closed", None)
-
-        self._sessions.watch_close(session_id, closed)
+    def closing(self, session_id: str | None) -> None:
+        """Host session ``session_id`` starts closing (``None``: all, the manager closes):
+        its inbox closes, what waits in it fails ``closed``."""
+        if session_id is not None and session_id not in self._watched:
+            return
+        for closing in list(self._watched) if session_id is None else [session_id]:
+            self._watched.discard(closing)
+            self.postbox.close(closing, "closed", f"session {closing!r} was closed", None)
 
     def own(self, address: str) -> Peer:
         """The sender's own peer; its inbox opened. Raises :class:`SpawnRejected` for a
@@ -139,6 +143,7 @@ class Messaging:
             self._open_host(address)
         else:
             peer.record.check_can_delegate()
+            self.postbox.open(address)
         return peer
 
     # ------------------------------------------------------------------ sending

@@ -33,7 +33,8 @@ class Postbox(Protocol):
     """Where messages wait for their recipients. Every method is synchronous."""
 
     def open(self, address: str) -> None:
-        """Make ``address`` a live recipient (idempotent; a closed one stays closed)."""
+        """Make ``address`` a live recipient (idempotent). The caller knows it is live:
+        an ended agent or closed session is never opened again."""
         ...
 
     def is_open(self, address: str) -> bool:
@@ -163,13 +164,12 @@ class MemoryPostbox:
     def __init__(self, capacity: int, on_change: Callable[[Receipt], None] | None = None) -> None:
         self._capacity = capacity
         self._inboxes: dict[str, _Inbox] = {}
-        self._closed: dict[str, None] = {}  # recently closed addresses, oldest first
         # Askers waiting on each peer: a peer's end wakes them at once.
         self._askers: dict[str, dict[tuple[str, str], None]] = {}
         self._on_change = on_change
 
     def open(self, address: str) -> None:
-        if address not in self._inboxes and address not in self._closed:
+        if address not in self._inboxes:
             self._inboxes[address] = _Inbox()
 
     def is_open(self, address: str) -> bool:
@@ -324,9 +324,6 @@ class MemoryPostbox:
         inbox = self._inboxes.pop(address, None)
         if inbox is None:
             return
-        self._closed[address] = None
-        if len(self._closed) > 4 * MAX_ANSWERABLE:
-            del self._closed[next(iter(self._closed))]
         for entry in inbox.entries.values():
             if entry.receipt.fail(reason, detail, task_id) and self._on_change is not None:
                 self._on_change(entry.receipt)

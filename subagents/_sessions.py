@@ -58,6 +58,8 @@ class Sessions:
         self._journal = journal
         self.on_end: Callable[[ChildRecord], None] | None = None
         """A hook: ``record`` has its envelope (its inbox closes)."""
+        self.on_close: Callable[[str | None], None] | None = None
+        """A hook: a session starts closing (``None``: every session, the owner closes)."""
         self.restore: Callable[[str], ChildRecord | None] | None = None
         """A hook: the record of an id this process has no record of, made from a store
         (an ended child of an earlier process), or ``None``."""
@@ -296,6 +298,8 @@ class Sessions:
 
     def fire_watchers(self, session_id: str | None = None) -> None:
         """Run the close watchers of ``session_id`` (of every session when ``None``)."""
+        if self.on_close is not None:
+            self.on_close(session_id)
         sessions = list(self._watchers) if session_id is None else [session_id]
         for session in sessions:
             for callback in self._watchers.pop(session, {}).values():
