@@ -108,15 +108,18 @@ class Messaging:
     def ended(self, record: ChildRecord) -> None:
         """``record`` has its envelope: its inbox closes, what waits in it fails
         ``ended`` naming it, and askers waiting on it return at once."""
-        self._contexts.pop(record.task_id, None)
-        self.revivals.pop(record.task_id, None)
-        self.postbox.close(
-            record.task_id,
-            "ended",
-            f"{record.agent_path} ({record.task_id}) ended before reading it; its result "
-            f"is in the envelope of task {record.task_id}",
-            record.task_id,
+        task_id = record.task_id
+        if self._contexts:
+            self._contexts.pop(task_id, None)
+        if self.revivals:
+            self.revivals.pop(task_id, None)
+        if not self.postbox.is_open(task_id):
+            return  # most children: never messaged, no inbox
+        detail = (
+            f"{record.agent_path} ({task_id}) ended before reading it; its result is in "
+            f"the envelope of task {task_id}"
         )
+        self.postbox.close(task_id, "ended", detail, task_id)
 
     def _open_host(self, session_id: str) -> None:
         if session_id in self._watched or self._sessions.is_closed(session_id):
