@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterator
+from time import perf_counter
 from typing import TYPE_CHECKING, Final
 
 from ._envelope import now_ms
@@ -157,10 +158,10 @@ class Peers:
             if record.envelope is not None:
                 state = "ended"
                 last = max(last, record.envelope.timestamp_ms)
-            elif record.state == QUEUED:
-                state = "queued"
             else:
-                state = "idle" if waiting else "running"
+                state = "queued" if record.state == QUEUED else ("idle" if waiting else "running")
+                since = record.spawned_at if record.started_at is None else record.started_at
+                last = max(last, now_ms() - int((perf_counter() - since) * 1000))
         return PeerInfo(
             id=peer.address,
             agent_path=str(peer.path),

@@ -152,3 +152,27 @@ async def test_a_responder_leaves_unawaited_messages_to_the_runner() -> None:
         manager.send(child.task_id, "plain")
         assert (await child.wait()).output == "plain"
         assert calls == []
+
+
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_a_responder_that_answers_nothing_leaves_the_asker_to_its_timeout(
+    anyio_backend: object,
+) -> None:
+    gate = Gate()
+
+    async def busy(request: Request, ctx: RunContext) -> str:
+        gate.started_event("busy").set()
+        await gate.open.wait()
+        return repr([(m.body, r) for m, r in ctx.asides()])
+
+    async def silent(message: Message, ctx: RunContext) -> None:
+        return None
+
+    async with SubagentManager([spec("busy", busy, on_message=silent)]) as manager:
+        child = manager.spawn("busy")
+        await gate.started_event("busy").wait()
+        reply = await manager.ask(child.task_id, "anyone?", timeout=0.2)
+        assert reply.outcome == "timeout"
+        assert reply.receipt.state == "read"  # the responder read it, and said nothing
+        gate.open.set()
+        assert (await child.wait()).output == "[('anyone?', None)]"
