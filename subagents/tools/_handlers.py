@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .._handle import SpawnHandle
     from .._manager import SubagentManager
 
-__all__ = ["build_session_tools"]
+__all__ = ["build_session_tools", "hints"]
 
 
 _AGENT = Param(
@@ -317,7 +317,7 @@ def list_limit(limits: ToolLimits) -> int:
     return 2 * limits.truncate_chars
 
 
-def _hints(
+def hints(
     *, read_only: bool, destructive: bool, idempotent: bool, open_world: bool
 ) -> dict[str, bool]:
     """MCP tool annotations (behaviour hints for clients)."""
@@ -377,7 +377,7 @@ def build_session_tools(
                 ),
             ],
             handler=impl.spawn,
-            annotations=_hints(
+            annotations=hints(
                 read_only=False, destructive=False, idempotent=False, open_world=True
             ),
             engine_timeout=engine["spawn_agent"],
@@ -426,7 +426,7 @@ def build_session_tools(
                 ),
             ],
             handler=impl.wait,
-            annotations=_hints(
+            annotations=hints(
                 read_only=False, destructive=False, idempotent=False, open_world=False
             ),
             engine_timeout=engine["wait_agent"],
@@ -446,7 +446,7 @@ def build_session_tools(
             ),
             params=[_AGENT, _INPUT, _TIMEOUT_SPAWN, BUDGET],
             handler=impl.delegate,
-            annotations=_hints(
+            annotations=hints(
                 read_only=False, destructive=False, idempotent=False, open_world=True
             ),
             engine_timeout=engine["delegate_to_agent"],
@@ -474,9 +474,7 @@ def build_session_tools(
                 )
             ],
             handler=impl.cancel,
-            annotations=_hints(
-                read_only=False, destructive=True, idempotent=True, open_world=False
-            ),
+            annotations=hints(read_only=False, destructive=True, idempotent=True, open_world=False),
             engine_timeout=engine["cancel_agent"],
             content_limit=limits.truncate_chars,
         ),
@@ -491,9 +489,7 @@ def build_session_tools(
             ),
             params=[],
             handler=impl.list_agents,
-            annotations=_hints(
-                read_only=True, destructive=False, idempotent=True, open_world=False
-            ),
+            annotations=hints(read_only=True, destructive=False, idempotent=True, open_world=False),
             engine_timeout=engine["list_agents"],
             content_limit=list_limit(limits),
         ),

@@ -17,6 +17,7 @@ from .._manager import messaging_of
 from .._message_waits import ask, recv, take
 from .._messages import MAX_MESSAGE_CHARS, Message, Receipt
 from .._tracing import ToolSpan
+from ._handlers import hints
 from ._output import output_schema
 from ._schema import Param, ms
 from ._tool import Tool, ToolLimits, ToolResult, make_tool
@@ -179,15 +180,6 @@ def _receipt_details(receipt: Receipt) -> JSONValue:
     return out
 
 
-def _hints(*, read_only: bool) -> dict[str, bool]:
-    return {
-        "readOnlyHint": read_only,
-        "destructiveHint": False,
-        "idempotentHint": False,
-        "openWorldHint": False,
-    }
-
-
 def build_message_tools(
     manager: SubagentManager,
     address: str,
@@ -259,7 +251,9 @@ def build_message_tools(
                 ),
             ],
             handler=impl.send,
-            annotations=_hints(read_only=False),
+            annotations=hints(
+                read_only=False, destructive=False, idempotent=False, open_world=False
+            ),
             engine_timeout=engine.get("send_message"),
             content_limit=limits.truncate_chars,
         ),
@@ -297,7 +291,9 @@ def build_message_tools(
                 ),
             ],
             handler=impl.read,
-            annotations=_hints(read_only=False),
+            annotations=hints(
+                read_only=False, destructive=False, idempotent=False, open_world=False
+            ),
             engine_timeout=engine.get("read_messages"),
             content_limit=limits.truncate_chars,
         ),
