@@ -266,12 +266,14 @@ class Messaging:
                 self._open_host(peer.address)
             else:
                 self.postbox.open(peer.address)
+            reading = False
             if awaited is not None:
                 self._expect(me, peer.address, message, awaited)
+                reading = self.postbox.reading(peer.address)  # before the put wakes it
             self.postbox.put(message, receipt, wake)
             if awaited is not None and receipt.failed:
                 self.postbox.settle(me.address, message.id)
-            elif awaited is not None and receipt.state == "queued":
+            elif awaited is not None and not reading and receipt.state == "queued":
                 self._maybe_respond(peer, message)
         self._publish("send", me, message, receipt)
         return receipt
@@ -314,8 +316,8 @@ class Messaging:
         if record is None or record.spec.on_message is None:
             return
         ctx = self._contexts.get(peer.address)
-        if ctx is None or self.postbox.waiting(peer.address):
-            return  # queued, or waiting for messages: its runner reads it itself
+        if ctx is None:
+            return  # still queued: its runner reads it once it starts
         taken = self.postbox.take_one(peer.address, message.id)
         if taken is None:
             return

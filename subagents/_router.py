@@ -80,6 +80,11 @@ class Postbox(Protocol):
         """How many waiters ``address`` has (a recipient waiting is ``idle``)."""
         ...
 
+    def reading(self, address: str) -> bool:
+        """Whether ``address`` waits for messages now (a ``recv``, an idle loop), so the
+        next one reaches its runner at once (an ``ask`` waits for its reply only)."""
+        ...
+
     def expect(self, asker: str, message_id: str, peer: str) -> anyio.Event:
         """``asker`` waits for a reply to ``message_id`` from ``peer``: the reply goes to
         its own slot, never the inbox; the event is set on it or when ``peer`` ends."""
@@ -275,6 +280,10 @@ class MemoryPostbox:
     def waiting(self, address: str) -> int:
         inbox = self._inboxes.get(address)
         return 0 if inbox is None else len(inbox.waiters) + len(inbox.asks)
+
+    def reading(self, address: str) -> bool:
+        inbox = self._inboxes.get(address)
+        return inbox is not None and bool(inbox.waiters)
 
     def expect(self, asker: str, message_id: str, peer: str) -> anyio.Event:
         inbox = self._inboxes.get(asker)

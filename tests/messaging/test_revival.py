@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from subagents import Message, Request, RunContext, SubagentManager
+from subagents._manager import messaging_of
 from tests.helpers import clock_backends, on_mock_clock
 from tests.messaging.support import Gate, spec
 
@@ -176,3 +178,51 @@ async def test_a_responder_that_answers_nothing_leaves_the_asker_to_its_timeout(
         assert reply.receipt.state == "read"  # the responder read it, and said nothing
         gate.open.set()
         assert (await child.wait()).output == "[('anyone?', None)]"
+
+
+async def test_an_awaited_message_to_a_recipient_waiting_in_recv_reaches_its_runner() -> None:
+    calls: list[str] = []
+
+    async def reader(request: Request, ctx: RunContext) -> str:
+        message = await ctx.recv(timeout=10)
+        assert message is not None
+        ctx.send(message.from_, "from the runner", reply_to=message.id)
+        return message.body
+
+    async def responder(message: Message, ctx: RunContext) -> str:
+        calls.append(message.body)
+        return "from the responder"
+
+    async with SubagentManager([spec("r", reader, on_message=responder)]) as manager:
+        child = manager.spawn("r")
+        while not messaging_of(manager).postbox.reading(child.task_id):
+            await anyio.lowlevel.checkpoint()  # until the runner waits in recv
+        reply = await manager.ask(child.task_id, "question", timeout=10)
+        assert reply.message is not None
+        assert reply.message.body == "from the runner"
+        assert calls == []
+
+
+async def test_two_agents_asking_each_other_are_answered_by_their_responders() -> None:
+    """Each is blocked in its own ask, which waits for its reply only: neither runner can
+    read the other's question, so each one's responder answers it."""
+    running: list[str] = []
+    both = anyio.Event()
+
+    async def asker(request: Request, ctx: RunContext) -> str:
+        running.append(ctx.task_id)
+        if len(running) == 2:
+            both.set()
+        await both.wait()
+        peer = next(p.id for p in ctx.peers() if p.agent == "asker")
+        reply = await ctx.ask(peer, f"hi from {ctx.task_id}", timeout=10)
+        return reply.message.body if reply.message else reply.outcome
+
+    async def responder(message: Message, ctx: RunContext) -> str:
+        return "busy asking you"
+
+    async with SubagentManager([spec("asker", asker, on_message=responder)]) as manager:
+        first = manager.spawn("asker")
+        second = manager.spawn("asker")
+        outputs = [(await first.wait()).output, (await second.wait()).output]
+        assert outputs == ["busy asking you", "busy asking you"]
