@@ -266,3 +266,48 @@ async def test_a_message_to_a_long_revived_agent_reaches_its_live_run_not_a_dupl
         later = manager.send(first.task_id, "for the live run")
         assert (later.state, later.to) == ("queued", live.task_id)
         gate.set()
+
+
+async def test_send_message_awaiting_a_reply_keeps_its_reply_to() -> None:
+    """A model answering a question and asking back in one call (reply_to with
+    await_reply_ms): the answer must still thread to the question."""
+    gate = Gate()
+    question: list[Receipt] = []
+    asked = anyio.Event()
+
+    async def asker(request: Request, ctx: RunContext) -> str:
+        question.append(ctx.send("/root", "what next?"))
+        asked.set()
+        message = await ctx.recv()
+        assert message is not None
+        await gate.open.wait()
+        return message.reply_to or "no reply_to"
+
+    async with SubagentManager([spec("asker", asker)]) as manager:
+        child = manager.spawn("asker")
+        await asked.wait()
+        tools = build_tools(manager, "root", messaging=True)
+        args = {
+            "to": child.task_id,
+            "message": "do B; which file?",
+            "reply_to": question[0].message_id,
+            "await_reply_ms": 0,
+        }
+        result = await tools.call("send_message", args)
+        assert not result.is_error
+        gate.open.set()
+        assert (await child.wait()).output == question[0].message_id
+
+
+async def test_send_message_with_wake_false_never_revives_even_when_awaiting() -> None:
+    async def memo(request: Request, ctx: RunContext) -> str:
+        return "done"
+
+    async with SubagentManager([spec("memo", memo, resumable=True)]) as manager:
+        first = manager.spawn("memo")
+        await first.wait()
+        tools = build_tools(manager, "root", messaging=True)
+        args = {"to": first.task_id, "message": "quiet", "wake": False, "await_reply_ms": 0}
+        result = await tools.call("send_message", args)
+        assert result.details["receipts"][0]["state"] == "failed"  # type: ignore[index]
+        assert len(manager.tasks()) == 1  # nothing revived
