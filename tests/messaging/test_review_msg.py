@@ -311,3 +311,28 @@ async def test_send_message_with_wake_false_never_revives_even_when_awaiting() -
         result = await tools.call("send_message", args)
         assert result.details["receipts"][0]["state"] == "failed"  # type: ignore[index]
         assert len(manager.tasks()) == 1  # nothing revived
+
+
+async def test_a_reply_refused_by_a_full_inbox_does_not_mark_the_question_replied() -> None:
+    gate = Gate()
+    took = anyio.Event()
+
+    async def reader(request: Request, ctx: RunContext) -> str:
+        message = await ctx.recv()
+        assert message is not None
+        took.set()
+        await gate.open.wait()
+        return "read"
+
+    config = SubagentConfig(inbox_capacity=1)
+    async with SubagentManager([spec("r", reader)], config=config) as manager:
+        child = manager.spawn("r")
+        question = manager.send(child.task_id, "question")
+        await took.wait()
+        messaging_of(manager).send(child.task_id, "root", "fills the host's inbox")
+        reply = messaging_of(manager).send(
+            child.task_id, "root", "the answer", reply_to=question.message_id
+        )
+        assert reply.reason == "full"
+        assert question.state == "read"  # the answer never reached the host
+        gate.open.set()
