@@ -336,3 +336,25 @@ async def test_a_reply_refused_by_a_full_inbox_does_not_mark_the_question_replie
         assert reply.reason == "full"
         assert question.state == "read"  # the answer never reached the host
         gate.open.set()
+
+
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_a_responder_answering_too_long_does_not_crash_the_manager(
+    anyio_backend: object,
+) -> None:
+    """The responder runs in the manager's task group: its over-long answer must not
+    raise there (that cancels every child and raises out of ``async with manager``)."""
+    gate = Gate()
+
+    async def responder(message: Message, ctx: RunContext) -> str:
+        return "x" * 16_001  # one character past MAX_MESSAGE_CHARS
+
+    async with SubagentManager(
+        [spec("busy", gate.parked("busy"), on_message=responder)]
+    ) as manager:
+        child = manager.spawn("busy")
+        await gate.started_event("busy").wait()
+        reply = await manager.ask(child.task_id, "status?", timeout=0.2)
+        assert reply.outcome != "replied"
+        gate.open.set()
+        assert (await child.wait()).status == "completed"
