@@ -11,6 +11,7 @@ from subagents import (
     ConfigError,
     Message,
     Receipt,
+    Reply,
     Request,
     RunContext,
     SubagentConfig,
@@ -358,3 +359,36 @@ async def test_a_responder_answering_too_long_does_not_crash_the_manager(
         assert reply.outcome != "replied"
         gate.open.set()
         assert (await child.wait()).status == "completed"
+
+
+async def test_a_cancelled_asks_reply_is_read_before_the_peers_later_message() -> None:
+    """FIFO per (sender, recipient): an ask cancelled while it takes its slot back puts
+    the reply that came at the end of the inbox, behind the peer's later message."""
+    gate = Gate()
+    scopes: list[anyio.CancelScope] = []
+    answers: list[Reply] = []
+
+    async def asker(request: Request, ctx: RunContext) -> str:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            answers.append(await ctx.ask("/root", "q"))
+        return ",".join(m.body for m in ctx.inbox())
+
+    config = SubagentConfig(max_concurrent_spawns=1)
+    agents = [spec("a", asker), spec("hog", gate.parked("hog"))]
+    async with SubagentManager(agents, config=config) as manager:
+        child = manager.spawn("a")
+        question = await manager.recv()
+        assert question is not None
+        manager.spawn("hog")  # runs on the slot the asker lends
+        await gate.started_event("hog").wait()
+        manager.send(child.task_id, "answer", reply_to=question.id)
+        manager.send(child.task_id, "later")
+        await anyio.wait_all_tasks_blocked()  # the asker waits to take a slot back
+        scopes[0].cancel()
+        out = (await child.wait()).output
+        if answers:
+            assert out == "later"
+        else:
+            assert out == "answer,later"
+        gate.open.set()
