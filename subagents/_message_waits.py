@@ -86,7 +86,7 @@ async def _wait_for_one(
     closes (``None``). Taking is synchronous, after the wait: a cancelled waiter takes
     nothing."""
     while True:
-        event = postbox.watch(address)
+        event = postbox.watch(address, from_=sender)
         try:
             async with lend():
                 await event.wait()
@@ -100,20 +100,30 @@ async def _wait_for_one(
 
 
 async def ask(
-    messaging: Messaging, address: str, to: object, body: object, timeout: object, lend: Lend
+    messaging: Messaging,
+    address: str,
+    to: object,
+    body: object,
+    timeout: object,
+    lend: Lend,
+    *,
+    reply_to: object = None,
+    wake: bool = True,
 ) -> Reply:
-    """Send ``body`` to one peer and wait up to ``timeout`` seconds for its reply."""
+    """Send ``body`` to one peer (answering ``reply_to``, waking as ``wake`` says) and
+    wait up to ``timeout`` seconds for its reply."""
     limit = seconds("timeout", timeout, none_ok=True, zero_ok=True)
     deadline = math.inf if limit is None else anyio.current_time() + limit
-    receipt = messaging.send(address, to, body, awaited=deadline)
+    receipt = messaging.send(address, to, body, reply_to=reply_to, wake=wake, awaited=deadline)
     if receipt.failed:
         assert receipt.reason is not None
+        messaging.awaited_done(receipt.message_id)  # nothing left waiting for a reply
         await anyio.lowlevel.checkpoint()
         return Reply(outcome=receipt.reason, receipt=receipt)
     message_id = receipt.message_id
     target = receipt.task_id if receipt.delivery == "revived" else receipt.to
     assert target is not None
-    event = messaging.expecting.get(message_id)
+    event = messaging.expecting(message_id)
     postbox = messaging.postbox
     try:
         if event is not None and limit != 0:

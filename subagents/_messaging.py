@@ -41,14 +41,23 @@ StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
 
 
 class Revival:
-    """What a revived run was started with: the ended run's envelope and the message."""
+    """What a revived run was started with: the ended run's envelope and the messages
+    (with their receipts) it reads as its input."""
 
-    __slots__ = ("message", "previous", "receipt")
+    __slots__ = ("messages", "previous")
 
-    def __init__(self, previous: DelegateResult, message: Message, receipt: Receipt) -> None:
+    def __init__(self, previous: DelegateResult, messages: list[tuple[Message, Receipt]]) -> None:
         self.previous = previous
-        self.message = message
-        self.receipt = receipt
+        self.messages = messages
+
+
+class _Chain:
+    """The runs of one resumable agent: every one of them forwards to the newest."""
+
+    __slots__ = ("latest",)
+
+    def __init__(self, latest: str) -> None:
+        self.latest = latest
 
 
 class Messaging:
@@ -87,23 +96,41 @@ class Messaging:
         # The RunContext of each running child, for its responder (typed loosely: the
         # context module sits above this one).
         self._contexts: dict[str, Any] = {}
-        self._forward: dict[str, str] = {}  # ended task id -> its follow-up run's id
-        self.revivals: dict[str, Revival] = {}  # follow-up run's id -> what started it
-        self._awaited: dict[str, float] = {}  # asked message ids -> the asker's deadline
+        self._forward: dict[str, _Chain] = {}  # each run of a revived agent -> its chain
+        self._revivals: dict[str, Revival] = {}  # follow-up run's id -> what started it
+        # Asked message ids -> the asker's deadline and the address asked.
+        self._awaited: dict[str, tuple[float, str]] = {}
         self._watched: set[str] = set()  # host sessions with an open inbox
-        self.expecting: dict[str, anyio.Event] = {}  # asked message id -> its reply's event
+        self._expecting: dict[str, anyio.Event] = {}  # asked message id -> its reply's event
+        # Running responders: address -> asked message id -> the responder's scope.
+        self._responding: dict[str, dict[str, anyio.CancelScope]] = {}
 
     # ------------------------------------------------------------------ lifecycle hooks
 
     def started(self, record: ChildRecord, ctx: object) -> None:
         """``record``'s runner starts with ``ctx``. Its inbox opens when first used (or
         exists from while it was queued); a revival's message counts as read now."""
-        if record.spec.on_message is not None:
-            self._contexts[record.task_id] = ctx  # for its responder
-        if self.revivals:
-            revival = self.revivals.get(record.task_id)
+        task_id = record.task_id
+        if self._revivals:
+            revival = self._revivals.get(task_id)
             if revival is not None:
-                self.postbox.read(revival.message, revival.receipt, "revived")
+                for message, receipt in revival.messages:
+                    self.postbox.read(message, receipt, "revived", task_id)
+        if record.spec.on_message is not None:
+            self._contexts[task_id] = ctx  # for its responder
+            peer = Peer(task_id, record, record.root_session)
+            for message in self.postbox.peek(task_id, None):  # asked while it was queued
+                if message.id in self._awaited:
+                    self._maybe_respond(peer, message)
+
+    def revival(self, task_id: str) -> Revival | None:
+        """What started follow-up run ``task_id`` (while it runs), or ``None``."""
+        return self._revivals.get(task_id) if self._revivals else None
+
+    def forgotten(self, task_id: str) -> None:
+        """The record of ``task_id`` is gone: so is its forwarding."""
+        if self._forward:
+            self._forward.pop(task_id, None)
 
     def ended(self, record: ChildRecord) -> None:
         """``record`` has its envelope: its inbox closes, what waits in it fails
@@ -111,10 +138,19 @@ class Messaging:
         task_id = record.task_id
         if self._contexts:
             self._contexts.pop(task_id, None)
-        if self.revivals:
-            self.revivals.pop(task_id, None)
+        if self._revivals:
+            self._revivals.pop(task_id, None)
+        if self._responding:
+            for scope in self._responding.pop(task_id, {}).values():
+                scope.cancel()  # nobody can use what its responder would answer
         if not self.postbox.is_open(task_id):
             return  # most children: never messaged, no inbox
+        if record.spec.resumable and not record.sync:
+            unread = self.postbox.take_reviving(task_id)
+            if unread:
+                self._revive(record, unread)
+                for _, receipt in unread:
+                    self._changed(receipt)
         detail = (
             f"{record.agent_path} ({task_id}) ended before reading it; its result is in "
             f"the envelope of task {task_id}"
@@ -170,7 +206,7 @@ class Messaging:
         if address is None or not address.strip():
             raise ConfigError("to", "a task id, an agent path, or '*'", to)
         answers = None if reply_to is None else plain_str(reply_to)
-        if reply_to is not None and not answers:
+        if reply_to is not None and (not answers or not answers.strip()):
             raise ConfigError("reply_to", "None or the id of a message", reply_to)
         if not isinstance(wake, bool):
             raise ConfigError("wake", "True or False", wake)
@@ -219,19 +255,17 @@ class Messaging:
         awaited: float | None,
         revive: bool,
     ) -> Receipt:
-        peer = self._latest(peer)
+        addressed, peer = peer.address, self._latest(peer)
         message = self._message(me, peer.address, text, reply_to)
-        return self._deliver(me, peer, message, wake, awaited, revive=revive)
+        return self._deliver(me, peer, message, wake, awaited, revive=revive, addressed=addressed)
 
     def _latest(self, peer: Peer) -> Peer:
-        """The run a message to ``peer`` reaches: an ended resumable agent's follow-up run."""
-        seen = 0
-        while peer.record is not None and peer.address in self._forward and seen < 1000:
-            follow_up = self._sessions.get(self._forward[peer.address])
-            if follow_up is None:
-                break
-            peer, seen = Peer(follow_up.task_id, follow_up, peer.root), seen + 1
-        return peer
+        """The run a message to ``peer`` reaches: a revived agent's newest run (O(1))."""
+        chain = self._forward.get(peer.address) if self._forward else None
+        if chain is None or chain.latest == peer.address:
+            return peer
+        newest = self._sessions.get(chain.latest)
+        return peer if newest is None else Peer(newest.task_id, newest, peer.root)
 
     def _deliver(
         self,
@@ -242,14 +276,13 @@ class Messaging:
         awaited: float | None,
         *,
         revive: bool,
+        addressed: str | None = None,
     ) -> Receipt:
         receipt = Receipt(message.id, peer.address)
         record = peer.record
-        if message.reply_to is not None:
-            self._mark_replied(me.address, message.reply_to)
         if record is not None and (record.state == SETTLED or record.envelope is not None):
             if revive and wake and record.spec.resumable and not record.sync:
-                self._revive(record, message, receipt)
+                self._revive(record, [(message, receipt)])
                 if awaited is not None and receipt.task_id is not None and not receipt.failed:
                     self._expect(me, receipt.task_id, message, awaited)
             else:
@@ -269,41 +302,60 @@ class Messaging:
             reading = False
             if awaited is not None:
                 self._expect(me, peer.address, message, awaited)
-                reading = self.postbox.reading(peer.address)  # before the put wakes it
-            self.postbox.put(message, receipt, wake)
+                # Before the put wakes it: would a waiter of its runner take this one?
+                reading = self.postbox.reading(peer.address, me.address)
+            self.postbox.put(message, receipt, wake, revives=revive and wake)
             if awaited is not None and receipt.failed:
                 self.postbox.settle(me.address, message.id)
             elif awaited is not None and not reading and receipt.state == "queued":
                 self._maybe_respond(peer, message)
+        if message.reply_to is not None and not receipt.failed:
+            self._mark_replied(me.address, message, (addressed or peer.address, peer.address))
         self._publish("send", me, message, receipt)
         return receipt
 
     def _expect(self, me: Peer, target: str, message: Message, deadline: float) -> None:
-        self.expecting[message.id] = self.postbox.expect(me.address, message.id, target)
-        self._awaited[message.id] = deadline
+        self._expecting[message.id] = self.postbox.expect(me.address, message.id, target)
+        self._awaited[message.id] = (deadline, target)
 
-    def _mark_replied(self, replier: str, message_id: str) -> None:
-        receipt = self.postbox.answered(replier, message_id)
+    def expecting(self, message_id: str) -> anyio.Event | None:
+        """The event a reply to the asked ``message_id`` sets, while its asker waits."""
+        return self._expecting.get(message_id)
+
+    def _mark_replied(self, replier: str, reply: Message, to: tuple[str, ...]) -> None:
+        # Only a reply that reached the question's sender marks it: never one sent elsewhere.
+        assert reply.reply_to is not None
+        receipt = self.postbox.answered(replier, reply.reply_to, to)
         if receipt is not None and receipt.advance("replied"):
             self._changed(receipt)
 
-    def _revive(self, record: ChildRecord, message: Message, receipt: Receipt) -> None:
+    def _revive(self, record: ChildRecord, messages: list[tuple[Message, Receipt]]) -> None:
+        """Start ``record``'s follow-up run with ``messages`` as its input (one run)."""
         envelope = record.envelope
         assert envelope is not None
+        if len(messages) == 1:
+            text = messages[0][0].body
+        else:
+            text = "\n\n".join(f"[{m.id}] from {m.from_}: {m.body}" for m, _ in messages)
         try:
-            follow_up = self._spawn_follow_up(record, message.body)
+            follow_up = self._spawn_follow_up(record, text)
         except SpawnRejected as exc:
-            receipt.fail(
-                "ended",
+            detail = (
                 f"{record.agent_path} ({record.task_id}) has ended and could not be revived "
-                f"({exc}); its result is in the envelope of task {record.task_id}",
-                record.task_id,
+                f"({exc}); its result is in the envelope of task {record.task_id}"
             )
+            for _, receipt in messages:
+                receipt.fail("ended", detail, record.task_id)
             return
-        self._forward[record.task_id] = follow_up.task_id
-        self.revivals[follow_up.task_id] = Revival(envelope, message, receipt)
+        chain = self._forward.get(record.task_id)
+        if chain is None:
+            chain = self._forward[record.task_id] = _Chain(follow_up.task_id)
+        chain.latest = follow_up.task_id
+        self._forward[follow_up.task_id] = chain
+        self._revivals[follow_up.task_id] = Revival(envelope, messages)
         self.postbox.open(follow_up.task_id)
-        receipt.revived(follow_up.task_id)
+        for _, receipt in messages:
+            receipt.revived(follow_up.task_id)
 
     def send_input(self, record: ChildRecord, text: object) -> Receipt:
         """Follow-up input from ``record``'s parent session; never revives."""
@@ -323,7 +375,7 @@ class Messaging:
             return
         self.postbox.read(*taken, "injected")  # the responder reads it, on the side
         responder = record.spec.on_message
-        deadline = self._awaited.get(message.id, float("inf"))
+        deadline = self._awaited.get(message.id, (float("inf"), ""))[0]
 
         async def respond() -> None:
             await self._respond(peer.address, responder, message, ctx, deadline)
@@ -339,23 +391,43 @@ class Messaging:
         deadline: float,
     ) -> None:
         answer: object = None
-        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
-            try:
-                answer = await responder(message, ctx)
-            except Exception:
-                logger.exception("the on_message responder of %s raised; no reply", address)
+        if message.id not in self._awaited or address not in self._contexts:
+            return  # its asker, or its agent, is gone already: nobody would read an answer
+        # Cancelled when its asker stops waiting or its agent ends, and at the deadline.
+        scope = anyio.CancelScope(deadline=deadline)
+        running = self._responding.setdefault(address, {})
+        running[message.id] = scope
+        try:
+            with scope:
+                try:
+                    answer = await responder(message, ctx)
+                except Exception:
+                    logger.exception("the on_message responder of %s raised; no reply", address)
+        finally:
+            running.pop(message.id, None)
+            if not running and self._responding.get(address) is running:
+                del self._responding[address]
         reply = None
         text = plain_str(answer) if answer is not None else None
         if text and text.strip() and address in self._contexts:
-            me = self.peers.of(address)
-            reply = self._message(me, message.from_, _body(text), message.id)
-            self._deliver(me, self.peers.of(message.from_), reply, True, None, revive=False)
+            try:
+                body = _body(text)
+            except ConfigError as exc:
+                logger.warning("the on_message responder of %s answered badly: %s", address, exc)
+            else:
+                me = self.peers.of(address)
+                reply = self._message(me, message.from_, body, message.id)
+                self._deliver(me, self.peers.of(message.from_), reply, True, None, revive=False)
         self.postbox.aside(address, message, reply)
 
     def awaited_done(self, message_id: str) -> None:
-        """The asker of ``message_id`` stopped waiting."""
-        self._awaited.pop(message_id, None)
-        self.expecting.pop(message_id, None)
+        """The asker of ``message_id`` stopped waiting: its responder, if any, stops."""
+        awaited = self._awaited.pop(message_id, None)
+        self._expecting.pop(message_id, None)
+        if awaited is not None and self._responding:
+            scope = self._responding.get(awaited[1], {}).get(message_id)
+            if scope is not None:
+                scope.cancel()
 
     # ------------------------------------------------------------------ events
 

@@ -69,21 +69,18 @@ class Peers:
     def resolve(self, sender: Peer, to: str) -> Peer:
         """The peer ``to`` names for ``sender``; raises :class:`UnknownPeer` naming the
         addresses probably meant."""
+        # Only the sender's own tree: another session's agents and host are as unknown
+        # to it as they are to its listings and waits.
         record = self._sessions.find(to)
-        if record is not None:
-            return Peer(to, record, record.root_session)
-        if to == sender.root or self._is_host(to):
+        if record is not None and record.root_session == sender.root:
+            return Peer(to, record, sender.root)
+        if to == sender.root:
             return Peer(to, None, to)
         for path in self._candidates(sender, to):
             found = self._by_path(sender.root, path)
             if found is not None:
                 return found
         raise UnknownPeer(to, self._suggestions(sender, to))
-
-    def _is_host(self, address: str) -> bool:
-        if self._sessions.get(address) is not None:
-            return False
-        return self._postbox.is_open(address) or self._sessions.has_listing(address)
 
     @staticmethod
     def _candidates(sender: Peer, to: str) -> list[str]:

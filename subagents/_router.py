@@ -41,9 +41,17 @@ class Postbox(Protocol):
         """Whether ``address`` takes messages now."""
         ...
 
-    def put(self, message: Message, receipt: Receipt, wake: bool = True) -> None:
+    def put(
+        self, message: Message, receipt: Receipt, wake: bool = True, revives: bool = False
+    ) -> None:
         """Queue ``message`` for ``message.to``, or fail ``receipt`` (``full``, ``closed``);
-        wake its waiters (its idle waiters only if ``wake``)."""
+        wake its waiters (its idle waiters only if ``wake``). ``revives``: left unread
+        when a resumable recipient ends, it starts its follow-up run (not a broadcast)."""
+        ...
+
+    def take_reviving(self, address: str) -> list[tuple[Message, Receipt]]:
+        """Remove and return the queued messages sent with ``revives``, oldest first,
+        their receipts unchanged (the caller revives the recipient with them)."""
         ...
 
     def take(self, address: str, from_: str | None, limit: int | None) -> list[Message]:
@@ -67,9 +75,10 @@ class Postbox(Protocol):
         """Whether a message sent with ``wake`` waits in ``address``'s inbox."""
         ...
 
-    def watch(self, address: str, *, idle: bool = False) -> anyio.Event:
-        """An event set by the next arrival for ``address``, or its closing; an ``idle``
-        waiter (a host loop between turns) only by a send that wakes."""
+    def watch(self, address: str, *, idle: bool = False, from_: str | None = None) -> anyio.Event:
+        """An event set by the next arrival for ``address`` (from ``from_`` only, if
+        given), or its closing; an ``idle`` waiter (a host loop between turns) only by a
+        send that wakes."""
         ...
 
     def unwatch(self, address: str, event: anyio.Event) -> None:
@@ -80,9 +89,10 @@ class Postbox(Protocol):
         """How many waiters ``address`` has (a recipient waiting is ``idle``)."""
         ...
 
-    def reading(self, address: str) -> bool:
-        """Whether ``address`` waits for messages now (a ``recv``, an idle loop), so the
-        next one reaches its runner at once (an ``ask`` waits for its reply only)."""
+    def reading(self, address: str, from_: str) -> bool:
+        """Whether ``address`` waits now for a message that one from ``from_`` would end
+        (a ``recv`` without a sender or for that one, an idle loop), so it reaches the
+        runner at once (an ``ask`` waits for its reply only)."""
         ...
 
     def expect(self, asker: str, message_id: str, peer: str) -> anyio.Event:
@@ -93,16 +103,21 @@ class Postbox(Protocol):
     def settle(self, asker: str, message_id: str, keep: bool = True) -> Message | None:
         """Stop waiting for a reply: return it if it came (read), else ``None``; a reply
         arriving later goes to the inbox, as does one that came if not ``keep`` (the
-        asker was cancelled: the reply must not be lost)."""
+        asker was cancelled: the reply must not be lost), in its place by id (FIFO per
+        sender), even past the capacity, which it then exceeds by one."""
         ...
 
-    def read(self, message: Message, receipt: Receipt, how: Delivery) -> None:
-        """``message`` was taken outside the inbox (a reply, a responder, a revival): keep
-        its receipt so a reply marks it ``replied``."""
+    def read(
+        self, message: Message, receipt: Receipt, how: Delivery, reader: str | None = None
+    ) -> None:
+        """``message`` was taken outside the inbox (a reply, a responder, a revival) by
+        ``reader`` (default ``message.to``; a revived run for a revival): keep its receipt
+        so a reply of the reader marks it ``replied``."""
         ...
 
-    def answered(self, replier: str, message_id: str) -> Receipt | None:
-        """The receipt of ``message_id`` if ``replier`` read it (its reply marks it)."""
+    def answered(self, replier: str, message_id: str, to: tuple[str, ...]) -> Receipt | None:
+        """The receipt of ``message_id`` if ``replier`` read it and its sender is one of
+        ``to`` (a reply that reached the asker marks it; one sent elsewhere does not)."""
         ...
 
     def close(self, address: str, reason: FailureReason, detail: str, task_id: str | None) -> None:
@@ -128,13 +143,21 @@ class Postbox(Protocol):
 
 
 class _Entry:
-    __slots__ = ("message", "receipt", "wakes", "woke")
+    __slots__ = ("message", "receipt", "revives", "wakes", "woke")
 
-    def __init__(self, message: Message, receipt: Receipt, woke: bool, wakes: bool = True) -> None:
+    def __init__(
+        self,
+        message: Message,
+        receipt: Receipt,
+        woke: bool,
+        wakes: bool = True,
+        revives: bool = False,
+    ) -> None:
         self.message = message
         self.receipt = receipt
         self.woke = woke  # a waiter was woken by it
         self.wakes = wakes  # sent with wake=True: an idle host loop wakes for it
+        self.revives = revives  # unread when a resumable recipient ends: revives it
 
 
 class _Ask:
@@ -151,9 +174,11 @@ class _Inbox:
 
     def __init__(self) -> None:
         self.entries: dict[str, _Entry] = {}  # by message id, oldest first
-        self.waiters: dict[anyio.Event, bool] = {}  # each waiter: whether it is idle
+        # Each waiter: whether it is idle, and the one sender it waits for (or None).
+        self.waiters: dict[anyio.Event, tuple[bool, str | None]] = {}
         self.asks: dict[str, _Ask] = {}  # by the id of the message asked
-        self.answerable: dict[str, Receipt] = {}  # read messages, by id, oldest first
+        # Read messages, by id, oldest first: the receipt and the message's sender.
+        self.answerable: dict[str, tuple[Receipt, str]] = {}
         self.asides: deque[Aside] = deque(maxlen=MAX_ASIDES)
         self.last_ms = 0
 
@@ -180,7 +205,9 @@ class MemoryPostbox:
     def is_open(self, address: str) -> bool:
         return address in self._inboxes
 
-    def put(self, message: Message, receipt: Receipt, wake: bool = True) -> None:
+    def put(
+        self, message: Message, receipt: Receipt, wake: bool = True, revives: bool = False
+    ) -> None:
         inbox = self._inboxes.get(message.to)
         if inbox is None:
             receipt.fail("closed", f"{message.to} takes no more messages")
@@ -200,11 +227,17 @@ class MemoryPostbox:
                 "nothing was dropped: send again once it has read some",
             )
             return
-        woken = [e for e, idle in inbox.waiters.items() if wake or not idle]
-        inbox.entries[message.id] = _Entry(message, receipt, bool(woken), wake)
-        for event in woken:
-            del inbox.waiters[event]
-            event.set()
+        woken = _wake(inbox, message.from_, wake)
+        inbox.entries[message.id] = _Entry(message, receipt, woken, wake, revives)
+
+    def take_reviving(self, address: str) -> list[tuple[Message, Receipt]]:
+        inbox = self._inboxes.get(address)
+        if inbox is None:
+            return []
+        found = [(k, e) for k, e in inbox.entries.items() if e.revives]
+        for key, _ in found:
+            del inbox.entries[key]
+        return [(e.message, e.receipt) for _, e in found]
 
     def _taken(self, inbox: _Inbox, entry: _Entry, *, read: bool) -> None:
         receipt = entry.receipt
@@ -212,13 +245,13 @@ class MemoryPostbox:
         changed = receipt.advance("delivered", how)
         if read:
             changed = receipt.advance("read") or changed
-            self._answerable(inbox, entry.message.id, receipt)
+            self._answerable(inbox, entry.message, receipt)
         if changed and self._on_change is not None:
             self._on_change(receipt)
 
-    def _answerable(self, inbox: _Inbox, message_id: str, receipt: Receipt) -> None:
+    def _answerable(self, inbox: _Inbox, message: Message, receipt: Receipt) -> None:
         answerable = inbox.answerable
-        answerable[message_id] = receipt
+        answerable[message.id] = (receipt, message.from_)
         if len(answerable) > MAX_ANSWERABLE:
             del answerable[next(iter(answerable))]
 
@@ -263,13 +296,13 @@ class MemoryPostbox:
         inbox = self._inboxes.get(address)  # at most `capacity` entries to look at
         return inbox is not None and any(e.wakes for e in inbox.entries.values())
 
-    def watch(self, address: str, *, idle: bool = False) -> anyio.Event:
+    def watch(self, address: str, *, idle: bool = False, from_: str | None = None) -> anyio.Event:
         event = anyio.Event()
         inbox = self._inboxes.get(address)
         if inbox is None:
             event.set()
         else:
-            inbox.waiters[event] = idle
+            inbox.waiters[event] = (idle, from_)
         return event
 
     def unwatch(self, address: str, event: anyio.Event) -> None:
@@ -281,9 +314,11 @@ class MemoryPostbox:
         inbox = self._inboxes.get(address)
         return 0 if inbox is None else len(inbox.waiters) + len(inbox.asks)
 
-    def reading(self, address: str) -> bool:
+    def reading(self, address: str, from_: str) -> bool:
         inbox = self._inboxes.get(address)
-        return inbox is not None and bool(inbox.waiters)
+        return inbox is not None and any(
+            sender is None or sender == from_ for _, sender in inbox.waiters.values()
+        )
 
     def expect(self, asker: str, message_id: str, peer: str) -> anyio.Event:
         inbox = self._inboxes.get(asker)
@@ -310,24 +345,29 @@ class MemoryPostbox:
         message, receipt = ask.reply
         assert inbox is not None
         if not keep:
-            inbox.entries[message.id] = _Entry(message, receipt, False)
+            _insert(inbox, _Entry(message, receipt, _wake(inbox, message.from_, True)))
             return None
         self._taken(inbox, _Entry(message, receipt, True), read=True)
         return message
 
-    def read(self, message: Message, receipt: Receipt, how: Delivery) -> None:
+    def read(
+        self, message: Message, receipt: Receipt, how: Delivery, reader: str | None = None
+    ) -> None:
         changed = receipt.advance("delivered", how)
         changed = receipt.advance("read") or changed
-        inbox = self._inboxes.get(message.to)
+        inbox = self._inboxes.get(message.to if reader is None else reader)
         if inbox is not None:
-            self._answerable(inbox, message.id, receipt)
+            self._answerable(inbox, message, receipt)
         if changed and self._on_change is not None:
             self._on_change(receipt)
 
-    def answered(self, replier: str, message_id: str) -> Receipt | None:
-        """The receipt of ``message_id`` if ``replier`` read it (a reply marks it)."""
+    def answered(self, replier: str, message_id: str, to: tuple[str, ...]) -> Receipt | None:
         inbox = self._inboxes.get(replier)
-        return None if inbox is None else inbox.answerable.pop(message_id, None)
+        found = None if inbox is None else inbox.answerable.get(message_id)
+        if inbox is None or found is None or found[1] not in to:
+            return None
+        del inbox.answerable[message_id]
+        return found[0]
 
     def close(self, address: str, reason: FailureReason, detail: str, task_id: str | None) -> None:
         inbox = self._inboxes.pop(address, None)
@@ -368,3 +408,28 @@ class MemoryPostbox:
         inbox = self._inboxes.get(address)
         if inbox is not None:
             inbox.asides.append((message, reply))
+
+
+def _wake(inbox: _Inbox, sender: str, wake: bool) -> bool:
+    """Wake the waiters a message from ``sender`` is for (the idle ones only if ``wake``);
+    whether any was woken."""
+    woken = [
+        event
+        for event, (idle, only) in inbox.waiters.items()
+        if (wake or not idle) and (only is None or only == sender)
+    ]
+    for event in woken:
+        del inbox.waiters[event]
+        event.set()
+    return bool(woken)
+
+
+def _insert(inbox: _Inbox, entry: _Entry) -> None:
+    """Put ``entry`` back in its place by id (ids sort by sending): O(capacity)."""
+    entries = inbox.entries
+    if not entries or next(reversed(entries)) < entry.message.id:
+        entries[entry.message.id] = entry
+        return
+    merged = sorted([*entries.items(), (entry.message.id, entry)], key=lambda kv: kv[0])
+    entries.clear()
+    entries.update(merged)

@@ -60,6 +60,8 @@ class Sessions:
         """A hook: ``record`` has its envelope (its inbox closes)."""
         self.on_close: Callable[[str | None], None] | None = None
         """A hook: a session starts closing (``None``: every session, the owner closes)."""
+        self.on_forget: Callable[[str], None] | None = None
+        """A hook: the record of this task id was forgotten."""
         self.restore: Callable[[str], ChildRecord | None] | None = None
         """A hook: the record of an id this process has no record of, made from a store
         (an ended child of an earlier process), or ``None``."""
@@ -440,6 +442,8 @@ class Sessions:
         if self._tasks.get(task_id) is not record:
             return  # forgotten already
         del self._tasks[task_id]
+        if self.on_forget is not None:
+            self.on_forget(task_id)
         if self._journal is not None and (record.journaled or record.restored):
             try:
                 self._journal.forgotten(task_id)

@@ -30,7 +30,7 @@ from ._conformance_mailbox import MailboxFactory, check_mailbox, mailbox_checks
 from ._envelope import bound_text
 from ._errors import SpawnRejected
 from ._json import JSONValue
-from ._manager import SubagentManager
+from ._manager import SubagentManager, messenger_of
 from ._messages import Message
 from ._spec import AgentSpec, Request
 from .tools import ToolResult, Toolset
@@ -268,8 +268,10 @@ async def run_tool_loop(
 
     Every step boundary is a delivery point: before each model call the messages waiting
     for the session (``toolset.session_id``: a host session, or a child's task id) are
-    taken and appended to :attr:`Transcript.messages`, so the model's next call sees them.
-    A loop of your own does the same with ``ctx.inbox()`` (or ``manager.inbox()``).
+    appended to :attr:`Transcript.messages`, so the model's next call sees them, and taken
+    (receipts ``read``) once that call returns: a call that raises leaves them unread. A
+    loop of your own does the same with ``ctx.inbox(peek=True)`` before the call and
+    ``ctx.inbox()`` after it (or ``manager.inbox(...)``).
 
     Returns the transcript when the model ends its turn with nothing left to wait for
     (or ``wake`` is False). Raises :class:`ScriptError` after ``max_turns`` model turns.
@@ -277,8 +279,10 @@ async def run_tool_loop(
     transcript = Transcript()
     manager, session = toolset.manager, toolset.session_id
     for _ in range(max_turns):
-        _inject(manager, session, transcript)
+        shown = _inject(manager, session, transcript)
         turn = await model(transcript, toolset.names)
+        if shown:  # read only once the call that showed them returned
+            messenger_of(manager).take_shown(session, shown)
         if turn.text:
             transcript.texts.append(turn.text)
             transcript.events.append(f"model: {turn.text}")
@@ -306,15 +310,17 @@ async def run_tool_loop(
     raise ScriptError(f"the loop did not finish within {max_turns} model turns")
 
 
-def _inject(manager: SubagentManager, session: str, transcript: Transcript) -> None:
-    """The step boundary's delivery point: take what waits for ``session``."""
+def _inject(manager: SubagentManager, session: str, transcript: Transcript) -> list[Message]:
+    """The step boundary's delivery point: show what waits for ``session`` (peeked: a
+    model call that fails saw nothing, so nothing is read)."""
     try:
-        messages = manager.inbox(session_id=session)
+        messages = manager.inbox(session_id=session, peek=True)
     except SpawnRejected:  # the session is closed (or its agent ended): nothing to take
-        return
+        return []
     for message in messages:
         transcript.messages.append(message)
         transcript.events.append(f"message from {message.from_}: {bound_text(message.body, 200)}")
+    return messages
 
 
 def echo_agent(

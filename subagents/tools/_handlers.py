@@ -9,7 +9,7 @@ from .._envelope import bound_text, cut_middle
 from .._errors import UnknownTask
 from .._handle import record_of
 from .._json import JSONValue
-from .._manager import messaging_of
+from .._manager import messenger_of
 from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
 from .._tracing import ToolSpan
 from .._validators import MAX_IDEMPOTENCY_KEY
@@ -257,8 +257,8 @@ class SessionTools(WaitAgent):
                 "your subagents: none in this process's memory; tasks of earlier runs stay in "
                 f"the store {store.path}, and wait_agent answers for their ids"
             )
-        postbox = messaging_of(manager).postbox
-        own_unread = postbox.unread(self.session_id)
+        messenger = messenger_of(manager)
+        own_unread = messenger.unread(self.session_id)
         if own_unread:
             lines.append(f"you have {own_unread} unread message(s): call read_messages.")
         shown = 0
@@ -267,7 +267,7 @@ class SessionTools(WaitAgent):
             waiting = handle.result is not None and not handle.collected
             status = status_of(handle)
             elapsed = handle.elapsed()
-            unread = postbox.unread(handle.task_id)
+            unread = messenger.unread(handle.task_id)
             child_details.append(
                 {
                     "task_id": handle.task_id,

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Final
 from .._envelope import bound_text, cut_middle
 from .._handle import handle_of
 from .._json import JSONValue
-from .._manager import messaging_of
-from .._message_waits import ask, recv, take
+from .._manager import messenger_of
 from .._messages import MAX_MESSAGE_CHARS, Message, Receipt
 from .._tracing import ToolSpan
 from ._handlers import hints
@@ -29,16 +28,17 @@ __all__ = ["MESSAGE_TOOL_NAMES", "build_message_tools"]
 
 MESSAGE_TOOL_NAMES: Final = ("send_message", "read_messages")
 _ADDRESS_MAX: Final = 512
-_MIN_SHARE: Final = 200
-"""Characters a message's text gets at least before later ones wait for the next call."""
+_ROOM: Final = 200
+"""Characters of a read_messages answer kept for its other lines."""
 
 
-def _message_line(message: Message, share: int) -> str:
+def _message_line(message: Message, share: int | None) -> str:
+    """One message as a line, its body shortened (and said so) past ``share`` characters."""
     head = f"[{message.id}] from {message.from_}"
     if message.reply_to is not None:
         head += f" (reply to {message.reply_to})"
     body = message.body
-    room = max(share - len(head) - 2, 20)
+    room = len(body) if share is None else max(share - len(head) - 2, 20)
     if len(body) > room:
         body = cut_middle(body, room) + f" [shortened from {len(message.body)} characters]"
     return f"{head}: {body}"
@@ -74,21 +74,23 @@ class MessageTools:
         return (ceiling, True) if requested > ceiling else (requested, False)
 
     async def send(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
-        messaging = messaging_of(self.manager)
+        messenger = messenger_of(self.manager)
         to, body = str(args["to"]), str(args["message"])
         reply_to = args.get("reply_to")
+        assert reply_to is None or isinstance(reply_to, str)
         wake = args.get("wake", True)
         assert isinstance(wake, bool)
         requested = args.get("await_reply_ms")
         if requested is None:
-            receipt = messaging.send(self.address, to, body, reply_to=reply_to, wake=wake)
+            receipt = messenger.send(self.address, to, body, reply_to=reply_to, wake=wake)
             reply = None
             details: dict[str, JSONValue] = {}
         else:
             assert isinstance(requested, int)
             wait_ms, clamped = self._clamp("send_message", requested)
-            lend = self.manager.lend_slot
-            answer = await ask(messaging, self.address, to, body, wait_ms / 1000, lend)
+            answer = await messenger.ask(
+                self.address, to, body, timeout=wait_ms / 1000, reply_to=reply_to, wake=wake
+            )
             receipt, reply = answer.receipt, answer.message
             details = {"reply_outcome": answer.outcome, "await_ms": wait_ms, "clamped": clamped}
             if reply is not None:
@@ -117,7 +119,7 @@ class MessageTools:
         return ToolResult(
             content=bound_text("\n".join(lines), self.limits.truncate_chars),
             details=details,
-            is_error=failed and requested is None and len(receipts) == 1,
+            is_error=failed and len(receipts) == 1,
         )
 
     def _trace(self, span: ToolSpan, receipt: Receipt, reply_to: object) -> None:
@@ -127,42 +129,42 @@ class MessageTools:
         if not isinstance(reply_to, str):
             return
         span.set_attribute("subagents.reply_to", reply_to)
-        asker = messaging_of(self.manager).peers.of(receipt.to).record
+        asker = messenger_of(self.manager).record(receipt.to)
         if asker is not None:
             span.link_tasks([handle_of(asker, self.manager)])
 
     async def read(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
-        messaging = messaging_of(self.manager)
+        messenger = messenger_of(self.manager)
         from_ = args.get("from")
+        assert from_ is None or isinstance(from_, str)
         peek = args.get("peek", False)
         assert isinstance(peek, bool)
         requested = args.get("wait_ms")
         wait_ms, clamped = self._clamp("read_messages", int(requested or 0))  # type: ignore[call-overload]
-        waiting = take(messaging, self.address, peek=True, from_=from_)
-        limit = self.limits.truncate_chars
+        waiting = messenger.inbox(self.address, peek=True, from_=from_)
+        room = self.limits.truncate_chars - _ROOM
         if not waiting and wait_ms > 0 and not peek:
-            lend = self.manager.lend_slot
-            first = await recv(messaging, self.address, from_, wait_ms / 1000, lend)
+            first = await messenger.recv(self.address, from_=from_, timeout=wait_ms / 1000)
             shown = [] if first is None else [first]
         else:
-            # As many as fit, each at least _MIN_SHARE characters; the rest stay unread.
+            # The oldest that fit whole (the first even if it does not: then shortened and
+            # said so); the rest stay unread for the next call.
             count, used = 0, 0
             for message in waiting:
-                need = min(len(message.body) + 80, _MIN_SHARE)
-                if count and used + need > limit - 200:
+                used += len(_message_line(message, None)) + 1
+                if count and used > room:
                     break
-                used += need
                 count += 1
             shown = waiting[:count]
             if not peek and shown:
-                shown = take(messaging, self.address, peek=False, from_=from_, limit=count)
-        left = messaging.postbox.unread(self.address)
-        share = max(limit // max(len(shown), 1) - 4, _MIN_SHARE)
-        lines = [_message_line(m, share) for m in shown]
+                shown = messenger.take_shown(self.address, shown)
+        left = len(messenger.inbox(self.address, peek=True, from_=from_))
+        lines = [_message_line(m, room if len(shown) == 1 else None) for m in shown]
         if not shown:
             lines = ["no messages" + (f" (waited {wait_ms} ms)" if wait_ms else "") + "."]
         if left:
-            lines.append(f"{left} more message(s) waiting: call read_messages again.")
+            sender = "" if from_ is None else f" from {from_}"
+            lines.append(f"{left} more message(s){sender} waiting: call read_messages again.")
         details: dict[str, JSONValue] = {
             "messages": [m.to_dict() for m in shown],
             "peeked": peek,
@@ -171,7 +173,7 @@ class MessageTools:
         if requested is not None:
             details["wait_ms"] = wait_ms
             details["clamped"] = clamped
-        return ToolResult(content=bound_text("\n".join(lines), limit), details=details)
+        return ToolResult(content=bound_text("\n".join(lines), room + _ROOM), details=details)
 
 
 def _receipt_details(receipt: Receipt) -> JSONValue:
@@ -226,6 +228,7 @@ def build_message_tools(
                     min_length=1,
                     max_length=MAX_MESSAGE_CHARS,
                     form=f"1 to {MAX_MESSAGE_CHARS} characters",
+                    content=True,
                 ),
                 Param(
                     name="reply_to",

@@ -80,6 +80,9 @@ class Param:
     fields: tuple[Param, ...] = ()
     """The fields of an ``object``, each optional (``null`` counts as omitted); no other
     key is accepted."""
+    content: bool = False
+    """The value is conversation content (a message body): an error gives its length,
+    never its text, which would reach spans and logs without ``capture_content``."""
 
 
 def schema_for(params: Sequence[Param]) -> dict[str, JSONValue]:
@@ -301,7 +304,8 @@ def _constrained(p: Param, value: str, what: str) -> str:
     too_long = p.max_length is not None and len(value) > p.max_length
     unmatched = p.pattern is not None and not re.fullmatch(p.pattern, value)
     if too_long or len(value) < p.min_length or unmatched:
-        raise ArgumentError(f"{what} must be {p.form}, got {show(value)}", p.name)
+        got = f"{len(value)} characters" if p.content else show(value)
+        raise ArgumentError(f"{what} must be {p.form}, got {got}", p.name)
     return value
 
 

@@ -92,7 +92,7 @@ async def test_an_ask_that_fails_at_once_leaves_nothing_waiting_for_a_reply() ->
             reply = await manager.ask(child.task_id, f"question {n}", timeout=5)
             assert reply.outcome == "full"
         messaging = messaging_of(manager)
-        assert messaging.expecting == {}
+        assert messaging._expecting == {}
         assert messaging._awaited == {}
         gate.open.set()
 

@@ -195,7 +195,7 @@ async def test_an_awaited_message_to_a_recipient_waiting_in_recv_reaches_its_run
 
     async with SubagentManager([spec("r", reader, on_message=responder)]) as manager:
         child = manager.spawn("r")
-        while not messaging_of(manager).postbox.reading(child.task_id):
+        while not messaging_of(manager).postbox.reading(child.task_id, "root"):
             await anyio.lowlevel.checkpoint()  # until the runner waits in recv
         reply = await manager.ask(child.task_id, "question", timeout=10)
         assert reply.message is not None

@@ -148,7 +148,7 @@ async def test_read_messages_takes_once_peeks_without_taking_and_filters_by_send
         assert [m["body"] for m in peeked.details["messages"]] == ["from a", "from b"]  # type: ignore[index, union-attr]
         only_b = await tools.call("read_messages", {"from": b.task_id})
         assert [m["body"] for m in only_b.details["messages"]] == ["from b"]  # type: ignore[index, union-attr]
-        assert only_b.details["left"] == 1
+        assert only_b.details["left"] == 0  # none more from b: a's waits for a call without
         rest = await tools.call("read_messages", {})
         assert [m["body"] for m in rest.details["messages"]] == ["from a"]  # type: ignore[index, union-attr]
         none = await tools.call("read_messages", {})
