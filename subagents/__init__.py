@@ -31,7 +31,15 @@ from ._handle import SpawnHandle
 from ._jsonl import JsonlSink, read_events
 from ._mailbox import BaseMailbox, Mailbox, MailboxStatistics
 from ._manager import DEFAULT_SESSION, ManagerStatistics, SubagentManager
-from ._messages import Activity, Message, PeerInfo, Receipt, Reply
+from ._messages import (
+    DEFAULT_INBOX_CAPACITY,
+    MAX_MESSAGE_CHARS,
+    Activity,
+    Message,
+    PeerInfo,
+    Receipt,
+    Reply,
+)
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath
 from ._permissions import Ruleset
@@ -81,6 +89,8 @@ __all__ = [
     "Status",
     "Usage",
     # messages between agents
+    "DEFAULT_INBOX_CAPACITY",
+    "MAX_MESSAGE_CHARS",
     "Activity",
     "Message",
     "PeerInfo",

@@ -95,32 +95,45 @@ class Receipt:
     from ``queued``, ``failed`` with a :attr:`reason`. :attr:`delivery` says how it
     reached the recipient. A broadcast's receipt has ``to == "*"`` and one receipt per
     recipient in :attr:`recipients`; its own state stays ``queued`` (or ``failed`` when it
-    reached nobody). The object is live: the router updates it as things happen.
+    reached nobody). The object is live: the router updates it as things happen; to its
+    holder it is read-only (every attribute is a property).
     """
 
     __slots__ = (
         "_delivery",
         "_detail",
+        "_message_id",
         "_reason",
+        "_recipients",
         "_state",
         "_task_id",
-        "message_id",
-        "recipients",
-        "to",
+        "_to",
     )
 
     def __init__(self, message_id: str, to: str, recipients: tuple[Receipt, ...] = ()) -> None:
-        self.message_id = message_id
-        """The message this receipt is about."""
-        self.to = to
-        """The recipient's address (``"*"`` for a broadcast)."""
-        self.recipients = recipients
-        """A broadcast's per-recipient receipts (empty for a direct send)."""
+        self._message_id = message_id
+        self._to = to
+        self._recipients = tuple(recipients)
         self._state: ReceiptState = "queued"
         self._reason: FailureReason | None = None
         self._delivery: Delivery | None = None
         self._task_id: str | None = None
         self._detail = ""
+
+    @property
+    def message_id(self) -> str:
+        """The message this receipt is about."""
+        return self._message_id
+
+    @property
+    def to(self) -> str:
+        """The recipient's address (``"*"`` for a broadcast)."""
+        return self._to
+
+    @property
+    def recipients(self) -> tuple[Receipt, ...]:
+        """A broadcast's per-recipient receipts (empty for a direct send)."""
+        return self._recipients
 
     @property
     def state(self) -> ReceiptState:

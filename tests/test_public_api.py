@@ -26,7 +26,8 @@ TOP_LEVEL = {
     "BaseMailbox", "CompletionNotifier", "DelegateResult", "Mailbox", "MailboxStatistics",
     "Status", "Usage",
     # messages between agents
-    "Activity", "Message", "PeerInfo", "Receipt", "Reply",
+    "DEFAULT_INBOX_CAPACITY", "MAX_MESSAGE_CHARS", "Activity", "Message", "PeerInfo",
+    "Receipt", "Reply",
     # lifecycle events
     "Event", "EventBus", "EventStream", "JsonlSink", "read_events",
     # errors
@@ -35,7 +36,7 @@ TOP_LEVEL = {
     "UnknownTask",
 }  # fmt: skip
 TOOLS = {"Tool", "ToolLimits", "ToolResult", "Toolset", "build_tools"}
-TYPING = {"Backend", "JSONValue", "Runner"}
+TYPING = {"Backend", "JSONValue", "Responder", "Runner"}
 MCP = {"build_server", "serve"}
 COMPAT = {"Tool", "ToolResult", "Toolset", "build_tools"}
 """Still importable from the top level, without a warning, though not in its __all__."""

@@ -6,7 +6,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+import subagents
 from subagents import (
+    MAX_MESSAGE_CHARS,
     ConfigError,
     Message,
     Receipt,
@@ -15,7 +17,7 @@ from subagents import (
     SubagentManager,
     UnknownPeer,
 )
-from subagents._messages import MAX_MESSAGE_CHARS, MessageIds
+from subagents._messages import MessageIds
 from tests.messaging.support import Gate, echo_replier, spec
 
 pytestmark = pytest.mark.anyio
@@ -179,3 +181,16 @@ async def test_ask_gets_the_reply_and_marks_the_receipt_replied() -> None:
         assert reply.receipt.state == "replied"
         manager.send(child.task_id, "stop")
         assert (await child.wait()).output == "stopped after 1"
+
+
+def test_a_receipt_is_read_only_to_its_holder() -> None:
+    receipt = Receipt("m1", "a")
+    for name, value in [("to", "b"), ("message_id", "m2"), ("recipients", ()), ("state", "read")]:
+        with pytest.raises(AttributeError):
+            setattr(receipt, name, value)
+    assert (receipt.to, receipt.message_id, receipt.state) == ("a", "m1", "queued")
+
+
+def test_the_message_bounds_are_public() -> None:
+    assert subagents.MAX_MESSAGE_CHARS == 16_000
+    assert subagents.DEFAULT_INBOX_CAPACITY == SubagentConfig().inbox_capacity == 100

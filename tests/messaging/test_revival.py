@@ -6,7 +6,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from subagents import Message, Request, RunContext, SubagentManager
+from subagents import Message, Reply, Request, RunContext, SubagentConfig, SubagentManager
 from subagents._manager import messaging_of
 from tests.helpers import clock_backends, on_mock_clock
 from tests.messaging.support import Gate, spec
@@ -226,3 +226,87 @@ async def test_two_agents_asking_each_other_are_answered_by_their_responders() -
         second = manager.spawn("asker")
         outputs = [(await first.wait()).output, (await second.wait()).output]
         assert outputs == ["busy asking you", "busy asking you"]
+
+
+async def test_an_ask_to_an_ended_resumable_agent_is_answered_by_its_follow_up() -> None:
+    """The follow-up run's context names the messages that revived it, so it can thread
+    its answer: the asker's ``ask`` gets it and the receipt says ``replied``."""
+
+    async def answering(request: Request, ctx: RunContext) -> str:
+        for message in ctx.revived_by:
+            ctx.send(message.from_, f"answer to {message.body}", reply_to=message.id)
+        return "done"
+
+    async with SubagentManager([spec("memo", answering, resumable=True)]) as manager:
+        first = manager.spawn("memo")
+        await first.wait()
+        reply = await manager.ask(first.task_id, "what did you find?", timeout=10)
+        assert reply.outcome == "replied"
+        assert reply.message is not None
+        assert reply.message.body == "answer to what did you find?"
+        assert (reply.receipt.state, reply.receipt.delivery) == ("replied", "revived")
+
+
+async def test_unread_messages_of_a_resumable_agent_that_ends_revive_it_once() -> None:
+    gate = Gate()
+    inputs: list[tuple[str, list[str]]] = []
+
+    async def memo(request: Request, ctx: RunContext) -> str:
+        if ctx.previous is None:
+            gate.started_event("memo").set()
+            await gate.open.wait()
+            return "first"
+        inputs.append((request.input, [m.body for m in ctx.revived_by]))
+        return "follow-up"
+
+    agents = [spec("memo", memo, resumable=True), spec("p", gate.parked("p"))]
+    async with SubagentManager(agents) as manager:
+        first = manager.spawn("memo")
+        manager.spawn("p")
+        await gate.started_event("memo").wait()
+        one, two = manager.send(first.task_id, "one"), manager.send(first.task_id, "two")
+        broadcast = manager.send("*", "to everyone")
+        gate.open.set()
+        await first.wait()
+        assert one.delivery == two.delivery == "revived"
+        assert one.task_id == two.task_id is not None
+        follow_up = manager.handle(one.task_id)
+        await follow_up.wait()
+        [copy] = [r for r in broadcast.recipients if r.to == first.task_id]
+        assert (copy.state, copy.reason) == ("failed", "ended")  # a broadcast never revives
+        [(text, bodies)] = inputs
+        assert bodies == ["one", "two"]
+        assert "one" in text
+        assert "two" in text
+        assert len(manager.tasks()) == 3  # the two first runs and exactly one follow-up
+
+
+async def test_an_awaited_message_to_a_queued_recipient_goes_to_its_responder_at_start() -> None:
+    gate, busy = Gate(), Gate()
+
+    async def responder(message: Message, ctx: RunContext) -> str:
+        return f"busy; got {message.body}"
+
+    config = SubagentConfig(max_concurrent_spawns=1)
+    agents = [
+        spec("hog", gate.parked("hog")),
+        spec("busy", busy.parked("busy"), on_message=responder),
+    ]
+    async with SubagentManager(agents, config=config) as manager:
+        manager.spawn("hog")
+        await gate.started_event("hog").wait()
+        queued = manager.spawn("busy")  # waits for the hog's slot
+        async with anyio.create_task_group() as tg:
+            replies: list[Reply] = []
+
+            async def ask() -> None:
+                replies.append(await manager.ask(queued.task_id, "status?", timeout=10))
+
+            tg.start_soon(ask)
+            await anyio.wait_all_tasks_blocked()
+            gate.open.set()  # the hog ends; the busy one starts, parked
+        [reply] = replies
+        assert reply.outcome == "replied"
+        assert reply.message is not None
+        assert reply.message.body == "busy; got status?"
+        busy.open.set()
