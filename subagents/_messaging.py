@@ -38,6 +38,14 @@ logger = logging.getLogger("subagents.messages")
 SpawnFollowUp = Callable[[ChildRecord, str], ChildRecord]
 """``spawn(ended_record, text)``: start the follow-up run of a resumable agent."""
 StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+LinkReply = Callable[[ChildRecord | None, ChildRecord | None, str, str], None]
+"""``link(replier, asker, reply_id, question_id)``: the reply's span links to the asker's."""
+LinkRevival = Callable[[ChildRecord, ChildRecord], None]
+"""``link(follow_up, ended)``: the follow-up run's span links to the run it revives."""
+
+
+def _no_link(*args: object) -> None:
+    return None
 
 
 class Revival:
@@ -70,6 +78,7 @@ class Messaging:
         capture_content: whether events carry message bodies.
         spawn_follow_up: starts a resumable agent's follow-up run.
         start_task: runs a responder in the manager's task group.
+        link_reply, link_revival: the tracing of replies and revivals.
     """
 
     def __init__(
@@ -82,7 +91,10 @@ class Messaging:
         spawn_follow_up: SpawnFollowUp,
         start_task: StartTask,
         postbox: Postbox | None = None,
+        link_reply: LinkReply = _no_link,
+        link_revival: LinkRevival = _no_link,
     ) -> None:
+        self._link_reply, self._link_revival = link_reply, link_revival
         self._sessions = sessions
         self._events = events
         self._capture = capture_content
@@ -311,6 +323,7 @@ class Messaging:
                 self._maybe_respond(peer, message)
         if message.reply_to is not None and not receipt.failed:
             self._mark_replied(me.address, message, (addressed or peer.address, peer.address))
+            self._link_reply(me.record, peer.record, message.id, message.reply_to)
         self._publish("send", me, message, receipt)
         return receipt
 
@@ -347,6 +360,7 @@ class Messaging:
             for _, receipt in messages:
                 receipt.fail("ended", detail, record.task_id)
             return
+        self._link_revival(follow_up, record)
         chain = self._forward.get(record.task_id)
         if chain is None:
             chain = self._forward[record.task_id] = _Chain(follow_up.task_id)

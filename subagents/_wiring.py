@@ -32,7 +32,7 @@ from ._sessions import Sessions
 from ._spawning import Spawner, publish_spawned
 from ._spec import SubagentConfig
 from ._statistics import ManagerStatistics, snapshot
-from ._tracing import Telemetry
+from ._tracing import Telemetry, link_reply, link_revival
 from ._watchdog import Watchdog
 
 __all__ = ["Parts", "build_parts"]
@@ -150,6 +150,8 @@ def build_parts(
         capture_content=config.capture_content,
         spawn_follow_up=follow_up,
         start_task=start_task,
+        link_reply=link_reply,
+        link_revival=link_revival,
     )
     sessions.on_end, sessions.on_close = messaging.ended, messaging.closing
     sessions.on_forget = messaging.forgotten

@@ -37,7 +37,7 @@ from subagents import (
 )
 from subagents._handle import record_of
 from subagents._manager import telemetry_of
-from subagents._tracing import tool_span
+from subagents._tool_tracing import tool_span
 from subagents.tools import build_tools
 from tests.helpers import clock_backends
 
@@ -713,7 +713,7 @@ def test_no_sdk_installed_nothing_breaks() -> None:
         from subagents import AgentSpec, SubagentManager, Result, Usage
         from subagents._handle import record_of
         from subagents._manager import telemetry_of
-        from subagents._tracing import tool_span
+        from subagents._tool_tracing import tool_span
 
         async def runner(request, ctx):
             with tool_span("read_file", call_id="x") as span:

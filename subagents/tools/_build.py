@@ -17,7 +17,8 @@ from .._envelope import bound_text
 from .._errors import ConfigError
 from .._json import JSONValue
 from .._manager import telemetry_of
-from .._tracing import Telemetry, ToolSpan
+from .._tool_tracing import ToolSpan
+from .._tracing import Telemetry
 from .._validators import seconds
 from ._handlers import build_session_tools
 from ._messaging import MESSAGE_TOOL_NAMES, build_message_tools

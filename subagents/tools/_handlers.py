@@ -11,7 +11,7 @@ from .._handle import record_of
 from .._json import JSONValue
 from .._manager import messenger_of
 from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
-from .._tracing import ToolSpan
+from .._tool_tracing import ToolSpan
 from .._validators import MAX_IDEMPOTENCY_KEY
 from ._budgets import BUDGET, budget_arg, budget_field, budget_left, budget_sentence
 from ._output import output_schema

@@ -15,7 +15,7 @@ from .._handle import handle_of
 from .._json import JSONValue
 from .._manager import messenger_of
 from .._messages import MAX_MESSAGE_CHARS, Message, Receipt
-from .._tracing import ToolSpan
+from .._tool_tracing import ToolSpan
 from ._handlers import hints
 from ._output import output_schema
 from ._schema import Param, ms
@@ -129,8 +129,10 @@ class MessageTools:
         if not isinstance(reply_to, str):
             return
         span.set_attribute("subagents.reply_to", reply_to)
-        asker = messenger_of(self.manager).record(receipt.to)
-        if asker is not None:
+        messenger = messenger_of(self.manager)
+        asker = messenger.record(receipt.to)
+        # A host's reply already linked the current span (this one) as it was sent.
+        if asker is not None and messenger.record(self.address) is not None:
             span.link_tasks([handle_of(asker, self.manager)])
 
     async def read(self, args: dict[str, object], span: ToolSpan) -> ToolResult:

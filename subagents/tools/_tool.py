@@ -29,7 +29,8 @@ from .._errors import (
 )
 from .._json import JSONValue, dumps_str
 from .._semconv import conversation_of
-from .._tracing import Telemetry, ToolSpan, tool_span
+from .._tool_tracing import ToolSpan, tool_span
+from .._tracing import Telemetry
 from ._export import to_anthropic, to_mcp, to_openai_chat, to_openai_responses
 from ._schema import ArgumentError, Param, parse_args, schema_for
 from ._structured import bounded_details

@@ -64,3 +64,47 @@ async def test_a_replys_span_links_to_the_span_of_the_agent_it_answers(otel: Ote
     assert tool.attributes is not None
     assert tool.attributes["subagents.reply_to"] == question.id
     assert [link.context.span_id for link in tool.links] == [agent.context.span_id]  # type: ignore[union-attr]
+
+
+async def test_a_python_api_reply_links_the_repliers_span_to_the_askers(otel: Otel) -> None:
+    async def replier(request: Request, ctx: RunContext) -> str:
+        message = await ctx.recv(timeout=10)
+        assert message is not None
+        ctx.send(message.from_, "42", reply_to=message.id)
+        return message.id
+
+    async def asker(request: Request, ctx: RunContext) -> str:
+        return (await ctx.ask("/root/replier", "the answer?", timeout=10)).outcome
+
+    manager = otel.install(SubagentManager([spec("asker", asker), spec("replier", replier)]))
+    async with manager:
+        answering = manager.spawn("replier")
+        asking = manager.spawn("asker")
+        assert (await asking.wait()).output == "replied"
+        question_id = (await answering.wait()).output
+    spans = {s.name: s for s in otel.finished()}
+    asker_span, replier_span = spans["invoke_agent asker"], spans["invoke_agent replier"]
+    [link] = replier_span.links
+    assert link.context.span_id == asker_span.context.span_id  # type: ignore[union-attr]
+    attributes = dict(link.attributes or {})
+    assert attributes["subagents.reply_to"] == question_id
+    assert attributes["subagents.task_id"] == asking.task_id
+
+
+async def test_a_revived_runs_span_links_to_the_run_it_revives(otel: Otel) -> None:
+    async def memo(request: Request, ctx: RunContext) -> str:
+        return "ok"
+
+    manager = otel.install(SubagentManager([spec("memo", memo, resumable=True)]))
+    async with manager:
+        first = manager.spawn("memo")
+        await first.wait()
+        receipt = manager.send(first.task_id, "again")
+        assert receipt.task_id is not None
+        await manager.handle(receipt.task_id).wait()
+    runs = [s for s in otel.finished() if s.name == "invoke_agent memo"]
+    [old] = [s for s in runs if not s.links]
+    [new] = [s for s in runs if s.links]
+    [link] = new.links
+    assert link.context.span_id == old.context.span_id  # type: ignore[union-attr]
+    assert dict(link.attributes or {})["subagents.task_id"] == first.task_id
