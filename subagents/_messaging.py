@@ -170,7 +170,11 @@ class Messaging:
         self.postbox.close(task_id, "ended", detail, task_id)
 
     def _open_host(self, session_id: str) -> None:
+        # Only a session that has (had) children: nobody could send to another, and an
+        # inbox opened for any id passed in would never be closed.
         if session_id in self._watched or self._sessions.is_closed(session_id):
+            return
+        if not self._sessions.has_listing(session_id):
             return
         self.postbox.open(session_id)
         self._watched.add(session_id)

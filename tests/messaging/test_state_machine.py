@@ -1,11 +1,16 @@
-"""A generated program of send / broadcast / recv / inbox / peek / reply / ask / cancel /
-end / close_session, run against the manager on asyncio and on trio, with the receipt
-rules checked after every step:
+"""A generated program of send / broadcast / recv / inbox / peek / reply / reply elsewhere
+/ ask / blocking recv and ask in the background / time passing / cancelling the waits /
+cancel / end / close_session, run against the manager on asyncio and on trio's mock clock
+(where the waits have real timeouts and every agent has an ``on_message`` responder), with
+the receipt rules checked after every step:
 
 * a receipt never moves backwards, and ``failed`` only ever follows ``queued``;
-* a queued message is in its recipient's inbox exactly once; any other is in none;
-* every message is read at most once, and in order per (sender, recipient);
+* a queued message is in its recipient's inbox exactly once (or, a reply, in the slot of
+  the ask waiting for it); any other is in none;
+* every message is read at most once, and in order per (sender, recipient) from the inbox;
 * an inbox holds at most its capacity, and ``full`` is said only when it did;
+* a question is ``replied`` only once a reply to it reached its sender;
+* an ask that says ``replied`` returns the message answering its question, from its peer;
 * once a recipient has ended, nothing of it is left queued.
 """
 
@@ -18,9 +23,11 @@ import anyio.lowlevel
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from trio.testing import MockClock
 
 from subagents import (
     ConfigError,
+    Message,
     Receipt,
     Request,
     RunContext,
@@ -39,6 +46,11 @@ _RANK = {"queued": 0, "delivered": 1, "read": 2, "replied": 3}
 who = st.integers(min_value=-1, max_value=CHILDREN - 1)  # -1: the host session
 sends = st.tuples(st.just("send"), who, who, st.booleans())
 ops = st.one_of(
+    st.tuples(st.just("recv_wait"), who),
+    st.tuples(st.just("ask_wait"), who, who),
+    st.tuples(st.just("pass_time"), st.sampled_from([0.0, 0.5, 2.0])),
+    st.tuples(st.just("stop_waits")),
+    st.tuples(st.just("reply_elsewhere"), who, who),
     sends,
     sends,
     sends,
@@ -56,10 +68,29 @@ ops = st.one_of(
 )
 
 
+WAIT = 1.0
+"""The timeout of a background wait (mock clock seconds)."""
+
+
 class Program:
-    def __init__(self, manager: SubagentManager, gates: list[anyio.Event]) -> None:
+    def __init__(
+        self,
+        manager: SubagentManager,
+        gates: list[anyio.Event],
+        waits: anyio.abc.TaskGroup,
+        timeout: float,
+    ) -> None:
         self.manager = manager
         self.gates = gates
+        self.waits = waits  # the background recv and ask calls
+        self.timeout = timeout
+        self.scopes: list[anyio.CancelScope] = []
+        self.sender: dict[str, str] = {}  # message id -> who sent it
+        # question -> each reply's recipient, and whether it was refused as it was sent
+        self.replies: dict[str, list[tuple[str, bool]]] = {}
+        self.answering: dict[str, str] = {}  # the program's replies -> their question
+        self.asked: set[str] = set()  # questions of an ask (a responder may answer them)
+        self.asking: dict[str, int] = {}  # address -> its asks running in the background
         self.messaging = messaging_of(manager)
         self.handles = [manager.spawn("peer", str(i)) for i in range(CHILDREN)]
         self.receipts: dict[str, Receipt] = {}  # message id -> its (direct) receipt
@@ -71,18 +102,68 @@ class Program:
     def address(self, index: int) -> str:
         return "root" if index < 0 else self.handles[index].task_id
 
-    def keep(self, receipt: Receipt) -> None:
+    def keep(self, receipt: Receipt, src: str, reply_to: str | None = None) -> None:
         for one in receipt.recipients or (receipt,):
             self.receipts[one.message_id] = one
+            self.sender[one.message_id] = src
+            if reply_to is not None:
+                self.replies.setdefault(reply_to, []).append((one.to, one.failed))
+                self.answering[one.message_id] = reply_to
 
-    def took(self, address: str, messages: list[Any]) -> None:
+    def took(self, address: str, messages: list[Any], *, inbox: bool = True) -> None:
         for message in messages:
             assert message.id not in self.read, "read twice"
             assert message.to == address, "read from the wrong inbox"
             self.read.add(message.id)
-            pair = (message.from_, message.to)
-            assert message.id > self.last_read.get(pair, ""), "out of order"
-            self.last_read[pair] = message.id
+            if inbox:  # an ask's reply comes to its slot, ahead of the inbox
+                pair = (message.from_, message.to)
+                assert message.id > self.last_read.get(pair, ""), "out of order"
+                self.last_read[pair] = message.id
+
+    async def settle(self) -> None:
+        """Let the background waits run until they block (on asyncio, whose
+        ``wait_all_tasks_blocked`` polls every 0.1 s, a few checkpoints do: its waits
+        time out at once)."""
+        if self.timeout:
+            await anyio.wait_all_tasks_blocked()
+        else:
+            for _ in range(5):
+                await anyio.lowlevel.checkpoint()
+
+    def background(self, run: Any) -> None:
+        scope = anyio.CancelScope()
+        self.scopes.append(scope)
+
+        async def wait() -> None:
+            with scope:
+                await run()
+
+        self.waits.start_soon(wait)
+
+    async def recv_wait(self, address: str) -> None:
+        try:
+            got = await self.manager.recv(timeout=self.timeout, session_id=address)
+        except SpawnRejected:
+            return
+        self.took(address, [] if got is None else [got])
+
+    async def ask_wait(self, src: str, dst: str) -> None:
+        m = self.messaging
+        self.asking[src] = self.asking.get(src, 0) + 1
+        try:
+            answer = await ask(m, src, dst, "q?", self.timeout, self.manager.lend_slot)
+        except (ConfigError, SpawnRejected):
+            return
+        finally:
+            self.asking[src] -= 1
+        self.keep(answer.receipt, src)
+        self.asked.add(answer.receipt.message_id)
+        if answer.outcome == "replied":
+            reply = answer.message
+            assert isinstance(reply, Message)
+            assert reply.reply_to == answer.receipt.message_id
+            assert reply.from_ == answer.receipt.to
+            self.took(src, [reply], inbox=False)
 
     async def run(self, op: tuple[Any, ...]) -> None:
         kind, m = op[0], self.messaging
@@ -93,9 +174,10 @@ class Program:
                 receipt = m.send(src, dst, f"{src}->{dst}", wake=op[3])
                 if receipt.reason == "full":
                     assert before >= CAPACITY
-                self.keep(receipt)
+                self.keep(receipt, src)
             elif kind == "broadcast":
-                self.keep(m.send(self.address(op[1]), "*", "all"))
+                src = self.address(op[1])
+                self.keep(m.send(src, "*", "all"), src)
             elif kind == "recv":
                 address = self.address(op[1])
                 got = await recv(m, address, None, 0, self.manager.lend_slot)
@@ -110,12 +192,36 @@ class Program:
                 got = take(m, address, peek=False, limit=1)
                 self.took(address, got)
                 for message in got:
-                    self.keep(m.send(address, message.from_, "re", reply_to=message.id))
+                    sent = m.send(address, message.from_, "re", reply_to=message.id)
+                    self.keep(sent, address, message.id)
+            elif kind == "reply_elsewhere":  # answers it, to someone else than its sender
+                address, other = self.address(op[1]), self.address(op[2])
+                got = take(m, address, peek=False, limit=1)
+                self.took(address, got)
+                for message in got:
+                    sent = m.send(address, other, "aside", reply_to=message.id)
+                    self.keep(sent, address, message.id)
             elif kind == "ask":
                 src, dst = self.address(op[1]), self.address(op[2])
                 answer = await ask(m, src, dst, "q?", 0, self.manager.lend_slot)
-                self.keep(answer.receipt)
-                assert answer.outcome != "replied"
+                self.keep(answer.receipt, src)
+                self.asked.add(answer.receipt.message_id)
+            elif kind == "recv_wait":
+                address = self.address(op[1])
+                self.background(lambda: self.recv_wait(address))
+                await self.settle()
+            elif kind == "ask_wait":
+                src, dst = self.address(op[1]), self.address(op[2])
+                self.background(lambda: self.ask_wait(src, dst))
+                await self.settle()
+            elif kind == "pass_time":
+                await anyio.sleep(op[1] if self.timeout else 0)
+                await self.settle()
+            elif kind == "stop_waits":
+                for scope in self.scopes:
+                    scope.cancel()
+                self.scopes.clear()
+                await self.settle()
             elif kind == "cancel":
                 handle = self.handles[op[1]]
                 handle.cancel()
@@ -150,30 +256,47 @@ class Program:
             else:
                 assert ranks == sorted(ranks), states
             places = where.get(message_id, [])
-            if receipt.state == "queued":
+            # A reply may sit in the slot of an ask of its recipient instead of its inbox.
+            slot = self.asking.get(receipt.to, 0) > 0 and message_id in self.answering
+            if receipt.state == "queued" and not (slot and places == []):
                 assert places == [receipt.to], (receipt, places)
-            else:
+            elif receipt.state != "queued":
                 assert places == [], (receipt, places)
+            if receipt.state == "replied" and message_id not in self.asked:
+                sent = self.replies.get(message_id, [])
+                reached = [to == self.sender[message_id] and not refused for to, refused in sent]
+                assert any(reached), (receipt, sent)
         for handle in self.handles:
             if handle.result is not None:
                 assert postbox.peek(handle.task_id, None) == []
 
 
-async def _program(steps: list[tuple[Any, ...]]) -> None:
+async def _program(steps: list[tuple[Any, ...]], timeout: float) -> None:
     gates = [anyio.Event() for _ in range(CHILDREN)]
 
     async def peer(request: Request, ctx: RunContext) -> str:
         await gates[int(request.input)].wait()
         return "ended"
 
+    async def responder(message: Message, ctx: RunContext) -> str | None:
+        if message.body == "q?" and len(message.id) % 2:  # answers about half the asks
+            await anyio.sleep(0.1 if timeout else 0)
+            return "answered on the side"
+        return None
+
+    agent = spec("peer", peer, on_message=responder if timeout else None)
     config = SubagentConfig(inbox_capacity=CAPACITY, max_concurrent_spawns=CHILDREN)
-    async with SubagentManager([spec("peer", peer)], config=config) as manager:
-        program = Program(manager, gates)
-        while not all(h.state == "running" for h in program.handles):
-            await anyio.lowlevel.checkpoint()
-        for step in steps:
-            await program.run(step)
-            program.check()
+    async with SubagentManager([agent], config=config) as manager:
+        async with anyio.create_task_group() as waits:
+            program = Program(manager, gates, waits, timeout)
+            while not all(h.state == "running" for h in program.handles):
+                await anyio.lowlevel.checkpoint()
+            for step in steps:
+                await program.run(step)
+                program.check()
+            waits.cancel_scope.cancel()
+        program.asking.clear()
+        program.check()
         for gate in gates:
             gate.set()
     program.check()
@@ -181,8 +304,12 @@ async def _program(steps: list[tuple[Any, ...]]) -> None:
         assert receipt.state != "queued" or receipt.to == "root"
 
 
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("backend", ["asyncio", "trio-mockclock"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(ops, min_size=5, max_size=40))
 def test_receipts_follow_their_rules_under_any_program(backend: str, steps: list[Any]) -> None:
-    anyio.run(_program, steps, backend=backend)
+    if backend == "asyncio":  # real time: the waits time out at once
+        anyio.run(_program, steps, 0.0, backend="asyncio")
+    else:  # the mock clock jumps to the next deadline: real timeouts, no wall time
+        options = {"clock": MockClock(autojump_threshold=0)}
+        anyio.run(_program, steps, WAIT, backend="trio", backend_options=options)

@@ -211,3 +211,24 @@ async def test_list_agents_shows_unread_counts() -> None:
         assert "2 unread message(s)" in listed.content
         assert "1 unread message(s): call read_messages" in listed.content
         gate.open.set()
+
+
+async def test_read_messages_marks_read_only_what_it_showed_whole() -> None:
+    async def talker(request: Request, ctx: RunContext) -> str:
+        ctx.send("/root", "short one")
+        ctx.send("/root", "L" * 3_000)
+        ctx.send("/root", "short two")
+        return "ok"
+
+    async with SubagentManager([spec("t", talker)]) as manager:
+        await manager.spawn("t").wait()
+        tools = build_tools(manager, "root", messaging=True, truncate_chars=2_000)
+        first = await tools.call("read_messages", {})
+        assert [m["body"] for m in first.details["messages"]] == ["short one"]  # type: ignore[index, union-attr]
+        assert first.details["left"] == 2
+        long = await tools.call("read_messages", {})  # alone too long: shortened, said so
+        [shown] = long.details["messages"]  # type: ignore[misc]
+        assert shown["body"] == "L" * 3_000  # type: ignore[index]
+        assert "shortened from 3000 characters" in long.content
+        rest = await tools.call("read_messages", {})
+        assert [m["body"] for m in rest.details["messages"]] == ["short two"]  # type: ignore[index, union-attr]

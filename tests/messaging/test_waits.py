@@ -6,7 +6,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from subagents import Request, RunContext, SubagentConfig, SubagentManager
+from subagents import Receipt, Request, RunContext, SubagentConfig, SubagentManager
 from subagents._manager import messaging_of
 from tests.helpers import clock_backends, on_mock_clock
 from tests.messaging.support import Gate, echo_replier, spec
@@ -211,3 +211,50 @@ async def test_a_delegated_childs_inbox_closes_when_it_ends() -> None:
         late = manager.send(envelope.task_id, "too late")
         assert late.reason == "ended"
         assert messaging_of(manager).postbox.is_open(envelope.task_id) is False
+
+
+async def test_a_recv_for_one_sender_is_not_woken_by_another() -> None:
+    """Y's message neither wakes a ``recv(from_=X)`` nor says ``woken``: it stays queued
+    until something takes it, and then says how it really was delivered."""
+    gate = Gate()
+    got: list[str] = []
+    receipts: dict[str, Receipt] = {}
+
+    async def waiting(request: Request, ctx: RunContext) -> str:
+        message = await ctx.recv(from_="/root/x", timeout=10)
+        assert message is not None
+        got.append(message.body)
+        gate.started_event("taken").set()
+        await gate.open.wait()
+        return ",".join(m.body for m in ctx.inbox())
+
+    async def sender(request: Request, ctx: RunContext) -> str:
+        await gate.started_event(request.input).wait()
+        receipts[request.input] = ctx.send("/root/w", f"from {request.input}")
+        return "sent"
+
+    agents = [spec("w", waiting), spec("x", sender), spec("y", sender)]
+    async with SubagentManager(agents) as manager:
+        child = manager.spawn("w")
+        manager.spawn("x", "x")
+        manager.spawn("y", "y")
+        await anyio.wait_all_tasks_blocked()
+        gate.started_event("y").set()
+        await anyio.wait_all_tasks_blocked()
+        assert got == []  # Y's message did not end the wait
+        gate.started_event("x").set()
+        await gate.started_event("taken").wait()
+        assert got == ["from x"]
+        gate.open.set()
+        assert (await child.wait()).output == "from y"
+    assert receipts["x"].delivery == "woken"
+    assert receipts["y"].delivery == "injected"  # taken by inbox(), never by the wake
+
+
+async def test_an_arbitrary_session_id_opens_no_host_inbox() -> None:
+    async with SubagentManager([spec("p", Gate().parked("p"))]) as manager:
+        assert manager.peers(session_id="nobody") == []
+        assert manager.inbox(session_id="nobody") == []
+        assert not await manager.activity("nobody")
+        assert await manager.recv(session_id="nobody") is None  # at once: nobody can send
+        assert not messaging_of(manager).postbox.is_open("nobody")
