@@ -41,12 +41,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import anyio  # noqa: E402
+import messaging as w8  # noqa: E402
 import workloads as wl  # noqa: E402
 
 import subagents  # noqa: E402
 
 IMPLS = wl.IMPLS
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8")
 
 FULL: dict[str, Any] = {
     "reps": 5,
@@ -72,6 +73,7 @@ FULL: dict[str, Any] = {
     "w7_n": 10_000,
     "w7_limit": 4,
     "w7_reps": 2,
+    "w8_n": 5_000,
 }
 QUICK: dict[str, Any] = {
     "reps": 1,
@@ -97,6 +99,7 @@ QUICK: dict[str, Any] = {
     "w7_n": 300,
     "w7_limit": 4,
     "w7_reps": 1,
+    "w8_n": 200,
 }
 
 
@@ -621,6 +624,29 @@ class Bench:
                 },
             )
 
+    def w8(self) -> None:
+        """Message round trips between two live children against a memory object
+        stream's, interleaved, in this process: p50 and p99 in microseconds."""
+        n = self.size["w8_n"]
+        runs = {"anyio": w8.stream_round_trips, "subagents": w8.subagents_round_trips}
+        samples: dict[str, list[float]] = {"anyio": [], "subagents": []}
+        for rep in range(self.size["reps"]):
+            for impl in ("anyio", "subagents") if rep % 2 == 0 else ("subagents", "anyio"):
+                samples[impl].extend(anyio.run(runs[impl], n, backend=self.backend))
+        what = "send -> recv round trip between two live children vs a memory object stream"
+        for q, target in ((0.5, 50.0), (0.99, None)):
+            figures = {impl: [_quantile(v, q) * 1e6] for impl, v in samples.items()}
+            row = self.add(
+                "W8",
+                f"{what}: p{int(q * 100)}",
+                "us",
+                figures,
+                target="" if target is None else f"<= {target:g} us and <= 3x stream",
+            )
+            if target is not None:
+                sub, floor = figures["subagents"][0], figures["anyio"][0]
+                row["meets_target"] = sub <= target and sub <= 3 * floor
+
 
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -719,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
         "-w",
         "--workloads",
         default=",".join(WORKLOADS),
-        help="comma-separated subset of W1..W7 (default: all)",
+        help="comma-separated subset of W1..W8 (default: all)",
     )
     parser.add_argument("-r", "--reps", type=int, help="repetitions of in-process timings")
     parser.add_argument(

@@ -23,6 +23,7 @@ from ._errors import (
     SubagentsError,
     TransientError,
     UnknownAgent,
+    UnknownPeer,
     UnknownTask,
 )
 from ._events import Event, EventBus, EventStream
@@ -30,6 +31,15 @@ from ._handle import SpawnHandle
 from ._jsonl import JsonlSink, read_events
 from ._mailbox import BaseMailbox, Mailbox, MailboxStatistics
 from ._manager import DEFAULT_SESSION, ManagerStatistics, SubagentManager
+from ._messages import (
+    DEFAULT_INBOX_CAPACITY,
+    MAX_MESSAGE_CHARS,
+    Activity,
+    Message,
+    PeerInfo,
+    Receipt,
+    Reply,
+)
 from ._notifier import CompletionNotifier
 from ._paths import AgentPath
 from ._permissions import Ruleset
@@ -78,6 +88,14 @@ __all__ = [
     "MailboxStatistics",
     "Status",
     "Usage",
+    # messages between agents
+    "DEFAULT_INBOX_CAPACITY",
+    "MAX_MESSAGE_CHARS",
+    "Activity",
+    "Message",
+    "PeerInfo",
+    "Receipt",
+    "Reply",
     # lifecycle events
     "Event",
     "EventBus",
@@ -93,6 +111,7 @@ __all__ = [
     "SubagentsError",
     "TransientError",
     "UnknownAgent",
+    "UnknownPeer",
     "UnknownTask",
 ]
 

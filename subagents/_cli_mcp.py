@@ -82,6 +82,11 @@ def register(commands: Any) -> None:
         metavar="SECONDS",
         help="progress notifications while wait_agent waits, at least 0.05 (default every 5)",
     )
+    serve.add_argument(
+        "--messaging",
+        action="store_true",
+        help="also offer send_message and read_messages (the client is the session's host)",
+    )
     serve.set_defaults(func=_run_serve)
 
 
@@ -180,7 +185,11 @@ async def _serve_until_stopped(
     closed: anyio.Event,
 ) -> int | None:
     server = server_module.build_server(
-        manager, args.session, wait_cap=args.wait_cap, progress_every=args.progress_every
+        manager,
+        args.session,
+        wait_cap=args.wait_cap,
+        progress_every=args.progress_every,
+        messaging=args.messaging,
     )
     stopped_by: int | None = None
     refused: OSError | None = None

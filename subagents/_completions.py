@@ -10,15 +10,17 @@ so a caller cancelled while waiting consumes nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
 import anyio.lowlevel
 
 from ._envelope import DelegateResult
 from ._errors import ConfigError
+from ._messages import Activity, Message
 from ._validators import seconds
 
 if TYPE_CHECKING:
@@ -27,9 +29,18 @@ if TYPE_CHECKING:
     from ._record import ChildRecord
     from ._sessions import Sessions
 
-__all__ = ["Completions", "WaitMode", "wait_handles"]
+__all__ = ["Completions", "HostInbox", "WaitMode", "wait_handles"]
 
 WaitMode = Literal["any", "all"]
+
+
+class HostInbox(Protocol):
+    """A host session's inbox as :meth:`Completions.activity` watches it."""
+
+    def peek(self) -> list[Message]: ...
+    def waking(self) -> bool: ...
+    def watch(self) -> anyio.Event: ...
+    def unwatch(self, event: anyio.Event) -> None: ...
 
 
 async def wait_handles(
@@ -165,11 +176,31 @@ class Completions:
     def _signal(self, *, on_put: bool) -> _SessionSignal:
         return _SessionSignal(self._sessions, self._session_id, self._running(), on_put=on_put)
 
-    async def _wait_change(self, live: list[ChildRecord]) -> None:
+    async def _wait_change(
+        self, live: list[ChildRecord], arrival: anyio.Event | None = None
+    ) -> None:
         with self._signal(on_put=True) as wake:
             async with self._lend_slot():
-                await _wait_events([r.done for r in live], 1, wake)
+                events = [r.done for r in live]
+                await _wait_events([*events, arrival] if arrival else events, 1, wake)
         await anyio.lowlevel.checkpoint()  # never spin without yielding
+
+    async def activity(self, inbox: HostInbox, timeout: float | None) -> Activity:
+        """What :meth:`SubagentManager.activity` waits for: an ended child not collected
+        yet, or a message in the session's inbox (both peeked); empty when neither can
+        come (no unfinished child and no message, or the session closed) or on timeout."""
+        await anyio.lowlevel.checkpoint()
+        with anyio.move_on_after(math.inf if timeout is None else timeout):
+            while True:
+                ready, live = self._ready(), self._live()
+                if ready or inbox.waking() or not live or self._closed():
+                    return Activity(results=ready, messages=inbox.peek())
+                arrival = inbox.watch()
+                try:
+                    await self._wait_change(live, arrival)
+                finally:
+                    inbox.unwatch(arrival)
+        return Activity(results=self._ready(), messages=inbox.peek())
 
     async def wait_for(
         self, handles: Sequence[SpawnHandle], mode: WaitMode = "all", *, timeout: float | None

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
     # The one import back up the graph: the public type of RunContext.manager.
     from ._manager import SubagentManager
+    from ._messages import Message, PeerInfo, Receipt, Reply
+    from ._messenger import Messenger
     from ._spec import SpawnOptions
 
 __all__ = ["RunContext"]
@@ -38,12 +40,17 @@ class RunContext:
     are cancelled when it ends.
     """
 
-    __slots__ = ("_manager", "_record", "attempt", "deadline", "permissions")
+    __slots__ = ("_manager", "_messenger", "_record", "attempt", "deadline", "permissions")
 
     def __init__(
-        self, manager: SubagentManager, record: ChildRecord, deadline: float | None
+        self,
+        manager: SubagentManager,
+        messenger: Messenger,
+        record: ChildRecord,
+        deadline: float | None,
     ) -> None:
         self._manager = manager
+        self._messenger = messenger
         self._record = record
         self.attempt = 1
         """1 for the first try, 2 and up for retries of transient failures."""
@@ -51,6 +58,7 @@ class RunContext:
         """The watchdog deadline in :func:`anyio.current_time` units, or ``None``."""
         self.permissions: Ruleset = record.permissions
         """The effective ruleset: this agent's intersected with every ancestor's."""
+        messenger.started(record, self)  # made as the runner starts: its inbox opens
 
     @property
     def task_id(self) -> str:
@@ -230,6 +238,80 @@ class RunContext:
     async def wait(self, task_id: str, timeout: float | None = None) -> DelegateResult | None:
         """Collect a child's envelope; see :meth:`SubagentManager.wait_result`."""
         return await self._manager.wait_result(task_id, timeout=timeout, session_id=self.session_id)
+
+    # ------------------------------------------------------------------ messaging
+
+    def send(
+        self, to: str, body: str, *, reply_to: str | None = None, wake: bool = True
+    ) -> Receipt:
+        """Send ``body`` from this run to ``to``; never blocks.
+
+        ``to`` is a task id or agent path of this run's tree (absolute, or relative: below
+        this run first, then below the tree's root), the tree's host session id, or
+        ``"*"``/``"all"``: every live agent of the tree but the sender (a broadcast never
+        revives an ended agent). Another session's agents are unknown. ``wake=False``
+        neither wakes an idle host loop nor revives.
+
+        Returns the receipt (live: it moves forward as the message is delivered, read and
+        answered; ``replied`` once a reply reached this sender; a broadcast's lists one
+        receipt per recipient). A message to an ended agent fails ``ended`` naming its
+        task, unless its agent is resumable: then it starts one follow-up run
+        (``revived``). A full inbox fails ``full``.
+
+        Raises:
+            ConfigError: an empty or too long body (``MAX_MESSAGE_CHARS``), the sender's
+                own address, a blank ``reply_to``. UnknownPeer: nobody at ``to`` in the
+                sender's tree (the message names the address probably meant).
+                SpawnRejected: the sender has ended (a host: its session is closed).
+        """
+        return self._messenger.send(self.task_id, to, body, reply_to=reply_to, wake=wake)
+
+    async def recv(
+        self, *, from_: str | None = None, timeout: float | None = None
+    ) -> Message | None:
+        """Take the oldest message sent to this run (from ``from_`` only, if given),
+        waiting up to ``timeout`` seconds with this run's slot lent (``None``: until one
+        comes or the inbox closes). Returns ``None`` if none came; one landing at the
+        deadline counts. Cancelling the wait takes nothing. Raises as :meth:`send`."""
+        return await self._messenger.recv(self.task_id, from_=from_, timeout=timeout)
+
+    def inbox(self, *, peek: bool = False, from_: str | None = None) -> list[Message]:
+        """The messages waiting for this run, oldest first: taken (receipts ``read``), or
+        with ``peek`` left in place (receipts unchanged). An agent loop calls it at every
+        step boundary, before its next model call (the delivery point
+        ``testing.run_tool_loop`` uses)."""
+        return self._messenger.inbox(self.task_id, peek=peek, from_=from_)
+
+    def peers(self) -> list[PeerInfo]:
+        """Every agent of this run's tree but itself (at most ``MAX_PEERS``, nearest the
+        root first): live ones and ended ones not forgotten."""
+        return self._messenger.peers(self.task_id)
+
+    async def ask(self, to: str, body: str, *, timeout: float | None = None) -> Reply:
+        """Send ``body`` to one peer and wait up to ``timeout`` seconds, this run's slot
+        lent, for the message that answers it (``reply_to`` its id, from that peer). The
+        reply never lands in the inbox while this waits; a late one does. Returns at once
+        with ``ended`` when the peer ends while this waits. Raises as :meth:`send` (and
+        ``ConfigError`` for a broadcast)."""
+        return await self._messenger.ask(self.task_id, to, body, timeout=timeout)
+
+    def asides(self) -> list[tuple[Message, Message | None]]:
+        """The messages this run's ``on_message`` responder answered on the side, each with
+        its reply (``None``: it sent none), oldest first."""
+        return self._messenger.asides(self.task_id)
+
+    @property
+    def previous(self) -> DelegateResult | None:
+        """For a follow-up run of a resumable agent (started by a message to its ended
+        run), the ended run's envelope (``previous.task_id`` is that run); else ``None``."""
+        return self._messenger.previous(self.task_id)
+
+    @property
+    def revived_by(self) -> list[Message]:
+        """For a follow-up run, the messages that started it, oldest first (their bodies
+        are its input): answer one with ``send(m.from_, ..., reply_to=m.id)``, which
+        marks its receipt ``replied`` (and answers an ``ask`` waiting for it)."""
+        return self._messenger.revived_by(self.task_id)
 
 
 def _plain_usage(usage: Usage) -> Usage:

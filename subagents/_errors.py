@@ -7,6 +7,7 @@ Every exception the library raises on purpose derives from :class:`SubagentsErro
     ├── InvalidName(SubagentsError, ValueError)      an agent-path segment is malformed
     ├── UnknownAgent(SubagentsError, LookupError)    no agent type registered under that name
     ├── UnknownTask(SubagentsError, LookupError)     no task with that id (names close matches)
+    ├── UnknownPeer(SubagentsError, LookupError)     no agent at a message's address (likewise)
     ├── SpawnRejected(SubagentsError)                depth limit, closed session, closed manager,
     │                                                an idempotency key held by another spawn
     ├── MailboxFull(SubagentsError)                  a new key beyond the mailbox capacity
@@ -51,6 +52,7 @@ __all__ = [
     "SubagentsError",
     "TransientError",
     "UnknownAgent",
+    "UnknownPeer",
     "UnknownTask",
 ]
 
@@ -171,6 +173,25 @@ class UnknownTask(SubagentsError, LookupError):
             message += "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?"
         if detail:
             message += (" " if self.suggestions else ". ") + detail
+        super().__init__(message)
+
+
+class UnknownPeer(SubagentsError, LookupError):
+    """No agent answers to a message's address.
+
+    Attributes:
+        address: the address that was given.
+        suggestions: the addresses (task ids, agent paths) probably meant, best first.
+    """
+
+    def __init__(self, address: str, suggestions: Sequence[str] = ()) -> None:
+        self.address = address
+        self.suggestions = tuple(suggestions)
+        message = f"no agent at address {_shown(address)}"
+        if self.suggestions:
+            message += "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?"
+        else:
+            message += " (an address is a task id, an agent path, or '*' for every live peer)"
         super().__init__(message)
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "COMPLETED",
     "DEFAULT_STREAM_BUFFER",
     "MAILBOX_FULL",
+    "MESSAGE",
     "MISSED",
     "PROGRESS",
     "SPAWNED",
@@ -45,6 +46,10 @@ COMPLETED: Final = "subagent.completed"
 MAILBOX_FULL: Final = "subagent.mailbox_full"
 """A result found its session's mailbox full: the completed event and the manager's record
 carry it (``wait_result`` and ``wait_agent`` still collect it); nothing is lost."""
+MESSAGE: Final = "subagent.message"
+"""A message was sent, or its receipt moved (delivered, read, replied, failed): ``data``
+carries ``action`` (``send`` or ``receipt``), the ``receipt`` and, for a send, the
+``message`` (its body only under ``capture_content``)."""
 MISSED: Final = "subagent.missed"
 """Not published on the bus: the marker an :class:`EventStream` yields after an overflow."""
 DEFAULT_STREAM_BUFFER: Final = 1024

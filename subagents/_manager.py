@@ -1,10 +1,8 @@
-"""SubagentManager: the facade that wires the engine's parts.
+"""SubagentManager: the facade over the engine's parts, which :mod:`._wiring` builds.
 
-The parts each own their state: :class:`~subagents._limiter.SpawnLimiter` (queue, slots,
-lending, workers), :class:`~subagents._watchdog.Watchdog` (deadlines),
-:class:`~subagents._sessions.Sessions` (records, mailboxes, names, closing, retention) and
-:class:`~subagents._child.ChildRunner` (one child to its one envelope). The manager checks
-a spawn's arguments, makes its record and hands it to them.
+Each part owns its state: the limiter (queue, slots, lending, workers), the watchdog, the
+sessions (records, mailboxes, names, closing, retention), the child runner (one child to
+its one envelope), the messenger (a host session's messages). The manager hands them work.
 """
 
 from __future__ import annotations
@@ -12,36 +10,42 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
-from typing import Final, Literal
+from typing import Literal
 
 from anyio.abc import TaskGroup
 
-from ._backend import Backend, run_local
+from ._backend import Backend
 from ._budget import Budget
-from ._child import ChildRunner, CompletionEvents
 from ._completions import Completions
 from ._context import RunContext
 from ._envelope import DelegateResult, Usage
 from ._events import EventBus
 from ._handle import SpawnHandle, handle_of, record_of
-from ._journal import Durability, DurableStore
+from ._journal import DurableStore
 from ._ledger import Ledger, usage_of, with_budget
-from ._lifecycle import start_parts, stop_parts
-from ._limiter import SpawnLimiter
-from ._mailbox import BaseMailbox, default_mailbox_factory
+from ._mailbox import BaseMailbox
+from ._messages import Activity, Message, PeerInfo, Receipt, Reply
+from ._messaging import Messaging
+from ._messenger import Messenger
 from ._notifier import CompletionNotifier
-from ._record import ChildRecord, wait_for_record
-from ._sessions import Sessions
-from ._spawning import Spawner, publish_spawned
+from ._record import wait_for_record
+from ._sessions import DEFAULT_SESSION
+from ._spawning import publish_spawned
 from ._spec import UNSET, AgentSpec, SpawnOptions, SubagentConfig, _Unset
-from ._statistics import ManagerStatistics, snapshot
+from ._statistics import ManagerStatistics
 from ._tracing import Telemetry
 from ._validators import seconds
-from ._watchdog import Watchdog
+from ._wiring import build_parts
 
-__all__ = ["DEFAULT_SESSION", "ManagerStatistics", "SubagentManager", "budgets_of", "telemetry_of"]
-
-DEFAULT_SESSION: Final = "root"
+__all__ = [
+    "DEFAULT_SESSION",
+    "ManagerStatistics",
+    "SubagentManager",
+    "budgets_of",
+    "messaging_of",
+    "messenger_of",
+    "telemetry_of",
+]
 
 
 class SubagentManager:
@@ -85,64 +89,28 @@ class SubagentManager:
         store: DurableStore | None = None,
     ) -> None:
         config = self.config = config if config is not None else SubagentConfig()
-        durability = self._durability = Durability(store, config.store_path, mailbox_factory)
-        journal, stored = durability.journal, durability.stored
         self.events = events if events is not None else EventBus()
-        self._telemetry = Telemetry.from_config(config)
-        self._watchdog = Watchdog()
-        self._limiter = SpawnLimiter(config.max_concurrent_spawns)
-        capacity, ttl = config.mailbox_capacity, config.mailbox_ttl
-        mailbox_factory = (
-            durability.mailbox_factory(capacity, ttl)
-            or mailbox_factory
-            or default_mailbox_factory(capacity, ttl)
-        )
-        self._sessions = sessions = Sessions(
-            mailbox_factory, self._limiter.lend_slot, config.retain_collected, stored
-        )
-        self._spawner = Spawner(sessions, config, stored)
+        p = self._parts = build_parts(
+            functools.partial(RunContext, self), config, self.events, spawn=self.spawn,
+            mailbox_factory=mailbox_factory, notifier=notifier, backend=backend, store=store,
+            task_group=lambda: self._tg, completions=self.completions,
+        )  # fmt: skip
+        self._durability, self._limiter, self._spawner = p.durability, p.limiter, p.spawner
+        self._sessions, self._children, self._messenger = p.sessions, p.children, p.messenger
         for spec in agents:
             self.register(spec)
-        completion_events = CompletionEvents(self.events, self._sessions, config.mailbox_capacity)
-        if notifier is None:
-            notifier = CompletionNotifier(
-                sessions.delivery_mailbox, completion_events, enabled=config.notify_completion
-            )
-        self._notifier = notifier
-        self._children = ChildRunner(
-            backend=backend if backend is not None else run_local,
-            make_context=functools.partial(RunContext, self),
-            sessions=self._sessions,
-            limiter=self._limiter,
-            watchdog=self._watchdog,
-            notifier=self._notifier,
-            completion_events=completion_events,
-            events=self.events,
-            telemetry=self._telemetry,
-            settle_timeout=config.settle_timeout,
-            journal=journal,
-            commit_first=stored is not None and config.durability == "sync",
-        )
-        self._spawner.budgets.attach(self._children, self._watchdog)
-        self._spawned = 0
         self._tg: TaskGroup | None = None
         self._state: Literal["new", "running", "closing", "closed"] = "new"
 
     async def __aenter__(self) -> SubagentManager:
         if self._state != "new":
             raise RuntimeError("a SubagentManager can be entered only once")
-        self._telemetry.resolve()
         try:
-            spawner = self._spawner
-            reruns = await self._durability.open(spawner.reruns(), spawner.rerun)
+            self._tg = await self._parts.start()
         except BaseException:
             self._state = "closed"
             raise
-        parts = self._sessions, self._watchdog, self._limiter, self._children
-        self._tg = await start_parts(*parts)
         self._state = "running"
-        for record in reruns:  # what an ended process left unfinished, run again
-            self._queue(self._traced(record, None))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -167,13 +135,9 @@ class SubagentManager:
         self._state = "closing"
         assert self._tg is not None
         try:
-            parts = self._sessions, self._limiter, self._children, self._tg
-            await stop_parts(*parts, self.config.settle_timeout)
+            await self._parts.stop(self._tg, self.config.settle_timeout)
         finally:
             self._state = "closed"
-            self._sessions.shut = True
-            self._sessions.release_all()
-            await self._durability.close(self.config.settle_timeout)
 
     @property
     def running(self) -> bool:
@@ -212,21 +176,102 @@ class SubagentManager:
         """
         self._limiter.set_limit(value)
 
-    def lend_slot(self) -> AbstractAsyncContextManager[None]:
-        """Release the calling child's concurrency slot while the block runs, so queued
-        children (its own among them) can run; take a slot back on exit, ahead of the
-        queue, on a *borrowed* one (``statistics().borrowed``) if the block's deadline or
-        cancellation ends the wait for it. Outside a spawned child it does nothing. Every
-        blocking wait of the library that a child can reach uses it (design/core.md).
-        """
-        return self._limiter.lend_slot()
-
     def statistics(self) -> ManagerStatistics:
         """A snapshot of the admission counters."""
-        # A notifier subclass that skipped CompletionNotifier.__init__ counts nothing.
-        overflows = getattr(self._notifier, "overflows", 0)
-        settled = self._children.settled
-        return snapshot(self._limiter, overflows=overflows, spawned=self._spawned, settled=settled)
+        return self._parts.statistics()
+
+    def lend_slot(self) -> AbstractAsyncContextManager[None]:
+        """Release the calling child's slot while the block runs, so queued children (its
+        own among them) can run; take one back on exit, ahead of the queue, or a *borrowed*
+        one (``statistics().borrowed``) if the block's deadline or cancellation ends that
+        wait. A no-op outside a child; every wait a child can reach uses it (design/core.md)."""
+        return self._limiter.lend_slot()
+
+    async def wait_result(
+        self, task_id: str, *, timeout: float | None = None, session_id: str | None = None
+    ) -> DelegateResult | None:
+        """Wait for ``task_id`` to end, then collect (consume) and return its envelope.
+
+        Returns ``None`` if ``timeout`` seconds pass first; a result landing at the deadline
+        is returned. Collecting removes the entry from the session mailbox; the manager's
+        record stays, so a second call returns the same envelope at once (see
+        :attr:`SpawnHandle.collected`), unless ``config.retain_collected`` has forgotten it
+        (then the id is unknown). Works when the mailbox was full.
+
+        Raises:
+            UnknownTask: unknown id, or (with ``session_id``) another session's.
+            ConfigError: ``timeout`` not a number of seconds >= 0 or None.
+        """
+        timeout = seconds("timeout", timeout, none_ok=True, zero_ok=True)
+        record = self._sessions.require(task_id, session_id)
+        if record.envelope is None and timeout != 0:
+            await wait_for_record(record, timeout, self.lend_slot())
+        if record.envelope is None:
+            return None
+        self._sessions.collect(record)
+        return record.envelope
+
+    def completions(self, session_id: str = DEFAULT_SESSION) -> Completions:
+        """Wake an idle host loop when children of ``session_id`` end, consuming nothing.
+
+        ``await manager.completions(sid)`` blocks until at least one child has ended with
+        a result not yet collected and returns those envelopes (peeked: ``wait_agent``
+        still collects them, and until then every call returns them again); it returns
+        ``[]`` at once only when no ended child is uncollected and none is unfinished, or
+        the session is closed. ``async for envelope in manager.completions(sid)`` yields each
+        uncollected envelope once, in completion order, until no child is unfinished.
+        Cancelling the waiter changes nothing. See :class:`~subagents.Completions`.
+        Messages do not wake it: :meth:`activity` wakes on either.
+        """
+        return Completions(self._sessions, self.lend_slot, lambda: self.running, session_id)
+
+    def send(
+        self,
+        to: str,
+        body: str,
+        *,
+        reply_to: str | None = None,
+        wake: bool = True,
+        session_id: str = DEFAULT_SESSION,
+    ) -> Receipt:
+        """Send from host session ``session_id``; never blocks (see :meth:`RunContext.send`)."""
+        return self._messenger.send(session_id, to, body, reply_to=reply_to, wake=wake)
+
+    async def recv(
+        self,
+        *,
+        from_: str | None = None,
+        timeout: float | None = None,
+        session_id: str = DEFAULT_SESSION,
+    ) -> Message | None:
+        """Take a message for host session ``session_id`` (see :meth:`RunContext.recv`)."""
+        return await self._messenger.recv(session_id, from_=from_, timeout=timeout)
+
+    def inbox(
+        self, *, peek: bool = False, from_: str | None = None, session_id: str = DEFAULT_SESSION
+    ) -> list[Message]:
+        """What waits for host session ``session_id`` (see :meth:`RunContext.inbox`)."""
+        return self._messenger.inbox(session_id, peek=peek, from_=from_)
+
+    def peers(self, *, session_id: str = DEFAULT_SESSION) -> list[PeerInfo]:
+        """Every agent of ``session_id``'s tree (see :meth:`RunContext.peers`)."""
+        return self._messenger.peers(session_id)
+
+    async def ask(
+        self, to: str, body: str, *, timeout: float | None = None, session_id: str = DEFAULT_SESSION
+    ) -> Reply:
+        """Ask one agent from host session ``session_id`` (see :meth:`RunContext.ask`)."""
+        return await self._messenger.ask(session_id, to, body, timeout=timeout)
+
+    def send_input(self, task_id: str, text: str) -> Receipt:
+        """Follow-up input for child ``task_id`` from its parent session (design/messaging.md)."""
+        return self._messenger.send_input(task_id, text)
+
+    async def activity(
+        self, session_id: str = DEFAULT_SESSION, *, timeout: float | None = None
+    ) -> Activity:
+        """Wake an idle host loop on a finished child or a message (design/messaging.md)."""
+        return await self._messenger.activity(session_id, timeout)
 
     def spawn(
         self,
@@ -278,17 +323,9 @@ class SubagentManager:
             return handle_of(held, self)
         new, options = self._spawner.new_record, with_budget(options, budget)
         made = new(agent, input, session_id, name, timeout, options, idempotency_key, False)
-        record = self._traced(*made)
-        self._queue(record)
+        record = self._parts.traced(*made)
+        self._parts.queue(record)
         return handle_of(record, self)
-
-    def _queue(self, record: ChildRecord) -> None:
-        self._limiter.submit(record)
-        if record.trace is not None:
-            self._telemetry.queued(record)
-        # Published once the child is queued: a subscriber that cancels it finds it there.
-        if self.events.active:
-            publish_spawned(self.events, record)
 
     async def execute(
         self,
@@ -314,7 +351,8 @@ class SubagentManager:
             UnknownAgent, SpawnRejected, ConfigError: as :meth:`spawn`.
         """
         new, options = self._spawner.new_record, with_budget(options, budget)
-        record = self._traced(*new(agent, input, session_id, name, timeout, options, None, True))
+        made = new(agent, input, session_id, name, timeout, options, None, True)
+        record = self._parts.traced(*made)
         if self.events.active:
             publish_spawned(self.events, record)
         await self._children.run(record)
@@ -323,12 +361,6 @@ class SubagentManager:
         self._sessions.collect(record)
         assert record.envelope is not None
         return record.envelope
-
-    def _traced(self, record: ChildRecord, parent: ChildRecord | None) -> ChildRecord:
-        self._spawned += 1
-        if self._telemetry.active:
-            record.trace = self._telemetry.start(record, parent)
-        return record
 
     def cancel(self, task_id: str) -> bool:
         """Ask a child to stop. Never blocks.
@@ -429,34 +461,6 @@ class SubagentManager:
             self._sessions.forget(record)
         return envelope
 
-    async def wait_result(
-        self,
-        task_id: str,
-        *,
-        timeout: float | None = None,
-        session_id: str | None = None,
-    ) -> DelegateResult | None:
-        """Wait for ``task_id`` to end, then collect (consume) and return its envelope.
-
-        Returns ``None`` if ``timeout`` seconds pass first; a result landing at the deadline
-        is returned. Collecting removes the entry from the session mailbox; the manager's
-        record stays, so a second call returns the same envelope at once (see
-        :attr:`SpawnHandle.collected`), unless ``config.retain_collected`` has forgotten it
-        (then the id is unknown). Works when the mailbox was full.
-
-        Raises:
-            UnknownTask: unknown id, or (with ``session_id``) another session's.
-            ConfigError: ``timeout`` not a number of seconds >= 0 or None.
-        """
-        timeout = seconds("timeout", timeout, none_ok=True, zero_ok=True)
-        record = self._sessions.require(task_id, session_id)
-        if record.envelope is None and timeout != 0:
-            await wait_for_record(record, timeout, self.lend_slot())
-        if record.envelope is None:
-            return None
-        self._sessions.collect(record)
-        return record.envelope
-
     async def wait_journaled(self, handle: SpawnHandle) -> None:
         """Block until ``handle``'s spawn is committed (:meth:`SpawnHandle.journaled`)."""
         await self._durability.journal.wait_journaled(record_of(handle).journaled)
@@ -475,19 +479,6 @@ class SubagentManager:
         self._sessions.collect(record)
         return record.envelope
 
-    def completions(self, session_id: str = DEFAULT_SESSION) -> Completions:
-        """Wake an idle host loop when children of ``session_id`` end, consuming nothing.
-
-        ``await manager.completions(sid)`` blocks until at least one child has ended with
-        a result not yet collected and returns those envelopes (peeked: ``wait_agent``
-        still collects them, and until then every call returns them again); it returns
-        ``[]`` at once only when no ended child is uncollected and none is unfinished, or
-        the session is closed. ``async for envelope in manager.completions(sid)`` yields each
-        uncollected envelope once, in completion order, until no child is unfinished.
-        Cancelling the waiter changes nothing. See :class:`~subagents.Completions`.
-        """
-        return Completions(self._sessions, self.lend_slot, lambda: self.running, session_id)
-
 
 def budgets_of(manager: SubagentManager) -> Ledger:
     """The ledger of ``manager``'s budgets: the tools read a session's remaining budget."""
@@ -495,6 +486,15 @@ def budgets_of(manager: SubagentManager) -> Ledger:
 
 
 def telemetry_of(manager: SubagentManager) -> Telemetry:
-    """The telemetry ``manager`` traces with (its providers, resolved as it is entered):
-    the tools trace their calls with it."""
-    return manager._telemetry
+    """The telemetry ``manager`` traces with (resolved as it is entered), for the tools."""
+    return manager._parts.telemetry
+
+
+def messaging_of(manager: SubagentManager) -> Messaging:
+    """The messaging of ``manager`` (its postbox and what a send does)."""
+    return manager._parts.messaging
+
+
+def messenger_of(manager: SubagentManager) -> Messenger:
+    """The messaging part of ``manager``: the tools send and read through it."""
+    return manager._messenger

@@ -24,10 +24,12 @@ from ._paths import NameAllocator
 from ._record import JOURNALED_BEFORE, SETTLED, ChildRecord
 from ._task_ids import TaskIds
 
-__all__ = ["CLOSED_MEMORY", "Sessions"]
+__all__ = ["CLOSED_MEMORY", "DEFAULT_SESSION", "Sessions"]
 
 logger = logging.getLogger("subagents")
 
+DEFAULT_SESSION: Final = "root"
+"""The host session a caller that names none spawns into."""
 CLOSED_MEMORY: Final = 1024
 """Closed root sessions with no record left that are still remembered as closed."""
 
@@ -54,6 +56,12 @@ class Sessions:
     ) -> None:
         self._new_mailbox = new_mailbox
         self._journal = journal
+        self.on_end: Callable[[ChildRecord], None] | None = None
+        """A hook: ``record`` has its envelope (its inbox closes)."""
+        self.on_close: Callable[[str | None], None] | None = None
+        """A hook: a session starts closing (``None``: every session, the owner closes)."""
+        self.on_forget: Callable[[str], None] | None = None
+        """A hook: the record of this task id was forgotten."""
         self.restore: Callable[[str], ChildRecord | None] | None = None
         """A hook: the record of an id this process has no record of, made from a store
         (an ended child of an earlier process), or ``None``."""
@@ -177,6 +185,8 @@ class Sessions:
 
     def ended(self, record: ChildRecord) -> None:
         """``record`` has its envelope: it is no longer among its session's unfinished."""
+        if self.on_end is not None:
+            self.on_end(record)
         live = self._live.get(record.session_id)
         if live is not None:
             live.pop(record, None)
@@ -290,6 +300,8 @@ class Sessions:
 
     def fire_watchers(self, session_id: str | None = None) -> None:
         """Run the close watchers of ``session_id`` (of every session when ``None``)."""
+        if self.on_close is not None:
+            self.on_close(session_id)
         sessions = list(self._watchers) if session_id is None else [session_id]
         for session in sessions:
             for callback in self._watchers.pop(session, {}).values():
@@ -430,6 +442,8 @@ class Sessions:
         if self._tasks.get(task_id) is not record:
             return  # forgotten already
         del self._tasks[task_id]
+        if self.on_forget is not None:
+            self.on_forget(task_id)
         if self._journal is not None and (record.journaled or record.restored):
             try:
                 self._journal.forgotten(task_id)

@@ -15,6 +15,7 @@ from ._budget import Budget, check_budget
 from ._envelope import DEFAULT_TRUNCATE_CHARS, Status, Usage, encodes, plain_str
 from ._errors import ConfigError
 from ._mailbox import DEFAULT_MAILBOX_CAPACITY
+from ._messages import DEFAULT_INBOX_CAPACITY
 from ._paths import validate_name
 from ._permissions import Ruleset
 from ._retry import RetryPolicy
@@ -23,6 +24,7 @@ from ._validators import count, seconds
 if TYPE_CHECKING:
     # An import back up the graph, for annotations only: a runner takes a RunContext.
     from ._context import RunContext
+    from ._messages import Message
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENT_SPAWNS",
@@ -172,6 +174,22 @@ def _check_attempts(instance: object, attribute: attrs.Attribute[Any], value: An
     _check_positive_int(instance, attribute, value)
 
 
+Responder: TypeAlias = "Callable[[Message, RunContext], Awaitable[str | None]]"
+"""``async def responder(message, ctx) -> str | None``: an agent's ``on_message``."""
+
+
+def _check_bool(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(attribute.name, "True or False", value)
+
+
+def _check_responder(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not _is_coroutine_callable(value):
+        raise ConfigError(
+            attribute.name, "None or an async function `async def f(message, ctx)`", value
+        )
+
+
 @attrs.frozen(kw_only=True)
 class AgentSpec:
     """A registered agent type.
@@ -213,6 +231,16 @@ class AgentSpec:
     budget: Budget | None = attrs.field(default=None, validator=check_budget)
     """What a child of this agent and its subtree may spend; a spawn's own budget and
     what its ancestors have left can only narrow it (design/budgets.md)."""
+    resumable: bool = attrs.field(default=False, validator=_check_bool)
+    """Whether a message sent to an ended child of this agent revives it: one follow-up
+    run under a new task id, whose input is the message and whose
+    :attr:`RunContext.previous` is the ended run's envelope (design/messaging.md). A
+    broadcast never revives."""
+    on_message: Responder | None = attrs.field(default=None, validator=_check_responder)
+    """``async def responder(message, ctx) -> str | None``: answers a message whose sender
+    awaits a reply (``ask``) while the runner is busy (not waiting in ``recv``), on the
+    side, before the sender's timeout; a string is sent back as the reply, ``None`` sends
+    none. Each exchange is kept in :meth:`RunContext.asides`."""
 
 
 class TracerProviderLike(Protocol):
@@ -324,6 +352,9 @@ class SubagentConfig:
         default=DEFAULT_MAILBOX_CAPACITY, validator=_check_positive_int
     )
     """Unread envelopes a session's mailbox holds before degrading to events."""
+    inbox_capacity: int = attrs.field(default=DEFAULT_INBOX_CAPACITY, validator=_check_positive_int)
+    """Unread messages one agent's (or host session's) inbox holds; a send past it fails
+    with ``full``, never dropping a message."""
     mailbox_ttl: float | None = attrs.field(default=None, validator=_check_timeout)
     """Seconds an unread envelope stays in the mailbox; ``None`` keeps it until read."""
     retain_collected: int | None = attrs.field(default=None, validator=_check_optional_count)

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterable
 from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Final, TypeAlias, cast
 
@@ -22,8 +21,6 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from . import _metrics, _semconv
 from ._envelope import Status
-from ._handle import record_of
-from ._json import dumps_str
 from ._semconv import INSTRUMENTATION, Attributes
 
 if TYPE_CHECKING:
@@ -31,12 +28,16 @@ if TYPE_CHECKING:
 
     from ._context import RunContext
     from ._envelope import DelegateResult
-    from ._handle import SpawnHandle
-    from ._json import JSONValue
     from ._record import ChildRecord
     from ._spec import AgentSpec, Request, Result, SubagentConfig
 
-__all__ = ["Telemetry", "ToolSpan", "tool_span"]
+__all__ = [
+    "Telemetry",
+    "link_reply",
+    "link_revival",
+    "span_context_of",
+    "tool_tracer",
+]
 
 logger = logging.getLogger("subagents.tracing")
 
@@ -373,7 +374,7 @@ class Telemetry:
         span.end()
 
 
-def _tool_tracer(telemetry: Telemetry | None, current: Context) -> trace.Tracer | None:
+def tool_tracer(telemetry: Telemetry | None, current: Context) -> trace.Tracer | None:
     """The tracer of a tool call: ``telemetry``'s; without one, that of the manager whose
     child is running (found in ``current``), else the global provider's."""
     if telemetry is None:
@@ -384,116 +385,39 @@ def _tool_tracer(telemetry: Telemetry | None, current: Context) -> trace.Tracer 
     return telemetry._tracer
 
 
-class ToolSpan:
-    """The span of one tool call, as the tools see it.
-
-    Without tracing every method is a no-op, so tools call them unconditionally.
-    """
-
-    __slots__ = ("_span",)
-
-    def __init__(self, span: trace.Span | None = None) -> None:
-        self._span = span
-
-    @property
-    def recording(self) -> bool:
-        """True when a real span records what is set on it."""
-        return self._span is not None and self._span.is_recording()
-
-    def set_attribute(self, key: str, value: str | int | float | bool) -> None:
-        """Attach an attribute to the span (no-op without tracing)."""
-        if self._span is not None:
-            self._span.set_attribute(key, value)
-
-    def set_error(self, error_type: str, message: str = "") -> None:
-        """Mark the call failed (an error returned to the model as data)."""
-        if self._span is not None:
-            self._span.set_attribute("error.type", error_type)
-            self._span.set_status(StatusCode.ERROR, message or None)
-
-    def set_result(self, text: str, *, failed: bool = False) -> None:
-        """Record what the call answered, bounded to :data:`._semconv.TOOL_CONTENT_LIMIT`:
-        as ``gen_ai.tool.call.result`` unless it ``failed``, and as ``output.value``
-        (callers pass it only under ``capture_content``)."""
-        if self._span is not None:
-            self._span.set_attributes(_semconv.tool_result_attributes(text, failed=failed))
-
-    def link_tasks(self, handles: Iterable[SpawnHandle]) -> None:
-        """Link this span to the ``invoke_agent`` spans of the given children.
-
-        Children that were not traced are skipped.
-        """
-        span = self._span
-        if span is None:
-            return
-        for handle in handles:
-            state = record_of(handle).trace
-            if isinstance(state, _TaskTrace) and state.span_context is not None:
-                span.add_link(state.span_context, {"subagents.task_id": handle.task_id})
+def span_context_of(record: ChildRecord) -> trace.SpanContext | None:
+    """The context of ``record``'s ``invoke_agent`` span (kept after it ended), if traced."""
+    state = record.trace
+    return state.span_context if isinstance(state, _TaskTrace) else None
 
 
-_NO_TOOL_SPAN: Final = ToolSpan()
-
-
-@contextmanager
-def tool_span(
-    tool: str,
-    *,
-    call_id: str | None = None,
-    transfer_target: str | None = None,
-    description: str | None = None,
-    arguments: str | None = None,
-    parameters: Mapping[str, JSONValue] | None = None,
-    telemetry: Telemetry | None = None,
-    conversation_id: str | None = None,
-) -> Iterator[ToolSpan]:
-    """Wrap one tool execution in an ``execute_tool {tool}`` span (kind INTERNAL).
-
-    The span is current inside the block, so a child spawned there is its child. The
-    tracer is that of the manager the tool acts on (``telemetry``, honouring its
-    ``SubagentConfig``: its providers, and no span with ``tracing=False``); without one,
-    inside a subagent its manager's, elsewhere the global provider's. An exception
-    escaping the block is recorded and sets status ERROR; cancellation is not an error.
-
-    Args:
-        tool: the tool's name.
-        call_id: the host's tool-call id, when it passes one.
-        transfer_target: for spawn/delegate, the target agent's name.
-        description: the tool's description (``gen_ai.tool.description``).
-        arguments: the call's arguments as JSON text, recorded (bounded) as
-            ``gen_ai.tool.call.arguments``; pass them only under ``capture_content``.
-        parameters: the tool's input JSON Schema (``tool.parameters``, encoded only when
-            the span records).
-        telemetry: the telemetry of the manager the tool acts on.
-        conversation_id: the span's conversation where no subagent's baggage names one.
-    """
-    current = context.get_current()
-    tracer = _tool_tracer(telemetry, current)
-    if tracer is None:
-        yield _NO_TOOL_SPAN
+def link_reply(replier: ChildRecord | None, asker: ChildRecord | None, reply: str, to: str) -> None:
+    """A reply (message ``reply``, answering ``to``) sent through the Python API: the
+    replier's span (its ``invoke_agent`` while it runs; a host's current span) links to
+    the ``invoke_agent`` span of the agent whose message it answers. Never raises."""
+    target = None if asker is None else span_context_of(asker)
+    if asker is None or target is None:
         return
-    tool = _semconv.bounded_name(tool)  # it may come from a model: an unknown tool
-    found = baggage.get_baggage(_semconv.BAGGAGE_CONVERSATION_ID, current)
-    attributes = _semconv.tool_attributes(
-        tool,
-        call_id=call_id,
-        description=description,
-        arguments=arguments,
-        transfer_target=transfer_target,
-        conversation_id=found if isinstance(found, str) and found else conversation_id,
-        parameters=None if parameters is None else dumps_str(parameters),
-    )
-    with tracer.start_as_current_span(
-        f"execute_tool {tool}",
-        kind=SpanKind.INTERNAL,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield ToolSpan(span)
-        except Exception as exc:
-            span.record_exception(exc)
-            span.set_attribute("error.type", _semconv.qualified_name(exc))
-            span.set_status(StatusCode.ERROR, str(exc) or None)
-            raise
+    state = None if replier is None else replier.trace
+    span = state.span if isinstance(state, _TaskTrace) else None
+    if span is None and replier is None:
+        span = trace.get_current_span()
+    link = {"subagents.task_id": asker.task_id, "subagents.message_id": reply}
+    try:
+        if span is not None and span.is_recording():
+            span.add_link(target, {**link, "subagents.reply_to": to})
+    except Exception:
+        logger.exception("linking the reply %s to its question failed", reply)
+
+
+def link_revival(follow_up: ChildRecord, previous: ChildRecord) -> None:
+    """A follow-up run's ``invoke_agent`` span links to the ended run's it revives.
+    Never raises."""
+    state, target = follow_up.trace, span_context_of(previous)
+    span = state.span if isinstance(state, _TaskTrace) else None
+    if span is None or target is None:
+        return
+    try:
+        span.add_link(target, {"subagents.task_id": previous.task_id, "subagents.revived": True})
+    except Exception:
+        logger.exception("linking task %s to the run it revives failed", follow_up.task_id)

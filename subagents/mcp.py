@@ -58,6 +58,7 @@ def build_server(
     *,
     wait_cap: float = 45.0,
     progress_every: float = 5.0,
+    messaging: bool = False,
 ) -> Server[None]:
     """An MCP server whose tools spawn, wait for, delegate to, cancel and list the
     subagents of ``session_id`` on ``manager``.
@@ -78,6 +79,8 @@ def build_server(
             token gets a notification every ``progress_every`` seconds (at least 0.05):
             ``progress`` is the seconds waited (so it always increases), ``message``
             "n of m finished". None is sent after the result.
+        messaging: also offer ``send_message`` and ``read_messages``, the client acting
+            as host session ``session_id`` (design/messaging.md).
 
     Raises:
         ConfigError: ``session_id`` is empty, ``wait_cap`` is not a finite number of
@@ -94,6 +97,7 @@ def build_server(
         tool_timeouts={"wait_agent": None},
         wait_timeout=min(_DEFAULT_WAIT, cap),
         wait_cap=cap,
+        messaging=messaging,
     )
     if toolset.limits.wait_ceiling < cap:  # the toolset's own ceiling would clamp it
         raise ConfigError("wait_cap", f"at most {toolset.limits.wait_ceiling:g} s", wait_cap)

@@ -27,7 +27,11 @@ import attrs
 from ._conformance import Check, ConformanceError
 from ._conformance_backend import backend_checks, check_backend
 from ._conformance_mailbox import MailboxFactory, check_mailbox, mailbox_checks
+from ._envelope import bound_text
+from ._errors import SpawnRejected
 from ._json import JSONValue
+from ._manager import SubagentManager, messenger_of
+from ._messages import Message
 from ._spec import AgentSpec, Request
 from .tools import ToolResult, Toolset
 
@@ -109,9 +113,12 @@ class Transcript:
         self.texts: list[str] = []
         """The model's texts, in order."""
         self.events: list[str] = []
-        """A flat log: ``model: ...``, ``call name``, ``woken: n``, ``idle``."""
+        """A flat log: ``model: ...``, ``call name``, ``message from <id>: ...``,
+        ``woken: n``, ``idle``."""
         self.wakes = 0
-        """How many times the idle loop was woken by a finished child."""
+        """How many times the idle loop was woken (by a finished child or a message)."""
+        self.messages: list[Message] = []
+        """Messages injected at step boundaries (before a model call), in order."""
 
     def results(self, name: str | None = None) -> list[ToolResult]:
         """Results of the calls to ``name`` (every call when ``None``)."""
@@ -256,7 +263,15 @@ async def run_tool_loop(
 ) -> Transcript:
     """A minimal host loop: ask the model, run its tool calls (each under its host
     timeout), repeat; when the model ends its turn while children of the session still
-    owe a result, sleep on :meth:`SubagentManager.completions` and start a new turn.
+    owe a result, sleep on :meth:`SubagentManager.activity` (a finished child or a
+    message wakes it) and start a new turn.
+
+    Every step boundary is a delivery point: before each model call the messages waiting
+    for the session (``toolset.session_id``: a host session, or a child's task id) are
+    appended to :attr:`Transcript.messages`, so the model's next call sees them, and taken
+    (receipts ``read``) once that call returns: a call that raises leaves them unread. A
+    loop of your own does the same with ``ctx.inbox(peek=True)`` before the call and
+    ``ctx.inbox()`` after it (or ``manager.inbox(...)``).
 
     Returns the transcript when the model ends its turn with nothing left to wait for
     (or ``wake`` is False). Raises :class:`ScriptError` after ``max_turns`` model turns.
@@ -264,7 +279,10 @@ async def run_tool_loop(
     transcript = Transcript()
     manager, session = toolset.manager, toolset.session_id
     for _ in range(max_turns):
+        shown = _inject(manager, session, transcript)
         turn = await model(transcript, toolset.names)
+        if shown:  # read only once the call that showed them returned
+            messenger_of(manager).take_shown(session, shown)
         if turn.text:
             transcript.texts.append(turn.text)
             transcript.events.append(f"model: {turn.text}")
@@ -281,12 +299,28 @@ async def run_tool_loop(
         if not wake or not owed:
             return transcript
         transcript.events.append("idle")
-        ready = await manager.completions(session)
-        if not ready:
+        woke = await manager.activity(session)
+        if not woke:
             return transcript
         transcript.wakes += 1
-        transcript.events.append(f"woken: {len(ready)}")
+        if woke.results:
+            transcript.events.append(f"woken: {len(woke.results)}")
+        else:
+            transcript.events.append(f"woken by {len(woke.messages)} message(s)")
     raise ScriptError(f"the loop did not finish within {max_turns} model turns")
+
+
+def _inject(manager: SubagentManager, session: str, transcript: Transcript) -> list[Message]:
+    """The step boundary's delivery point: show what waits for ``session`` (peeked: a
+    model call that fails saw nothing, so nothing is read)."""
+    try:
+        messages = manager.inbox(session_id=session, peek=True)
+    except SpawnRejected:  # the session is closed (or its agent ended): nothing to take
+        return []
+    for message in messages:
+        transcript.messages.append(message)
+        transcript.events.append(f"message from {message.from_}: {bound_text(message.body, 200)}")
+    return messages
 
 
 def echo_agent(

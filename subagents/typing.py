@@ -9,6 +9,6 @@ Each is a forward reference (a string at run time), meant for annotations only::
 
 from ._backend import Backend
 from ._json import JSONValue
-from ._spec import Runner
+from ._spec import Responder, Runner
 
-__all__ = ["Backend", "JSONValue", "Runner"]
+__all__ = ["Backend", "JSONValue", "Responder", "Runner"]

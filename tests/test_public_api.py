@@ -27,14 +27,18 @@ TOP_LEVEL = {
     # results and their delivery
     "BaseMailbox", "CompletionNotifier", "DelegateResult", "Mailbox", "MailboxStatistics",
     "Status", "Usage",
+    # messages between agents
+    "DEFAULT_INBOX_CAPACITY", "MAX_MESSAGE_CHARS", "Activity", "Message", "PeerInfo",
+    "Receipt", "Reply",
     # lifecycle events
     "Event", "EventBus", "EventStream", "JsonlSink", "read_events",
     # errors
     "ConfigError", "InvalidName", "MailboxFull", "RunnerReturnError", "SpawnRejected",
-    "SubagentsError", "TransientError", "UnknownAgent", "UnknownTask",
+    "SubagentsError", "TransientError", "UnknownAgent", "UnknownPeer",
+    "UnknownTask",
 }  # fmt: skip
 TOOLS = {"Tool", "ToolLimits", "ToolResult", "Toolset", "build_tools"}
-TYPING = {"Backend", "JSONValue", "Runner"}
+TYPING = {"Backend", "JSONValue", "Responder", "Runner"}
 MCP = {"build_server", "serve"}
 COMMAND = {"CommandFailed", "CommandRunner", "MissingField", "command_agent", "fill_template"}
 ROOM = {
@@ -174,7 +178,7 @@ def test_every_library_error_is_under_subagents_error() -> None:
     errors = _exceptions()
     assert {e.__name__ for e in errors} == {
         "ConfigError", "InvalidName", "MailboxFull", "RunnerReturnError", "SpawnRejected",
-        "SubagentsError", "TransientError", "UnknownAgent", "UnknownTask",
+        "SubagentsError", "TransientError", "UnknownAgent", "UnknownPeer", "UnknownTask",
     }  # fmt: skip
     assert issubclass(subagents.SubagentsError, Exception)
     for error in errors:
@@ -182,6 +186,7 @@ def test_every_library_error_is_under_subagents_error() -> None:
         assert issubclass(error, subagents.SubagentsError) != (error is subagents.TransientError)
     assert issubclass(subagents.UnknownAgent, LookupError)
     assert issubclass(subagents.UnknownTask, LookupError)
+    assert issubclass(subagents.UnknownPeer, LookupError)
     assert issubclass(subagents.ConfigError, ValueError)
     assert issubclass(subagents.InvalidName, ValueError)
     assert issubclass(subagents.RunnerReturnError, TypeError)

@@ -581,7 +581,7 @@ async def test_a_broken_tracer_never_breaks_a_call(
 ) -> None:
     from contextlib import contextmanager
 
-    from subagents._tracing import ToolSpan
+    from subagents._tool_tracing import ToolSpan
     from subagents.tools import _tool
 
     @contextmanager

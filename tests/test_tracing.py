@@ -37,7 +37,7 @@ from subagents import (
 )
 from subagents._handle import record_of
 from subagents._manager import telemetry_of
-from subagents._tracing import tool_span
+from subagents._tool_tracing import tool_span
 from subagents.tools import build_tools
 from tests.helpers import clock_backends
 
@@ -712,7 +712,8 @@ def test_no_sdk_installed_nothing_breaks() -> None:
         import anyio
         from subagents import AgentSpec, SubagentManager, Result, Usage
         from subagents._handle import record_of
-        from subagents._tracing import tool_span
+        from subagents._manager import telemetry_of
+        from subagents._tool_tracing import tool_span
 
         async def runner(request, ctx):
             with tool_span("read_file", call_id="x") as span:
@@ -729,7 +730,7 @@ def test_no_sdk_installed_nothing_breaks() -> None:
             async with SubagentManager([AgentSpec(name="a", description="d", runner=runner)]) as m:
                 # private: no public view of the manager's telemetry or a child's tracing
                 # state; with no SDK provider installed neither is made.
-                assert not m._telemetry.active
+                assert not telemetry_of(m).active
                 h = m.spawn("a", "outer")
                 assert record_of(h).trace is None
                 assert (await h.wait()).status == "completed"

@@ -16,7 +16,7 @@ from typing import Final
 
 from .._errors import SubagentsError
 from .._json import JSONValue
-from .._tracing import ToolSpan
+from .._tool_tracing import ToolSpan
 from ..tools import Tool, ToolResult
 from ..tools._schema import Param
 from ..tools._tool import make_tool

@@ -17,9 +17,11 @@ from .._envelope import bound_text
 from .._errors import ConfigError
 from .._json import JSONValue
 from .._manager import telemetry_of
-from .._tracing import Telemetry, ToolSpan
+from .._tool_tracing import ToolSpan
+from .._tracing import Telemetry
 from .._validators import seconds
 from ._handlers import build_session_tools
+from ._messaging import MESSAGE_TOOL_NAMES, build_message_tools
 from ._tool import Tool, ToolLimits, ToolResult, arguments_text, traced
 
 if TYPE_CHECKING:
@@ -189,6 +191,22 @@ def _wait_ceiling(
     return ceiling if cap is None else min(ceiling, cap)
 
 
+def _message_ceiling(name: str, engine: float | None, wait_cap: object) -> float:
+    """The longest wait of messaging tool ``name`` under its host timeout ``engine``."""
+    cap = _seconds("wait_cap", wait_cap, allow_none=True)
+    if engine is None:
+        ceiling = NO_HOST_TIMEOUT_WAIT_CAP
+    else:
+        ceiling = engine - wait_margin(engine)
+        if ceiling <= 0:
+            raise ConfigError(
+                f"tool_timeouts[{name!r}]",
+                f"more than the {wait_margin(engine):g} s safety margin",
+                engine,
+            )
+    return ceiling if cap is None else min(ceiling, cap)
+
+
 def build_tools(
     manager: SubagentManager,
     session_id: str,
@@ -199,8 +217,10 @@ def build_tools(
     wait_cap: float | None = None,
     truncate_chars: int | None = None,
     return_mode: str = "envelope",
+    messaging: bool = False,
 ) -> Toolset:
-    """The LLM tools of ``session_id``: spawn, wait, delegate, cancel and list subagents.
+    """The LLM tools of ``session_id``: spawn, wait, delegate, cancel and list subagents;
+    with ``messaging``, also ``send_message`` and ``read_messages`` (design/messaging.md).
 
     Args:
         manager: the running :class:`SubagentManager`.
@@ -217,6 +237,10 @@ def build_tools(
             ``manager.config.truncate_chars``).
         return_mode: ``delegate_to_agent`` returns the ``"envelope"`` (default) or the
             legacy bare output ``"string"``; any other value falls back to the envelope.
+        messaging: add the messaging tools, acting as ``session_id``'s own address (a
+            host session, or inside a runner the child's task id); their waits
+            (``wait_ms``, ``await_reply_ms``) are clamped below their own host timeouts
+            by the same margin as ``wait_agent``'s.
 
     The layering rule: with ``effective = tool_timeouts.get("wait_agent",
     engine_tool_timeout)``, ``wait_timeout`` must be at most ``effective - margin``, the
@@ -239,7 +263,7 @@ def build_tools(
         raise ConfigError("tool_timeouts", "a mapping of tool name to seconds", tool_timeouts)
     overrides = dict(tool_timeouts or {})
     engine: dict[str, float | None] = {}
-    for name in TOOL_NAMES:
+    for name in TOOL_NAMES + (MESSAGE_TOOL_NAMES if messaging else ()):
         if name in overrides:
             engine[name] = _seconds(f"tool_timeouts[{name!r}]", overrides[name], allow_none=True)
         else:
@@ -274,9 +298,15 @@ def build_tools(
     # The calls are traced with the manager's own telemetry (its providers, resolved once).
     telemetry = telemetry_of(manager)
     capture = manager.config.capture_content
+    made = build_session_tools(manager, session_id, limits)
+    if messaging:
+        ceilings = {
+            name: _message_ceiling(name, engine[name], wait_cap) for name in MESSAGE_TOOL_NAMES
+        }
+        made += build_message_tools(manager, session_id, limits, ceilings)
     tools = [
         attrs.evolve(tool, capture_content=capture, telemetry=telemetry, session=session_id)
-        for tool in build_session_tools(manager, session_id, limits)
+        for tool in made
     ]
     return Toolset(
         tools, manager=manager, session_id=session_id, limits=limits, telemetry=telemetry

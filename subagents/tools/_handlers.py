@@ -9,8 +9,9 @@ from .._envelope import bound_text, cut_middle
 from .._errors import UnknownTask
 from .._handle import record_of
 from .._json import JSONValue
+from .._manager import messenger_of
 from .._paths import MAX_NAME_LENGTH, NAME_PATTERN
-from .._tracing import ToolSpan
+from .._tool_tracing import ToolSpan
 from .._validators import MAX_IDEMPOTENCY_KEY
 from ._budgets import BUDGET, budget_arg, budget_field, budget_left, budget_sentence
 from ._output import output_schema
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from .._handle import SpawnHandle
     from .._manager import SubagentManager
 
-__all__ = ["build_session_tools"]
+__all__ = ["build_session_tools", "hints"]
 
 
 _AGENT = Param(
@@ -256,12 +257,17 @@ class SessionTools(WaitAgent):
                 "your subagents: none in this process's memory; tasks of earlier runs stay in "
                 f"the store {store.path}, and wait_agent answers for their ids"
             )
+        messenger = messenger_of(manager)
+        own_unread = messenger.unread(self.session_id)
+        if own_unread:
+            lines.append(f"you have {own_unread} unread message(s): call read_messages.")
         shown = 0
         budget = limit - sum(len(line) + 1 for line in lines) - 60
         for handle in children:
             waiting = handle.result is not None and not handle.collected
             status = status_of(handle)
             elapsed = handle.elapsed()
+            unread = messenger.unread(handle.task_id)
             child_details.append(
                 {
                     "task_id": handle.task_id,
@@ -270,11 +276,14 @@ class SessionTools(WaitAgent):
                     "status": status,
                     "elapsed_ms": ms(elapsed),
                     "result_waiting": waiting,
+                    "unread": unread,
                 }
             )
             line = f"- {handle.task_id} {handle.agent_path} {status} {elapsed:.1f} s" + (
                 " · result waiting (wait_agent)" if waiting else ""
             )
+            if unread:
+                line += f" · {unread} unread message(s)"
             if budget - len(line) - 1 >= 0:
                 lines.append(line)
                 budget -= len(line) + 1
@@ -284,7 +293,12 @@ class SessionTools(WaitAgent):
         content = bound_text("\n".join(lines), limit)
         return ToolResult(
             content=content,
-            details={"agents": agent_details, "tasks": child_details, "looked_in": looked_in},
+            details={
+                "agents": agent_details,
+                "tasks": child_details,
+                "looked_in": looked_in,
+                "unread": own_unread,
+            },
         )
 
 
@@ -303,7 +317,7 @@ def list_limit(limits: ToolLimits) -> int:
     return 2 * limits.truncate_chars
 
 
-def _hints(
+def hints(
     *, read_only: bool, destructive: bool, idempotent: bool, open_world: bool
 ) -> dict[str, bool]:
     """MCP tool annotations (behaviour hints for clients)."""
@@ -363,7 +377,7 @@ def build_session_tools(
                 ),
             ],
             handler=impl.spawn,
-            annotations=_hints(
+            annotations=hints(
                 read_only=False, destructive=False, idempotent=False, open_world=True
             ),
             engine_timeout=engine["spawn_agent"],
@@ -412,7 +426,7 @@ def build_session_tools(
                 ),
             ],
             handler=impl.wait,
-            annotations=_hints(
+            annotations=hints(
                 read_only=False, destructive=False, idempotent=False, open_world=False
             ),
             engine_timeout=engine["wait_agent"],
@@ -432,7 +446,7 @@ def build_session_tools(
             ),
             params=[_AGENT, _INPUT, _TIMEOUT_SPAWN, BUDGET],
             handler=impl.delegate,
-            annotations=_hints(
+            annotations=hints(
                 read_only=False, destructive=False, idempotent=False, open_world=True
             ),
             engine_timeout=engine["delegate_to_agent"],
@@ -460,9 +474,7 @@ def build_session_tools(
                 )
             ],
             handler=impl.cancel,
-            annotations=_hints(
-                read_only=False, destructive=True, idempotent=True, open_world=False
-            ),
+            annotations=hints(read_only=False, destructive=True, idempotent=True, open_world=False),
             engine_timeout=engine["cancel_agent"],
             content_limit=limits.truncate_chars,
         ),
@@ -477,9 +489,7 @@ def build_session_tools(
             ),
             params=[],
             handler=impl.list_agents,
-            annotations=_hints(
-                read_only=True, destructive=False, idempotent=True, open_world=False
-            ),
+            annotations=hints(read_only=True, destructive=False, idempotent=True, open_world=False),
             engine_timeout=engine["list_agents"],
             content_limit=list_limit(limits),
         ),

@@ -26,6 +26,7 @@ ERROR_CODES: Final = (
     "unknown_agent",
     "unknown_task",
     "spawn_rejected",
+    "unknown_peer",
     "internal",
 )
 """The values of ``details["error"]`` of a failed call."""
@@ -108,6 +109,36 @@ _PENDING: Final = _object(
         "elapsed_ms": _COUNT,
     },
     ["task_id", "agent", "agent_path", "status", "elapsed_ms"],
+)
+
+_MESSAGE: Final = _object(
+    {
+        "id": _STR,
+        "from": _STR,
+        "to": _STR,
+        "body": _STR,
+        "reply_to": _STR,
+        "created_ms": _INT,
+    },
+    ["id", "from", "to", "body", "created_ms"],
+    "One message; reply_to is the id of the message it answers.",
+)
+_RECEIPT_STATE: Final[dict[str, JSONValue]] = {
+    "type": "string",
+    "enum": ["queued", "delivered", "read", "replied", "failed"],
+}
+_RECEIPT: Final = _object(
+    {
+        "message_id": _STR,
+        "to": _STR,
+        "state": _RECEIPT_STATE,
+        "delivery": {"type": "string", "enum": ["injected", "woken", "revived"]},
+        "reason": {"type": "string", "enum": ["unknown", "ended", "full", "closed"]},
+        "detail": _STR,
+        "task_id": _STR,
+    },
+    ["message_id", "to", "state"],
+    "What became of the message for one recipient.",
 )
 
 _ERROR: Final = _object(
@@ -231,6 +262,7 @@ _ANSWERS: Final[dict[str, dict[str, JSONValue]]] = {
                         "status": _TASK_STATUS,
                         "elapsed_ms": _COUNT,
                         "result_waiting": _BOOL,
+                        "unread": _COUNT,
                     },
                     ["task_id", "agent", "agent_path", "status", "elapsed_ms", "result_waiting"],
                 ),
@@ -240,9 +272,40 @@ _ANSWERS: Final[dict[str, dict[str, JSONValue]]] = {
                 "description": "Where the subagents were looked for: memory, and the "
                 "store's file if the manager has one.",
             },
+            "unread": {
+                **_COUNT,
+                "description": "Messages waiting in your own inbox (read_messages).",
+            },
         },
         ["agents", "tasks"],
         "The registered agent types and this session's subagents.",
+    ),
+    "send_message": _object(
+        {
+            "message_id": _STR,
+            "receipts": {"type": "array", "items": _RECEIPT},
+            "reply": _MESSAGE,
+            "reply_outcome": {
+                "type": "string",
+                "enum": ["replied", "timeout", "unknown", "ended", "full", "closed"],
+            },
+            "await_ms": _COUNT,
+            "clamped": _BOOL,
+        },
+        ["message_id", "receipts"],
+        "One receipt per recipient (state, how it was delivered, why it failed); with "
+        "await_reply_ms, the reply or why none came.",
+    ),
+    "read_messages": _object(
+        {
+            "messages": {"type": "array", "items": _MESSAGE},
+            "peeked": _BOOL,
+            "left": _COUNT,
+            "wait_ms": _COUNT,
+            "clamped": _BOOL,
+        },
+        ["messages", "peeked", "left"],
+        "The messages read (or peeked), oldest first, and how many are still waiting.",
     ),
 }
 
@@ -251,7 +314,7 @@ def output_schema(tool: str) -> dict[str, JSONValue]:
     """The JSON Schema of ``details`` of ``tool``: its answer or an error.
 
     Raises:
-        KeyError: ``tool`` is not one of the five tools.
+        KeyError: ``tool`` is not one of the tools.
     """
     return {
         "$schema": SCHEMA_DIALECT,

@@ -34,7 +34,7 @@ def ms(seconds: float) -> int:
     return MAX_INT if value >= MAX_INT else int(value)
 
 
-Kind = Literal["string", "integer", "ids", "enum", "object"]
+Kind = Literal["string", "integer", "boolean", "ids", "enum", "object"]
 
 
 class ArgumentError(ValueError):
@@ -52,8 +52,9 @@ class Param:
     name: str
     """The field name."""
     kind: Kind
-    """``string``, ``integer``, ``enum`` (a string from ``choices``), ``ids`` (a task id
-    string or a non-empty list of them) or ``object`` (of the optional ``fields``)."""
+    """``string``, ``integer``, ``boolean``, ``enum`` (a string from ``choices``), ``ids``
+    (a task id string or a non-empty list of them) or ``object`` (of the optional
+    ``fields``)."""
     description: str
     """What the field means, for a model."""
     required: bool = False
@@ -62,7 +63,7 @@ class Param:
     """Lower bound of an ``integer``."""
     choices: tuple[str, ...] = ()
     """The allowed values of an ``enum``."""
-    default: str | int | None = None
+    default: str | int | bool | None = None
     """Documented default (schema only; the tool applies it)."""
     max_items: int = 64
     """Upper bound on the number of ids of an ``ids`` field."""
@@ -79,6 +80,9 @@ class Param:
     fields: tuple[Param, ...] = ()
     """The fields of an ``object``, each optional (``null`` counts as omitted); no other
     key is accepted."""
+    content: bool = False
+    """The value is conversation content (a message body): an error gives its length,
+    never its text, which would reach spans and logs without ``capture_content``."""
 
 
 def schema_for(params: Sequence[Param]) -> dict[str, JSONValue]:
@@ -94,6 +98,8 @@ def schema_for(params: Sequence[Param]) -> dict[str, JSONValue]:
             prop = _string(p, min_length=p.min_length)
         elif p.kind == "integer":
             prop = {"type": "integer", "minimum": p.minimum}
+        elif p.kind == "boolean":
+            prop = {"type": "boolean"}
         elif p.kind == "enum":
             prop = {"type": "string", "enum": list(p.choices)}
         elif p.kind == "object":
@@ -240,6 +246,10 @@ def _check(p: Param, value: object) -> object:
         return _object(p, value)
     if p.kind == "integer":
         return _integer(p, value)
+    if p.kind == "boolean":
+        if not isinstance(value, bool):
+            raise ArgumentError(f"{p.name} must be true or false, got {show(value)}", p.name)
+        return value
     # ids: one id or a list of them
     expected = f"a task id string or a non-empty array of at most {p.max_items} of them"
     items = [value] if isinstance(value, str) else value
@@ -294,7 +304,8 @@ def _constrained(p: Param, value: str, what: str) -> str:
     too_long = p.max_length is not None and len(value) > p.max_length
     unmatched = p.pattern is not None and not re.fullmatch(p.pattern, value)
     if too_long or len(value) < p.min_length or unmatched:
-        raise ArgumentError(f"{what} must be {p.form}, got {show(value)}", p.name)
+        got = f"{len(value)} characters" if p.content else show(value)
+        raise ArgumentError(f"{what} must be {p.form}, got {got}", p.name)
     return value
 
 

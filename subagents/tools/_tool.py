@@ -24,11 +24,13 @@ from .._errors import (
     InvalidName,
     SpawnRejected,
     UnknownAgent,
+    UnknownPeer,
     UnknownTask,
 )
 from .._json import JSONValue, dumps_str
 from .._semconv import conversation_of
-from .._tracing import Telemetry, ToolSpan, tool_span
+from .._tool_tracing import ToolSpan, tool_span
+from .._tracing import Telemetry
 from ._export import to_anthropic, to_mcp, to_openai_chat, to_openai_responses
 from ._schema import ArgumentError, Param, parse_args, schema_for
 from ._structured import bounded_details
@@ -382,6 +384,17 @@ def error_result(exc: Exception, tool: str) -> ToolResult:
                 "error": "unknown_task",
                 "task_id": exc.task_id,
                 "suggestions": list(exc.suggestions),
+            },
+            is_error=True,
+        )
+    if isinstance(exc, UnknownPeer):
+        return ToolResult(
+            content=f"{bound_text(str(exc), 300)}. Call list_agents to see your peers' ids "
+            "and paths.",
+            details={
+                "error": "unknown_peer",
+                "field": "to",
+                "suggestions": [bound_text(s, 128) for s in exc.suggestions],
             },
             is_error=True,
         )

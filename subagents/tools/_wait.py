@@ -12,7 +12,7 @@ from .._envelope import DelegateResult, bound_text
 from .._handle import SpawnHandle
 from .._json import JSONValue
 from .._record import QUEUED
-from .._tracing import ToolSpan
+from .._tool_tracing import ToolSpan
 from ._budgets import budget_field, budget_left
 from ._schema import ms
 from ._structured import water_fill

@@ -108,3 +108,24 @@ async def test_serve_refuses_a_port_out_of_range() -> None:
         for port in (-1, 65536, True):
             with pytest.raises(ConfigError, match="port"):
                 await serve(server, transport="streamable-http", port=port)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_messaging_adds_send_message_and_read_messages(mode: str) -> None:
+    async with connected(mode, messaging=True) as (manager, client):
+        listed = await client.list_tools()
+        toolset = build_tools(manager, "root", messaging=True)
+        sent = await client.call_tool("send_message", {"to": "*", "message": "hello"})
+        read = await client.call_tool("read_messages", {})
+    assert [tool.name for tool in listed.tools] == [*HINTS, "send_message", "read_messages"]
+    for tool in listed.tools[len(HINTS) :]:
+        Draft202012Validator.check_schema(tool.input_schema)
+        # The same fields (the descriptions name the wait ceilings, set by the server).
+        assert tool.input_schema.keys() == toolset[tool.name].input_schema.keys()
+        assert (
+            tool.input_schema["properties"].keys()
+            == toolset[tool.name].input_schema["properties"].keys()
+        )
+    assert sent.structured_content is not None
+    assert sent.structured_content["receipts"] == []  # nobody live to broadcast to
+    assert not read.is_error

@@ -1,0 +1,482 @@
+"""Peer messaging: sending (direct, broadcast, follow-up input), revival of resumable
+agents, ``on_message`` responders, and the ``subagent.message`` events.
+
+The waits (``recv``, ``ask``, ``activity``) are in :mod:`._message_waits`; the inboxes in
+a :class:`~subagents._router.Postbox`; address resolution in :mod:`._peers`. Every send
+is synchronous: it never blocks the sender. See design/messaging.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._envelope import DelegateResult, plain_str
+from ._errors import ConfigError, SpawnRejected
+from ._events import MESSAGE, EventBus
+from ._messages import (
+    BROADCAST,
+    MAX_MESSAGE_CHARS,
+    Message,
+    MessageIds,
+    Receipt,
+)
+from ._peers import Peer, Peers
+from ._record import SETTLED, ChildRecord
+from ._router import MemoryPostbox, Postbox
+
+if TYPE_CHECKING:
+    from ._sessions import Sessions
+
+__all__ = ["Messaging", "Revival"]
+
+logger = logging.getLogger("subagents.messages")
+
+SpawnFollowUp = Callable[[ChildRecord, str], ChildRecord]
+"""``spawn(ended_record, text)``: start the follow-up run of a resumable agent."""
+StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+LinkReply = Callable[[ChildRecord | None, ChildRecord | None, str, str], None]
+"""``link(replier, asker, reply_id, question_id)``: the reply's span links to the asker's."""
+LinkRevival = Callable[[ChildRecord, ChildRecord], None]
+"""``link(follow_up, ended)``: the follow-up run's span links to the run it revives."""
+
+
+def _no_link(*args: object) -> None:
+    return None
+
+
+class Revival:
+    """What a revived run was started with: the ended run's envelope and the messages
+    (with their receipts) it reads as its input."""
+
+    __slots__ = ("messages", "previous")
+
+    def __init__(self, previous: DelegateResult, messages: list[tuple[Message, Receipt]]) -> None:
+        self.previous = previous
+        self.messages = messages
+
+
+class _Chain:
+    """The runs of one resumable agent: every one of them forwards to the newest."""
+
+    __slots__ = ("latest",)
+
+    def __init__(self, latest: str) -> None:
+        self.latest = latest
+
+
+class Messaging:
+    """One manager's messaging: the postbox, the peers, and what a send does.
+
+    Args:
+        sessions: the records (who is live, ended, queued; the trees).
+        events: where ``subagent.message`` events go.
+        capacity: unread messages per inbox.
+        capture_content: whether events carry message bodies.
+        spawn_follow_up: starts a resumable agent's follow-up run.
+        start_task: runs a responder in the manager's task group.
+        link_reply, link_revival: the tracing of replies and revivals.
+    """
+
+    def __init__(
+        self,
+        sessions: Sessions,
+        events: EventBus,
+        capacity: int,
+        *,
+        capture_content: bool,
+        spawn_follow_up: SpawnFollowUp,
+        start_task: StartTask,
+        postbox: Postbox | None = None,
+        link_reply: LinkReply = _no_link,
+        link_revival: LinkRevival = _no_link,
+    ) -> None:
+        self._link_reply, self._link_revival = link_reply, link_revival
+        self._sessions = sessions
+        self._events = events
+        self._capture = capture_content
+        self._spawn_follow_up = spawn_follow_up
+        self._start_task = start_task
+        self.postbox: Postbox = (
+            postbox if postbox is not None else MemoryPostbox(capacity, self._changed)
+        )
+        self.peers = Peers(sessions, self.postbox)
+        self._ids = MessageIds()
+        # The RunContext of each running child, for its responder (typed loosely: the
+        # context module sits above this one).
+        self._contexts: dict[str, Any] = {}
+        self._forward: dict[str, _Chain] = {}  # each run of a revived agent -> its chain
+        self._revivals: dict[str, Revival] = {}  # follow-up run's id -> what started it
+        # Asked message ids -> the asker's deadline and the address asked.
+        self._awaited: dict[str, tuple[float, str]] = {}
+        self._watched: set[str] = set()  # host sessions with an open inbox
+        self._expecting: dict[str, anyio.Event] = {}  # asked message id -> its reply's event
+        # Running responders: address -> asked message id -> the responder's scope.
+        self._responding: dict[str, dict[str, anyio.CancelScope]] = {}
+
+    # ------------------------------------------------------------------ lifecycle hooks
+
+    def started(self, record: ChildRecord, ctx: object) -> None:
+        """``record``'s runner starts with ``ctx``. Its inbox opens when first used (or
+        exists from while it was queued); a revival's message counts as read now."""
+        task_id = record.task_id
+        if self._revivals:
+            revival = self._revivals.get(task_id)
+            if revival is not None:
+                for message, receipt in revival.messages:
+                    self.postbox.read(message, receipt, "revived", task_id)
+        if record.spec.on_message is not None:
+            self._contexts[task_id] = ctx  # for its responder
+            peer = Peer(task_id, record, record.root_session)
+            for message in self.postbox.peek(task_id, None):  # asked while it was queued
+                if message.id in self._awaited:
+                    self._maybe_respond(peer, message)
+
+    def revival(self, task_id: str) -> Revival | None:
+        """What started follow-up run ``task_id`` (while it runs), or ``None``."""
+        return self._revivals.get(task_id) if self._revivals else None
+
+    def forgotten(self, task_id: str) -> None:
+        """The record of ``task_id`` is gone: so is its forwarding."""
+        if self._forward:
+            self._forward.pop(task_id, None)
+
+    def ended(self, record: ChildRecord) -> None:
+        """``record`` has its envelope: its inbox closes, what waits in it fails
+        ``ended`` naming it, and askers waiting on it return at once."""
+        task_id = record.task_id
+        if self._contexts:
+            self._contexts.pop(task_id, None)
+        if self._revivals:
+            self._revivals.pop(task_id, None)
+        if self._responding:
+            for scope in self._responding.pop(task_id, {}).values():
+                scope.cancel()  # nobody can use what its responder would answer
+        if not self.postbox.is_open(task_id):
+            return  # most children: never messaged, no inbox
+        if record.spec.resumable and not record.sync:
+            unread = self.postbox.take_reviving(task_id)
+            if unread:
+                self._revive(record, unread)
+                for _, receipt in unread:
+                    self._changed(receipt)
+        detail = (
+            f"{record.agent_path} ({task_id}) ended before reading it; its result is in "
+            f"the envelope of task {task_id}"
+        )
+        self.postbox.close(task_id, "ended", detail, task_id)
+
+    def _open_host(self, session_id: str) -> None:
+        # Only a session that has (had) children: nobody could send to another, and an
+        # inbox opened for any id passed in would never be closed.
+        if session_id in self._watched or self._sessions.is_closed(session_id):
+            return
+        if not self._sessions.has_listing(session_id):
+            return
+        self.postbox.open(session_id)
+        self._watched.add(session_id)
+
+    def closing(self, session_id: str | None) -> None:
+        """Host session ``session_id`` starts closing (``None``: all, the manager closes):
+        its inbox closes, what waits in it fails ``closed``."""
+        if session_id is not None and session_id not in self._watched:
+            return
+        for closing in list(self._watched) if session_id is None else [session_id]:
+            self._watched.discard(closing)
+            self.postbox.close(closing, "closed", f"session {closing!r} was closed", None)
+
+    def own(self, address: str) -> Peer:
+        """The sender's own peer; its inbox opened. Raises :class:`SpawnRejected` for a
+        child that is not running (a queued or ended one cannot send)."""
+        peer = self.peers.of(address)
+        if peer.record is None:
+            if self._sessions.is_closed(address):
+                raise SpawnRejected("session_closed", f"session {address!r} is closed")
+            self._open_host(address)
+        else:
+            peer.record.check_can_delegate()
+            self.postbox.open(address)
+        return peer
+
+    # ------------------------------------------------------------------ sending
+
+    def send(
+        self,
+        sender: str,
+        to: object,
+        body: object,
+        *,
+        reply_to: object = None,
+        wake: bool = True,
+        awaited: float | None = None,
+        revive: bool = True,
+    ) -> Receipt:
+        """Send ``body`` from ``sender`` to ``to``; never blocks. ``awaited`` (the asker's
+        deadline, ``inf`` for none) makes it a question whose reply goes to the asker's
+        own slot (:meth:`Postbox.expect`). See :meth:`SubagentManager.send`."""
+        text = _body(body)
+        address = plain_str(to)
+        if address is None or not address.strip():
+            raise ConfigError("to", "a task id, an agent path, or '*'", to)
+        answers = None if reply_to is None else plain_str(reply_to)
+        if reply_to is not None and (not answers or not answers.strip()):
+            raise ConfigError("reply_to", "None or the id of a message", reply_to)
+        if not isinstance(wake, bool):
+            raise ConfigError("wake", "True or False", wake)
+        me = self.own(sender)
+        if address.strip() in BROADCAST:
+            if awaited is not None:
+                raise ConfigError("to", "one agent's address: a broadcast cannot await a reply", to)
+            return self._broadcast(me, text, answers, wake)
+        peer = self.peers.resolve(me, address.strip())
+        if peer.address == me.address:
+            raise ConfigError("to", "another agent's address, not the sender's own", to)
+        return self._direct(me, peer, text, answers, wake, awaited, revive)
+
+    def _broadcast(self, me: Peer, text: str, reply_to: str | None, wake: bool) -> Receipt:
+        receipts: list[Receipt] = []
+        for peer in list(self.peers.tree(me.root, live_only=True)):
+            if peer.address == me.address:
+                continue
+            if peer.record is None and self._sessions.is_closed(peer.address):
+                continue
+            if peer.record is not None and peer.record.ending:
+                continue  # its outcome is decided: not live, and never revived
+            message = self._message(me, peer.address, text, reply_to)
+            receipts.append(self._deliver(me, peer, message, wake, None, revive=False))
+        first = receipts[0].message_id if receipts else self._ids.next()[0]
+        summary = Receipt(first, "*", tuple(receipts))
+        if not receipts:
+            summary.fail("unknown", "no live peer to broadcast to")
+        return summary
+
+    def _message(self, me: Peer, to: str, text: str, reply_to: str | None) -> Message:
+        message_id, created = self._ids.next()
+        self.postbox.touched(me.address, created)
+        return Message(
+            id=message_id, from_=me.address, to=to, body=text, reply_to=reply_to,
+            created_ms=created,
+        )  # fmt: skip
+
+    def _direct(
+        self,
+        me: Peer,
+        peer: Peer,
+        text: str,
+        reply_to: str | None,
+        wake: bool,
+        awaited: float | None,
+        revive: bool,
+    ) -> Receipt:
+        addressed, peer = peer.address, self._latest(peer)
+        message = self._message(me, peer.address, text, reply_to)
+        return self._deliver(me, peer, message, wake, awaited, revive=revive, addressed=addressed)
+
+    def _latest(self, peer: Peer) -> Peer:
+        """The run a message to ``peer`` reaches: a revived agent's newest run (O(1))."""
+        chain = self._forward.get(peer.address) if self._forward else None
+        if chain is None or chain.latest == peer.address:
+            return peer
+        newest = self._sessions.get(chain.latest)
+        return peer if newest is None else Peer(newest.task_id, newest, peer.root)
+
+    def _deliver(
+        self,
+        me: Peer,
+        peer: Peer,
+        message: Message,
+        wake: bool,
+        awaited: float | None,
+        *,
+        revive: bool,
+        addressed: str | None = None,
+    ) -> Receipt:
+        receipt = Receipt(message.id, peer.address)
+        record = peer.record
+        if record is not None and (record.state == SETTLED or record.envelope is not None):
+            if revive and wake and record.spec.resumable and not record.sync:
+                self._revive(record, [(message, receipt)])
+                if awaited is not None and receipt.task_id is not None and not receipt.failed:
+                    self._expect(me, receipt.task_id, message, awaited)
+            else:
+                receipt.fail(
+                    "ended",
+                    f"{record.agent_path} ({record.task_id}) has ended; its result is in the "
+                    f"envelope of task {record.task_id}",
+                    record.task_id,
+                )
+        elif record is None and self._sessions.is_closed(peer.address):
+            receipt.fail("closed", f"session {peer.address!r} is closed")
+        else:
+            if record is None:
+                self._open_host(peer.address)
+            else:
+                self.postbox.open(peer.address)
+            reading = False
+            if awaited is not None:
+                self._expect(me, peer.address, message, awaited)
+                # Before the put wakes it: would a waiter of its runner take this one?
+                reading = self.postbox.reading(peer.address, me.address)
+            self.postbox.put(message, receipt, wake, revives=revive and wake)
+            if awaited is not None and receipt.failed:
+                self.postbox.settle(me.address, message.id)
+            elif awaited is not None and not reading and receipt.state == "queued":
+                self._maybe_respond(peer, message)
+        if message.reply_to is not None and not receipt.failed:
+            self._mark_replied(me.address, message, (addressed or peer.address, peer.address))
+            self._link_reply(me.record, peer.record, message.id, message.reply_to)
+        self._publish("send", me, message, receipt)
+        return receipt
+
+    def _expect(self, me: Peer, target: str, message: Message, deadline: float) -> None:
+        self._expecting[message.id] = self.postbox.expect(me.address, message.id, target)
+        self._awaited[message.id] = (deadline, target)
+
+    def expecting(self, message_id: str) -> anyio.Event | None:
+        """The event a reply to the asked ``message_id`` sets, while its asker waits."""
+        return self._expecting.get(message_id)
+
+    def _mark_replied(self, replier: str, reply: Message, to: tuple[str, ...]) -> None:
+        # Only a reply that reached the question's sender marks it: never one sent elsewhere.
+        assert reply.reply_to is not None
+        receipt = self.postbox.answered(replier, reply.reply_to, to)
+        if receipt is not None and receipt.advance("replied"):
+            self._changed(receipt)
+
+    def _revive(self, record: ChildRecord, messages: list[tuple[Message, Receipt]]) -> None:
+        """Start ``record``'s follow-up run with ``messages`` as its input (one run)."""
+        envelope = record.envelope
+        assert envelope is not None
+        if len(messages) == 1:
+            text = messages[0][0].body
+        else:
+            text = "\n\n".join(f"[{m.id}] from {m.from_}: {m.body}" for m, _ in messages)
+        try:
+            follow_up = self._spawn_follow_up(record, text)
+        except SpawnRejected as exc:
+            detail = (
+                f"{record.agent_path} ({record.task_id}) has ended and could not be revived "
+                f"({exc}); its result is in the envelope of task {record.task_id}"
+            )
+            for _, receipt in messages:
+                receipt.fail("ended", detail, record.task_id)
+            return
+        self._link_revival(follow_up, record)
+        chain = self._forward.get(record.task_id)
+        if chain is None:
+            chain = self._forward[record.task_id] = _Chain(follow_up.task_id)
+        chain.latest = follow_up.task_id
+        self._forward[follow_up.task_id] = chain
+        self._revivals[follow_up.task_id] = Revival(envelope, messages)
+        self.postbox.open(follow_up.task_id)
+        for _, receipt in messages:
+            receipt.revived(follow_up.task_id)
+
+    def send_input(self, record: ChildRecord, text: object) -> Receipt:
+        """Follow-up input from ``record``'s parent session; never revives."""
+        return self.send(record.session_id, record.task_id, text, revive=False)
+
+    # ------------------------------------------------------------------ responders
+
+    def _maybe_respond(self, peer: Peer, message: Message) -> None:
+        record = peer.record
+        if record is None or record.spec.on_message is None:
+            return
+        ctx = self._contexts.get(peer.address)
+        if ctx is None:
+            return  # still queued: its runner reads it once it starts
+        taken = self.postbox.take_one(peer.address, message.id)
+        if taken is None:
+            return
+        self.postbox.read(*taken, "injected")  # the responder reads it, on the side
+        responder = record.spec.on_message
+        deadline = self._awaited.get(message.id, (float("inf"), ""))[0]
+
+        async def respond() -> None:
+            await self._respond(peer.address, responder, message, ctx, deadline)
+
+        self._start_task(respond)
+
+    async def _respond(
+        self,
+        address: str,
+        responder: Callable[[Message, Any], Awaitable[str | None]],
+        message: Message,
+        ctx: object,
+        deadline: float,
+    ) -> None:
+        answer: object = None
+        if message.id not in self._awaited or address not in self._contexts:
+            return  # its asker, or its agent, is gone already: nobody would read an answer
+        # Cancelled when its asker stops waiting or its agent ends, and at the deadline.
+        scope = anyio.CancelScope(deadline=deadline)
+        running = self._responding.setdefault(address, {})
+        running[message.id] = scope
+        try:
+            with scope:
+                try:
+                    answer = await responder(message, ctx)
+                except Exception:
+                    logger.exception("the on_message responder of %s raised; no reply", address)
+        finally:
+            running.pop(message.id, None)
+            if not running and self._responding.get(address) is running:
+                del self._responding[address]
+        reply = None
+        text = plain_str(answer) if answer is not None else None
+        if text and text.strip() and address in self._contexts:
+            try:
+                body = _body(text)
+            except ConfigError as exc:
+                logger.warning("the on_message responder of %s answered badly: %s", address, exc)
+            else:
+                me = self.peers.of(address)
+                reply = self._message(me, message.from_, body, message.id)
+                self._deliver(me, self.peers.of(message.from_), reply, True, None, revive=False)
+        self.postbox.aside(address, message, reply)
+
+    def awaited_done(self, message_id: str) -> None:
+        """The asker of ``message_id`` stopped waiting: its responder, if any, stops."""
+        awaited = self._awaited.pop(message_id, None)
+        self._expecting.pop(message_id, None)
+        if awaited is not None and self._responding:
+            scope = self._responding.get(awaited[1], {}).get(message_id)
+            if scope is not None:
+                scope.cancel()
+
+    # ------------------------------------------------------------------ events
+
+    def _changed(self, receipt: Receipt) -> None:
+        if self._events.active:
+            peer = self.peers.of(receipt.to)
+            self._emit("receipt", peer, None, receipt)
+
+    def _publish(self, action: str, me: Peer, message: Message, receipt: Receipt) -> None:
+        if self._events.active:
+            self._emit(action, me, message, receipt)
+
+    def _emit(self, action: str, peer: Peer, message: Message | None, receipt: Receipt) -> None:
+        record = peer.record
+        data: dict[str, Any] = {"action": action, "receipt": receipt.to_dict()}
+        if message is not None:
+            data["message"] = message.to_dict(body=self._capture)
+        self._events.publish(
+            MESSAGE,
+            session_id=peer.address if record is None else record.session_id,
+            task_id=peer.address,
+            agent_path=peer.path,
+            data=data,
+        )
+
+
+def _body(body: object) -> str:
+    text = plain_str(body)
+    expected = f"a non-empty string of at most {MAX_MESSAGE_CHARS} characters"
+    if text is None or not text.strip():
+        raise ConfigError("body", expected, body)
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise ConfigError("body", expected + f" (it has {len(text)}; nothing was sent)", body)
+    return text

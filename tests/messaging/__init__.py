@@ -1,0 +1,1 @@
+"""Peer messaging: receipts, bounds, waits, revival, tools, events."""

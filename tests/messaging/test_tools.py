@@ -1,0 +1,234 @@
+"""send_message, read_messages and list_agents' unread counts, as a model uses them."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+import pytest
+from jsonschema import Draft202012Validator
+
+from subagents import Request, RunContext, SubagentManager
+from subagents.testing import ModelTurn, ScriptedModel, ToolCall, Transcript, run_tool_loop
+from subagents.tools import build_tools
+from tests.helpers import clock_backends, on_mock_clock
+from tests.messaging.support import Gate, echo_replier, spec
+
+pytestmark = pytest.mark.anyio
+
+
+class Gated:
+    """A scripted model whose ``n``-th call first runs ``before[n]`` (1-based)."""
+
+    def __init__(
+        self, script: ScriptedModel, before: dict[int, Callable[[Transcript], Awaitable[None]]]
+    ) -> None:
+        self.script = script
+        self.before = before
+        self.calls = 0
+        self.seen: list[int] = []  # messages the transcript held at each call
+
+    async def __call__(self, transcript: Transcript, tools: Sequence[str] = ()) -> ModelTurn:
+        self.calls += 1
+        hook = self.before.get(self.calls)
+        if hook is not None:
+            await hook(transcript)
+        self.seen.append(len(transcript.messages))
+        return await self.script(transcript, tools)
+
+
+async def test_the_tools_schemas_are_valid_in_every_export_shape() -> None:
+    async with SubagentManager() as manager:
+        tools = build_tools(manager, "root", messaging=True)
+        assert {"send_message", "read_messages"} <= set(tools.names)
+        for tool in (tools["send_message"], tools["read_messages"]):
+            Draft202012Validator.check_schema(tool.input_schema)
+            Draft202012Validator.check_schema(tool.output_schema)
+            assert tool.to_openai_chat(strict=True)["function"]["strict"] is True  # type: ignore[index]
+            assert tool.to_anthropic()["input_schema"]["properties"]  # type: ignore[index]
+            assert tool.to_mcp()["outputSchema"]  # type: ignore[index]
+        assert "send_message" not in build_tools(manager, "root").names  # opt-in
+
+
+async def test_a_parent_loop_sends_a_follow_up_that_the_childs_next_model_call_sees() -> None:
+    in_model, sent = anyio.Event(), anyio.Event()
+
+    async def child_waits(transcript: Transcript) -> None:
+        in_model.set()  # mid-run: inside its first model call
+        await sent.wait()
+
+    async def parent_waits(transcript: Transcript) -> None:
+        await in_model.wait()
+
+    async def parent_sent(transcript: Transcript) -> None:
+        sent.set()
+
+    child_model = Gated(
+        ScriptedModel(
+            [
+                ToolCall("list_agents"),
+                ToolCall(
+                    "send_message",
+                    lambda t: {
+                        "to": t.messages[0].from_,
+                        "message": "ack: " + t.messages[0].body,
+                        "reply_to": t.messages[0].id,
+                    },
+                ),
+                "done",
+            ]
+        ),
+        {1: child_waits},
+    )
+
+    async def llm_child(request: Request, ctx: RunContext) -> str:
+        tools = build_tools(ctx.manager, ctx.session_id, messaging=True)
+        transcript = await run_tool_loop(child_model, tools)
+        return ",".join(m.body for m in transcript.messages)
+
+    parent_model = Gated(
+        ScriptedModel(
+            [
+                ToolCall("spawn_agent", {"agent": "llm", "input": "review the patch"}),
+                ToolCall(
+                    "send_message",
+                    lambda t: {"to": t.task_ids()[0], "message": "also check the tests"},
+                ),
+                ToolCall("wait_agent", lambda t: {"task_ids": t.task_ids(), "timeout_ms": 5000}),
+                "done",
+            ]
+        ),
+        {2: parent_waits, 3: parent_sent},
+    )
+    async with SubagentManager([spec("llm", llm_child)]) as manager:
+        with anyio.fail_after(10):
+            transcript = await run_tool_loop(
+                parent_model, build_tools(manager, "root", messaging=True)
+            )
+    [child] = transcript.collected().values()
+    assert child["output"] == "also check the tests"  # type: ignore[index]
+    assert child_model.seen == [0, 1, 1]  # its second model call saw the follow-up
+    [sent_result] = transcript.results("send_message")
+    assert sent_result.details["receipts"][0]["state"] in ("queued", "read", "replied")  # type: ignore[index]
+    assert [m.body for m in transcript.messages] == ["ack: also check the tests"]
+    assert transcript.messages[0].reply_to == sent_result.details["message_id"]
+
+
+async def test_send_message_errors_are_data_naming_the_field() -> None:
+    gate = Gate()
+    async with SubagentManager([spec("planner", gate.parked("planner"))]) as manager:
+        manager.spawn("planner")
+        tools = build_tools(manager, "root", messaging=True)
+        unknown = await tools.call("send_message", {"to": "planer", "message": "hi"})
+        assert unknown.is_error
+        assert unknown.details["error"] == "unknown_peer"
+        assert unknown.details["suggestions"] == ["/root/planner"]
+        empty = await tools.call("send_message", {"to": "planner", "message": ""})
+        assert empty.is_error
+        assert empty.details["field"] == "message"
+        own = await tools.call("send_message", {"to": "root", "message": "me"})
+        assert own.is_error
+        assert own.details["field"] == "to"
+        wake = await tools.call("send_message", {"to": "planner", "message": "x", "wake": "no"})
+        assert wake.details == {"error": "invalid_arguments", "field": "wake"}
+        gate.open.set()
+
+
+async def test_read_messages_takes_once_peeks_without_taking_and_filters_by_sender() -> None:
+    async def two(request: Request, ctx: RunContext) -> str:
+        ctx.send("/root", f"from {request.input}")
+        return "ok"
+
+    async with SubagentManager([spec("two", two)]) as manager:
+        a, b = manager.spawn("two", "a"), manager.spawn("two", "b")
+        await a.wait()
+        await b.wait()
+        tools = build_tools(manager, "root", messaging=True)
+        peeked = await tools.call("read_messages", {"peek": True})
+        assert [m["body"] for m in peeked.details["messages"]] == ["from a", "from b"]  # type: ignore[index, union-attr]
+        only_b = await tools.call("read_messages", {"from": b.task_id})
+        assert [m["body"] for m in only_b.details["messages"]] == ["from b"]  # type: ignore[index, union-attr]
+        assert only_b.details["left"] == 0  # none more from b: a's waits for a call without
+        rest = await tools.call("read_messages", {})
+        assert [m["body"] for m in rest.details["messages"]] == ["from a"]  # type: ignore[index, union-attr]
+        none = await tools.call("read_messages", {})
+        assert none.details["messages"] == []
+        assert "no messages" in none.content
+
+
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_message_waits_answer_before_the_host_tool_timeout(anyio_backend: object) -> None:
+    gate = Gate()
+    async with SubagentManager([spec("p", gate.parked("p"))]) as manager:
+        child = manager.spawn("p")
+        await gate.started_event("p").wait()
+        host = {"read_messages": 0.2, "send_message": 0.2}
+        tools = build_tools(manager, "root", tool_timeouts=host, messaging=True)
+        started = anyio.current_time()
+        read = await tools.call("read_messages", {"wait_ms": 60_000})
+        assert read.details["clamped"] is True
+        assert read.details["wait_ms"] == 180
+        asked = await tools.call(
+            "send_message", {"to": child.task_id, "message": "hi?", "await_reply_ms": 60_000}
+        )
+        assert asked.details["reply_outcome"] == "timeout"
+        assert asked.details["clamped"] is True
+        if on_mock_clock(anyio_backend):
+            assert anyio.current_time() - started == pytest.approx(0.36, abs=0.001)
+        gate.open.set()
+
+
+async def test_send_message_with_await_returns_the_reply() -> None:
+    async with SubagentManager([spec("echo", echo_replier())]) as manager:
+        child = manager.spawn("echo")
+        tools = build_tools(manager, "root", messaging=True)
+        asked = await tools.call(
+            "send_message", {"to": child.task_id, "message": "ping", "await_reply_ms": 5000}
+        )
+        assert asked.details["reply_outcome"] == "replied"
+        assert asked.details["reply"]["body"] == "echo:ping"  # type: ignore[index]
+        assert "echo:ping" in asked.content
+        manager.send(child.task_id, "stop")
+
+
+async def test_list_agents_shows_unread_counts() -> None:
+    gate = Gate()
+
+    async def sender(request: Request, ctx: RunContext) -> str:
+        ctx.send("/root", "news")
+        return "ok"
+
+    specs = [spec("p", gate.parked("p")), spec("sender", sender)]
+    async with SubagentManager(specs) as manager:
+        parked = manager.spawn("p")
+        await manager.spawn("sender").wait()
+        manager.send(parked.task_id, "one")
+        manager.send(parked.task_id, "two")
+        listed = await build_tools(manager, "root").call("list_agents", {})
+        tasks = {t["task_id"]: t for t in listed.details["tasks"]}  # type: ignore[index, union-attr]
+        assert tasks[parked.task_id]["unread"] == 2
+        assert listed.details["unread"] == 1
+        assert "2 unread message(s)" in listed.content
+        assert "1 unread message(s): call read_messages" in listed.content
+        gate.open.set()
+
+
+async def test_read_messages_marks_read_only_what_it_showed_whole() -> None:
+    async def talker(request: Request, ctx: RunContext) -> str:
+        ctx.send("/root", "short one")
+        ctx.send("/root", "L" * 3_000)
+        ctx.send("/root", "short two")
+        return "ok"
+
+    async with SubagentManager([spec("t", talker)]) as manager:
+        await manager.spawn("t").wait()
+        tools = build_tools(manager, "root", messaging=True, truncate_chars=2_000)
+        first = await tools.call("read_messages", {})
+        assert [m["body"] for m in first.details["messages"]] == ["short one"]  # type: ignore[index, union-attr]
+        assert first.details["left"] == 2
+        long = await tools.call("read_messages", {})  # alone too long: shortened, said so
+        [shown] = long.details["messages"]  # type: ignore[misc]
+        assert shown["body"] == "L" * 3_000  # type: ignore[index]
+        assert "shortened from 3000 characters" in long.content
+        rest = await tools.call("read_messages", {})
+        assert [m["body"] for m in rest.details["messages"]] == ["short two"]  # type: ignore[index, union-attr]
