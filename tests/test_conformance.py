@@ -343,7 +343,8 @@ async def test_a_broken_mailbox_fails_exactly_its_checks(
     factory: Callable[..., BaseMailbox], failing: set[str]
 ) -> None:
     with pytest.raises(ConformanceError) as info:
-        await check_mailbox(factory, patience=0.05)
+        # Real time: a correct check's margin must stay above a loaded machine's delays.
+        await check_mailbox(factory, patience=0.25)
     assert set(info.value.failures) == failing, info.value
     for name in failing:
         assert str(info.value.failures[name]).startswith(f"{name}: ")

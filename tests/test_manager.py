@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 from collections import Counter
 
 import anyio
@@ -38,12 +37,13 @@ async def forever(request: Request, ctx: RunContext) -> str:
 
 @pytest.mark.anyio
 async def test_spawn_returns_at_once_with_10000_queued() -> None:
+    """10,000 spawns in one synchronous stretch: each returns a queued handle without
+    starting anything, and a queued spawn is a record, not a task. (What a spawn costs is
+    measured by benchmarks/run.py, not timed here.)"""
     tracker = Tracker()
     async with manager_with(spec("w", tracker.runner), mailbox_capacity=20_000) as manager:
-        start = time.perf_counter()
         handles = [manager.spawn("w", str(i)) for i in range(10_000)]
-        elapsed = time.perf_counter() - start
-        assert elapsed < 2.0, elapsed  # O(1) each, no await
+        assert tracker.started == []  # no spawn awaited: nothing ran in between
         assert all(h.state == "queued" for h in handles)
         await anyio.wait_all_tasks_blocked()
         stats = manager.statistics()
