@@ -2,11 +2,9 @@
 
 Only ``opentelemetry-api`` is used; the SDK and exporters belong to the application. This
 module resolves the providers, opens and ends each child's ``invoke_agent`` span and each
-tool call's ``execute_tool`` span, carries the context and baggage, and feeds the metric
-instruments; what it writes is decided by the pure :mod:`._semconv` (names, attributes)
-and :mod:`._metrics` (instruments, points). A manager whose providers record nothing pays
-one attribute check per spawn. See ``design/observability.md``.
-"""
+tool call's ``execute_tool`` span, carries the context and baggage (to other processes as
+W3C headers), and feeds the metric instruments; what it writes is decided by the pure
+:mod:`._semconv` and :mod:`._metrics`. See ``design/observability.md``."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ from contextlib import contextmanager
 from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Final, TypeAlias, cast
 
-from opentelemetry import baggage, context, metrics, trace
+from opentelemetry import baggage, context, metrics, propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from . import _metrics, _semconv
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
     from ._record import ChildRecord
     from ._spec import AgentSpec, Request, Result, SubagentConfig
 
-__all__ = ["Telemetry", "ToolSpan", "tool_span"]
+__all__ = ["Telemetry", "ToolSpan", "joined", "tool_span", "trace_carrier"]
 
 logger = logging.getLogger("subagents.tracing")
 
@@ -58,13 +56,9 @@ def _real_tracer(provider: trace.TracerProvider) -> trace.Tracer | None:
 
 def _real_meter(provider: object | None) -> metrics.Meter | None:
     """The meter of ``provider`` (default: the global one), or ``None`` when it records
-    nothing.
-
-    A provider given explicitly is used, whatever it is, unless it is the no-op one. The
-    API gives the global placeholder no public name, so the global provider is used only if
-    it has what the specification requires of every SDK ``MeterProvider`` and the
-    placeholder lacks: ``force_flush`` and ``shutdown``.
-    """
+    nothing. A given provider is used unless it is the no-op one; the API gives the global
+    placeholder no public name, so the global provider is used only if it has what every
+    SDK ``MeterProvider`` has and the placeholder lacks: ``force_flush`` and ``shutdown``."""
     given = provider is not None
     if not given:
         provider = metrics.get_meter_provider()
@@ -194,10 +188,8 @@ class Telemetry:
     def resolve(self) -> None:
         """Get the tracer and the metric instruments, once: the given providers, else
         the global ones. Without an SDK (the API's stand-ins) nothing is recorded and
-        :attr:`active` stays false, so a spawn pays one attribute check.
-
-        Also makes this run's conversation id, unless one was given: random, so two
-        managers (two runs of one program, or two programs) never share one."""
+        :attr:`active` stays false, so a spawn pays one attribute check. Also makes this
+        run's conversation id, unless one was given: random, so two managers never share one."""
         self._conversation_id = self._given_conversation_id or secrets.token_hex(16)
         self._clear()
         if not self._tracing:
@@ -230,9 +222,7 @@ class Telemetry:
 
     def start(self, record: ChildRecord, parent: ChildRecord | None) -> _TaskTrace | None:
         """At spawn time, in the caller's task: capture its context and open the span.
-
-        Never raises: if the tracing machinery fails, the task runs untraced.
-        """
+        Never raises: if the tracing machinery fails, the task runs untraced."""
         try:
             return self._start(record, parent)
         except Exception:
@@ -310,9 +300,7 @@ class Telemetry:
 
     def finish(self, record: ChildRecord, envelope: DelegateResult) -> None:
         """The one envelope of ``record`` exists: close the span, record the metrics.
-
-        Never raises (it runs on the delivery path of the envelope).
-        """
+        Never raises (it runs on the delivery path of the envelope)."""
         state = record.trace
         if not isinstance(state, _TaskTrace):
             return
@@ -385,10 +373,8 @@ def _tool_tracer(telemetry: Telemetry | None, current: Context) -> trace.Tracer 
 
 
 class ToolSpan:
-    """The span of one tool call, as the tools see it.
-
-    Without tracing every method is a no-op, so tools call them unconditionally.
-    """
+    """The span of one tool call, as the tools see it: without tracing every method is a
+    no-op, so tools call them unconditionally."""
 
     __slots__ = ("_span",)
 
@@ -419,10 +405,8 @@ class ToolSpan:
             self._span.set_attributes(_semconv.tool_result_attributes(text, failed=failed))
 
     def link_tasks(self, handles: Iterable[SpawnHandle]) -> None:
-        """Link this span to the ``invoke_agent`` spans of the given children.
-
-        Children that were not traced are skipped.
-        """
+        """Link this span to the ``invoke_agent`` spans of the given children (those
+        that were traced)."""
         span = self._span
         if span is None:
             return
@@ -433,6 +417,23 @@ class ToolSpan:
 
 
 _NO_TOOL_SPAN: Final = ToolSpan()
+
+
+def trace_carrier() -> dict[str, str]:
+    """The current trace context and baggage as W3C headers, for a run in another process."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+@contextmanager
+def joined(carrier: Mapping[str, str]) -> Iterator[None]:
+    """Run the block in the context ``carrier`` holds: its spans join that trace."""
+    token = context.attach(propagate.extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 @contextmanager

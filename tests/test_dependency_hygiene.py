@@ -167,10 +167,11 @@ WRAPPED = {
     "opentelemetry": "_tracing.py",
     "mcp": "mcp.py",
     "uvicorn": "mcp.py",
+    "ray": "backends/ray.py",
 }
 """Each dependency the package wraps, and the one module that imports it (anyio and attrs
 are the foundation every module builds on, so they are not wrapped). The MCP SDK (and
-uvicorn, which serves its streamable HTTP) come with the ``mcp`` extra."""
+uvicorn, which serves its streamable HTTP) come with the ``mcp`` extra, ray with ``ray``."""
 PACKAGES = {"mcp": ("mcp", "mcp_types")}
 """The top-level packages a dependency installs, when more than its own name (the SDK's
 types are a package of their own)."""
