@@ -334,7 +334,10 @@ async def serve(
     ctx = RemoteContext(shipped, sink)
     try:
         runner = resolve(target, cache)
-        with joined(shipped.carrier):
+        if shipped.carrier:
+            with joined(shipped.carrier):
+                value = await awaitable(request.agent, runner(request, ctx))
+        else:  # no trace to join (the driver records none)
             value = await awaitable(request.agent, runner(request, ctx))
         result = coerce_result(request.agent, value)
     except Exception as exc:

@@ -10,6 +10,7 @@ actor of a pool, or to a task, and waits on its ``ObjectRef.future()`` through
 from __future__ import annotations
 
 import logging
+import pickle
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -93,11 +94,29 @@ async def _serve(target: Target, request: Request, shipped: Shipped) -> Reply:
     return reply
 
 
+def _pack(value: object, *, by_value: bool = False) -> bytes:
+    """``value`` pickled: by the standard pickler when it can, else (or ``by_value``: a
+    runner shipped as itself, which the worker cannot import) by Ray's cloudpickle.
+
+    Each attempt crosses as one ``bytes`` argument and returns one: Ray's cost grows with
+    every argument, and its cloudpickle is slower than the standard pickler's C code."""
+    if not by_value:
+        try:
+            return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # a class the worker has by value only (the driver's __main__)
+            pass
+    return bytes(ray.cloudpickle.dumps(value))
+
+
+def _unpack(blob: bytes) -> Any:
+    return pickle.loads(blob)
+
+
 class _WorkerActor:
     """An async actor of the pool: each call runs one attempt in the actor's event loop."""
 
-    async def run(self, target: Target, request: Request, shipped: Shipped) -> Reply:
-        return await _serve(target, request, shipped)
+    async def run(self, payload: bytes) -> bytes:
+        return _pack(await _serve(*_unpack(payload)))
 
 
 async def _ticking(target: Target, request: Request, shipped: Shipped) -> Reply:
@@ -115,9 +134,9 @@ async def _tick() -> None:
         await anyio.sleep(_TICK)
 
 
-def _task_body(target: Target, request: Request, shipped: Shipped) -> Reply:
+def _task_body(payload: bytes) -> bytes:
     """One attempt as a normal Ray task, in an event loop of its own."""
-    return anyio.run(_ticking, target, request, shipped)
+    return _pack(anyio.run(_ticking, *_unpack(payload)))
 
 
 class _SinkActor:
@@ -324,17 +343,18 @@ class RayBackend:
             sink=self._sink_name,
         )
         target = self._target(spec.runner)
+        payload = _pack((target, request, shipped), by_value=not isinstance(target, str))
         slot = None
         if self._mode == "task":
-            ref = self._task.remote(target, request, shipped)
+            ref = self._task.remote(payload)
         else:
             slot = self._slot()
-            ref = slot.actor.run.remote(target, request, shipped)
-        future: Future[Reply] = ref.future()
+            ref = slot.actor.run.remote(payload)
+        future: Future[bytes] = ref.future()
         if slot is not None:
             slot.busy += 1
         try:
-            reply = await settled(future)
+            reply: Reply = _unpack(await settled(future))
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._stop(ref, future, slot)
@@ -356,7 +376,7 @@ class RayBackend:
         assert reply.result is not None
         return reply.result
 
-    async def _stop(self, ref: Any, future: Future[Reply], slot: _Slot | None) -> None:
+    async def _stop(self, ref: Any, future: Future[bytes], slot: _Slot | None) -> None:
         """Ray's cancel of ``ref``; if it still runs ``force_after`` seconds later, the
         forced stop: a forced cancel of its task, or its actor killed."""
         try:
@@ -377,12 +397,13 @@ class RayBackend:
         with anyio.move_on_after(_SETTLE):
             await finished(future)
 
-    async def _salvage(self, ctx: RunContext, future: Future[Reply] | None) -> None:
+    async def _salvage(self, ctx: RunContext, future: Future[bytes] | None) -> None:
         """Bring what a run without a usable reply reported into its envelope: from a
         reply that came after all, else from the sink."""
         progress = None
         if future is not None and future.done() and future.exception() is None:
-            progress = future.result().progress
+            reply: Reply = _unpack(future.result())
+            progress = reply.progress
         if progress is None and self._sink is not None:
             with anyio.move_on_after(_COLLECT):
                 try:

@@ -24,6 +24,9 @@ class Latch:
         self._event = anyio.Event()
         self._value: object = None
 
+    def ready(self) -> None:
+        """Answers once the actor exists (and its name can be looked up)."""
+
     def set(self, value: object) -> None:
         self._value = value
         self._event.set()

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
-import anyio.to_thread
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -25,6 +24,7 @@ from subagents import (  # noqa: E402  # after the skip: ray must exist to impor
     SubagentConfig,
     SubagentManager,
 )
+from subagents.backends._ray_bridge import settled  # noqa: E402
 from subagents.backends.ray import RayBackend  # noqa: E402
 from subagents.testing import check_backend  # noqa: E402
 from tests.backends.ray import runners  # noqa: E402
@@ -81,13 +81,16 @@ async def latch(cluster: None) -> AsyncIterator[tuple[str, Any]]:
     """A named actor a runner sets once it runs on its worker (with its pid)."""
     name = f"latch-{uuid.uuid4().hex}"
     actor = ray.remote(runners.Latch).options(name=name, num_cpus=0).remote()
+    await settled(actor.ready.remote().future())
     yield name, actor
     ray.kill(actor)
 
 
 async def started(latch: tuple[str, Any]) -> int:
-    """The pid of the worker whose runner set ``latch``, once it has."""
-    pid = await anyio.to_thread.run_sync(ray.get, latch[1].wait.remote())
+    """The pid of the worker whose runner set ``latch``, once it has (a runner that never
+    starts fails the test instead of hanging it)."""
+    with anyio.fail_after(60):
+        pid = await settled(latch[1].wait.remote().future())
     assert isinstance(pid, int)
     return pid
 
@@ -133,6 +136,8 @@ async def test_the_watchdog_ends_a_hung_remote_runner_in_timeout_keeping_its_pro
     backends: dict[str, RayBackend], latch: tuple[str, Any], mode: str
 ) -> None:
     async with manager(backends[mode]) as m:
+        # A warm worker: the watchdog's second must go to the runner, not to a start.
+        assert (await m.execute("noop")).status is Status.COMPLETED
         handle = m.spawn("hangs", latch[0], timeout=1.0)
         await started(latch)
         envelope = await handle.wait()
