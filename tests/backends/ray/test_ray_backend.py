@@ -229,6 +229,22 @@ async def test_a_remote_runner_that_delegates_is_refused_with_spawn_rejected(
     assert "from a runner on a Ray worker" in envelope.error
 
 
+# ---------------------------------------------------------------------- the example
+
+
+async def test_the_readmes_ray_example_runs_each_child_on_a_worker(
+    cluster: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from examples import ray_cluster
+
+    await ray_cluster.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" (worker")[0] for line in lines] == [
+        f"completed summary of chapter {n}" for n in (1, 2, 3)
+    ]
+    assert all(f"pid {os.getpid()})" not in line for line in lines)  # not run here
+
+
 # ---------------------------------------------------------------------- arguments
 
 
