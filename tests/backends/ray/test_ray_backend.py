@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 from subagents import (  # noqa: E402  # after the skip: ray must exist to import these
     AgentSpec,
     ConfigError,
+    DelegateResult,
     Ruleset,
     Status,
     SubagentConfig,
@@ -99,6 +100,19 @@ def manager(backend: RayBackend, **config: Any) -> SubagentManager:
     return SubagentManager(AGENTS, backend=backend, config=SubagentConfig(**config))
 
 
+async def cancelled_once_started(
+    m: SubagentManager, agent: str, latch: tuple[str, Any]
+) -> tuple[DelegateResult, float]:
+    """Spawn ``agent``, cancel it once its runner runs on its worker: its envelope, and
+    the seconds from the cancel to it."""
+    handle = m.spawn(agent, latch[0])
+    await started(latch)
+    start = anyio.current_time()
+    assert m.cancel(handle.task_id)
+    envelope = await handle.wait()
+    return envelope, anyio.current_time() - start
+
+
 # ---------------------------------------------------------------------- conformance
 
 
@@ -119,12 +133,7 @@ async def test_a_cancelled_async_runner_ends_within_100_ms_keeping_its_progress(
     backends: dict[str, RayBackend], latch: tuple[str, Any], mode: str
 ) -> None:
     async with manager(backends[mode]) as m:
-        handle = m.spawn("hangs", latch[0])
-        await started(latch)
-        start = anyio.current_time()
-        assert m.cancel(handle.task_id)
-        envelope = await handle.wait()
-        elapsed = anyio.current_time() - start
+        envelope, elapsed = await cancelled_once_started(m, "hangs", latch)
     assert envelope.status is Status.CANCELLED
     assert elapsed <= 0.1, f"the envelope came {elapsed:.3f} s after the cancel"
     assert envelope.output == "partial before the hang"
@@ -150,12 +159,7 @@ async def test_a_blocking_runner_is_stopped_by_force_after_force_after(
     backends: dict[str, RayBackend], latch: tuple[str, Any], mode: str
 ) -> None:
     async with manager(backends[mode]) as m:
-        handle = m.spawn("blocks", latch[0])
-        await started(latch)
-        start = anyio.current_time()
-        assert m.cancel(handle.task_id)
-        envelope = await handle.wait()
-        elapsed = anyio.current_time() - start
+        envelope, elapsed = await cancelled_once_started(m, "blocks", latch)
         assert envelope.status is Status.CANCELLED
         assert elapsed <= FORCE_AFTER + 0.1, f"stopped {elapsed:.3f} s after the cancel"
         # the pool replaced a killed actor; a task's worker was replaced by Ray
