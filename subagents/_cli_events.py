@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from ._event_runs import read_run
 from ._event_summary import summarize_events
 from ._event_timeline import render_timeline
-from ._event_tree import render_tree
+from ._event_tree import printable, render_tree
 from ._events import COMPLETED, MISSED, PROGRESS, SPAWNED, STARTED, Event
 from ._json import dumps_str
 from ._jsonl import EventFollower, read_events
@@ -198,7 +198,8 @@ def format_event(event: Event) -> str:
         )
     else:
         detail = dumps_str(data)[:200]
-    return f"{head} {where}  {detail}"
+    # A log is any file: its names and errors must not move the cursor or start a line.
+    return printable(f"{head} {where}  {detail}")
 
 
 def tail(
@@ -286,7 +287,7 @@ def _run_summary(args: argparse.Namespace) -> int:
     elif summary.events == 0:
         print(f"no events in {args.file}")
     else:
-        print(summary.format())
+        print("\n".join(printable(line) for line in summary.format().split("\n")))
     return 0
 
 

@@ -397,3 +397,26 @@ def test_main_turns_interrupts_and_stray_os_errors_into_a_status(
     monkeypatch.setattr(cli_events, "_run_summary", fails)
     assert main(["events", "summary", str(tmp_path / "x.jsonl")]) == status
     assert capsys.readouterr().err == err
+
+
+def test_tail_and_summary_show_control_characters_as_escapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name or error holding terminal controls (an ANSI escape, a carriage return, a
+    line separator) is printed as escapes: it neither restyles the terminal nor starts a
+    line of its own."""
+    path = tmp_path / "events.jsonl"
+    hostile = "x\x1b[2J\r\u2028y"
+    events = [
+        ev(SPAWNED, "t1", {"agent": hostile, "mode": "spawn"}, path=f"/root/{hostile}"),
+        done("t1", hostile, Status.ERROR, ms=5),
+    ]
+    write_log(path, events)
+    assert main(["events", "tail", str(path), "--no-follow"]) == 0
+    tail_out = capsys.readouterr().out
+    assert main(["events", "summary", str(path)]) == 0
+    summary_out = capsys.readouterr().out
+    for out in (tail_out, summary_out):
+        assert not {"\x1b", "\r", "\u2028"} & set(out)
+        assert "x\\x1b[2J\\x0d\\u2028y" in out
+    assert len(tail_out.splitlines()) == len(events)

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from subagents import (
@@ -594,6 +594,11 @@ OPS = st.lists(
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @settings(max_examples=100, deadline=None)
 @given(retain=st.sampled_from([None, 0, 1, 3]), ops=OPS)
+# Forgetting the newest collected record does not bring back the one it pushed out.
+@example(
+    retain=1,
+    ops=[("spawn", 0)] * 3 + [("finish", 0), ("finish", 1), ("drain_all", 0), ("forget", 1)],
+)
 def test_records_follow_the_model(
     backend: str, retain: int | None, ops: list[tuple[str, int]]
 ) -> None:
@@ -612,20 +617,27 @@ async def _run_model(retain: int | None, ops: list[tuple[str, int]]) -> None:
 
     handles: list[SpawnHandle] = []
     collected: list[str] = []  # the collection order
+    window: list[str] = []  # the collected records still kept, oldest first
+    evicted: set[str] = set()  # pushed out of the window by a later collection
     forgotten: set[str] = set()  # by forget()
 
     def kept(h: SpawnHandle) -> bool:
-        if h.task_id in forgotten:
-            return False
-        if retain is None or h.task_id not in collected:
-            return True
-        # A forgotten record is gone: the window holds the latest ``retain`` still kept.
-        live = [task_id for task_id in collected if task_id not in forgotten]
-        return retain > 0 and h.task_id in live[-retain:]
+        return h.task_id not in forgotten and h.task_id not in evicted
 
     def note_collected(task_id: str) -> None:
-        if task_id not in collected and task_id not in forgotten:
-            collected.append(task_id)
+        if task_id in collected or task_id in forgotten:
+            return
+        collected.append(task_id)
+        window.append(task_id)
+        # The window holds the latest ``retain`` collected records still kept: one pushed
+        # out is gone for good, even if a later forget() makes room again.
+        while retain is not None and len(window) > retain:
+            evicted.add(window.pop(0))
+
+    def note_forgotten(task_id: str) -> None:
+        forgotten.add(task_id)
+        if task_id in window:
+            window.remove(task_id)
 
     async with manager_with(
         spec("gated", gated), retain_collected=retain, max_concurrent_spawns=64
@@ -675,7 +687,7 @@ async def _run_model(retain: int | None, ops: list[tuple[str, int]]) -> None:
                     assert manager.forget(target.task_id) is None
                 else:
                     assert manager.forget(target.task_id) is target.result
-                    forgotten.add(target.task_id)
+                    note_forgotten(target.task_id)
             expected = [h for h in handles if kept(h)]
             assert manager.tasks() == expected
             assert [h for h in handles if has_record(manager, h)] == expected
