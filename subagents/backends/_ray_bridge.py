@@ -3,14 +3,17 @@
 Ray completes an ``ObjectRef.future()`` in a thread of its own, which must never wait for
 the event loop (it delivers every completion of the process). So the future's callback
 hands ``event.set`` to a waker thread (a deque append under a lock) and returns; the waker
-makes one blocking ``anyio.from_thread.run_sync`` call into the loop for everything queued
-since its last one. There is one waker per event loop (an anyio ``RunVar``); it ends after
-a second without work and starts again on the next completion, and once its loop has ended
-it drops what it was given (nobody is left to wake).
+queues one call into the loop for everything queued since its last one, through the
+loop's own non-blocking hand-over (asyncio's ``call_soon_threadsafe``, trio's
+``run_sync_soon``): a loop that stops or closes with the call queued must not hold the
+waker. There is one waker per event loop (an anyio ``RunVar``); it ends after a second
+without work and starts again on the next completion, and once its loop has ended it
+drops what it was given (nobody is left to wake).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import deque
@@ -19,10 +22,9 @@ from concurrent.futures import Future
 from typing import Final, TypeVar
 
 import anyio
-import anyio.from_thread
 from anyio.lowlevel import EventLoopToken, RunVar, current_token
 
-__all__ = ["finished", "settled"]
+__all__ = ["done_event", "finished", "settled"]
 
 T = TypeVar("T")
 
@@ -66,14 +68,30 @@ class _Waker:
                     return
                 calls = list(self._calls)
                 self._calls.clear()
-            try:
-                anyio.from_thread.run_sync(_run_all, calls, token=self._token)
-            except anyio.RunFinishedError:  # the event loop has ended: nobody is left to wake
+            if not _hand_over(self._token, calls):  # the loop has ended: nobody is left to wake
                 with self._cond:
                     self._loop_alive = False
                     self._running = False
                     self._calls.clear()
                 return
+
+
+def _hand_over(token: EventLoopToken, calls: list[Callable[[], object]]) -> bool:
+    """Queue ``calls`` into the loop of ``token`` without waiting for it; False once the
+    loop has ended (asyncio's ``RuntimeError`` of a closed loop, trio's
+    ``RunFinishedError``, a ``RuntimeError`` too)."""
+    native = token.native_token
+    try:
+        if isinstance(native, asyncio.AbstractEventLoop):
+            if native.is_closed():
+                return False
+            native.call_soon_threadsafe(_run_all, calls)
+        else:  # trio's TrioToken (untyped here: trio is not a dependency)
+            run_sync_soon: Callable[..., object] = getattr(native, "run_sync_soon")  # noqa: B009
+            run_sync_soon(_run_all, calls)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _run_all(calls: list[Callable[[], object]]) -> None:
@@ -95,14 +113,21 @@ def _waker() -> _Waker:
     return waker
 
 
-async def finished(future: Future[T]) -> None:
-    """Wait until ``future`` is done, without blocking the event loop (cancellable)."""
-    if future.done():
-        return
+def done_event(future: Future[T]) -> anyio.Event:
+    """An event of the current loop, set once ``future`` is done."""
     event = anyio.Event()
+    if future.done():
+        event.set()
+        return event
     send = _waker().send
     future.add_done_callback(lambda _: send(event.set))
-    await event.wait()
+    return event
+
+
+async def finished(future: Future[T]) -> None:
+    """Wait until ``future`` is done, without blocking the event loop (cancellable)."""
+    if not future.done():
+        await done_event(future).wait()
 
 
 async def settled(future: Future[T]) -> T:
