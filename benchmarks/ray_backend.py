@@ -22,6 +22,10 @@ shuts it down at the end.
 - **forced stop**: a runner blocked in ``time.sleep`` (it ignores Ray's cancel), cancelled:
   seconds to its envelope with ``force_after=0.5`` (the actor is killed; in task mode the
   task is cancelled with ``force=True``).
+- **following running children**: ``n // 10`` children that report once and sleep 2 s,
+  run together, once plain and once followed (an event subscriber makes the driver read
+  each one's progress from the sink every 0.25 s): the driver's CPU seconds and the wall
+  time of each.
 """
 
 from __future__ import annotations
@@ -90,8 +94,15 @@ async def blocks(request: Request, ctx: RunContext) -> str:
     return "slept"
 
 
+async def sleeps(request: Request, ctx: RunContext) -> str:
+    ctx.report(output="working", iterations=1)
+    await anyio.sleep(2.0)
+    return "ok"
+
+
 AGENTS = [
     AgentSpec(name="noop", runner=noop),
+    AgentSpec(name="sleeps", runner=sleeps),
     AgentSpec(name="hangs", runner=hangs),
     AgentSpec(name="blocks", runner=blocks),
 ]
@@ -144,12 +155,28 @@ async def run(args: argparse.Namespace) -> None:
         for bare in ("bare, no argument", "bare, the Request"):
             print(f"  RayBackend / {bare}: {medians['RayBackend'] / medians[bare]:.2f}x")
         await latencies(manager, "actor", args.samples)
+    await following(backend, max(args.n // 10, 1))
     async with make_manager(task_backend) as manager:
         await latencies(manager, "task", args.samples)
     backend.close()
     task_backend.close()
     for actor in actors:
         ray.kill(actor)
+
+
+async def following(backend: RayBackend, n: int) -> None:
+    print(f"following {n} running children (2 s each, run together):")
+    for followed in (False, True):
+        async with make_manager(backend) as manager:
+            if followed:
+                manager.events.subscribe(lambda event: None)
+            cpu, start = time.process_time(), perf_counter()
+            handles = [manager.spawn("sleeps") for _ in range(n)]
+            for handle in handles:
+                assert (await handle.wait()).output == "ok"
+            cpu, wall = time.process_time() - cpu, perf_counter() - start
+        label = "followed (progress read every 0.25 s)" if followed else "plain"
+        print(f"  {label:38} driver CPU {cpu:.2f} s, wall {wall:.2f} s")
 
 
 async def started_child(manager: SubagentManager, agent: str, **spawn: Any) -> Any:

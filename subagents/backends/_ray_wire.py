@@ -4,33 +4,36 @@ Nothing here imports ray: :mod:`subagents.backends.ray` moves these records and 
 :func:`serve` in the worker. The driver ships a :class:`Shipped` context (seconds
 remaining, never a deadline: clocks differ between machines) with the ``Request``; the
 worker answers with a :class:`Reply` holding the result or the runner's exception, and
-the progress the runner reported. A runner travels as its import path (``module:name``)
-when it has one, else as the function itself (pickled by value).
+the progress the runner reported (the same :class:`~subagents._progress.Progress` a local
+run keeps). A runner travels as its import path (``module:name``) when it has one, else as
+the function itself (pickled by value); a path the worker cannot import comes back as
+:attr:`Reply.missing`, and the driver sends the function by value instead.
 """
 
 from __future__ import annotations
 
 import importlib
 import pickle
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+import types
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import anyio
 import attrs
 
 from .._backend import awaitable, coerce_result
-from .._envelope import Usage, clean_text, describe_exception
-from .._errors import ConfigError, SpawnRejected
+from .._context import BaseContext
+from .._envelope import Usage, describe_exception
+from .._errors import SpawnRejected
 from .._paths import AgentPath
 from .._permissions import Ruleset
+from .._progress import Progress, Report
 from .._tracing import joined
-from .._validators import count, plain_usage, text, texts
 
 if TYPE_CHECKING:
     from .._spec import Request, Result
 
 __all__ = [
-    "Delta",
     "Exported",
     "RemoteContext",
     "RemoteRunnerError",
@@ -39,6 +42,7 @@ __all__ = [
     "Sink",
     "Snapshot",
     "Target",
+    "by_value",
     "revived",
     "serve",
     "target_of",
@@ -47,13 +51,15 @@ __all__ = [
 Runner: TypeAlias = "Callable[..., Awaitable[object]]"
 Target: TypeAlias = "str | Runner"
 """A runner as shipped: its import path, or the callable itself."""
-
-_MAX_FILES = 1000  # as many distinct paths as a local envelope keeps
+Dumps: TypeAlias = "Callable[[object], bytes]"
+"""How the worker pickles what goes back: the same pickler as the reply's."""
 
 
 class RemoteRunnerError(Exception):
-    """A remote runner raised an exception that cannot travel back (it does not pickle);
-    the message names its type and text."""
+    """A remote runner raised an exception that could not travel back: it does not pickle
+    (the message names its type and text), or the driver cannot unpickle it (its module is
+    on the workers only). In the second case the error is an instance of a subclass named
+    like the runner's class, so the envelope's ``error_type`` is the runner's."""
 
 
 @attrs.frozen
@@ -77,48 +83,31 @@ class Shipped:
 
 @attrs.define
 class Snapshot:
-    """Progress reported so far by one run: the state ``ctx.report`` builds up."""
+    """Progress reported so far by one run: its :class:`Progress` (capped and counted as a
+    local run's), and its latest usage and iterations."""
 
-    output: str | None = None
+    progress: Progress = attrs.Factory(Progress)
     usage: Usage | None = None
     iterations: int | None = None
-    files: list[str] = attrs.Factory(list)
 
-    def apply(
-        self,
-        output: str | None,
-        append: str | None,
-        usage: Usage | None,
-        iterations: int | None,
-        files: tuple[str, ...] | None,
-    ) -> None:
-        """Fold one report (already validated) into the snapshot, as the local context
-        folds it into its progress."""
-        if output is not None:
-            self.output = output
-        if append:
-            self.output = (self.output or "") + append
-        if usage is not None:
-            self.usage = usage
-        if iterations is not None:
-            self.iterations = iterations
-        if files:
-            known = set(self.files)
-            for path in files:
-                if path not in known and len(self.files) < _MAX_FILES:
-                    known.add(path)
-                    self.files.append(path)
+    def apply(self, report: Report) -> None:
+        """Fold one validated report in, as the local context does."""
+        report.fold(self.progress)
+        if report.usage is not None:
+            self.usage = report.usage
+        if report.iterations is not None:
+            self.iterations = report.iterations
 
-
-Delta: TypeAlias = "tuple[str | None, str | None, Usage | None, int | None, tuple[str, ...] | None]"
-"""One report's arguments, in :meth:`Snapshot.apply`'s order."""
+    def totals(self) -> Report:
+        """The usage and iterations, as one report."""
+        return Report(usage=self.usage, iterations=self.iterations)
 
 
 class Sink(Protocol):
     """Where a remote context sends each report, so the driver can collect it after a
-    cancellation, a timeout or a crash (when no reply comes back)."""
+    cancellation, a timeout or a crash (when no reply comes back), or while it runs."""
 
-    def push(self, task_id: str, delta: Delta) -> None: ...
+    def push(self, task_id: str, report: Report) -> None: ...
 
 
 @attrs.frozen
@@ -126,16 +115,24 @@ class Reply:
     """What a remote run hands back: a result or the runner's exception, and its progress."""
 
     result: Result | None
-    error: BaseException | Exported | None
+    error: bytes | None
+    """The runner's exception (or an :class:`Exported` copy), pickled on its own: the
+    driver may lack its class."""
+    error_type: tuple[str, str] | None
+    """The exception's ``(error_type, message)``, for a driver that cannot unpickle it."""
     progress: Snapshot | None
+    missing: bool = False
+    """The worker could not import the runner's path (the driver resends it by value)."""
 
 
-class RemoteContext:
+class RemoteContext(BaseContext):
     """What a runner on a Ray worker receives in place of a :class:`RunContext`.
 
     It has the run's identity, attempt, permissions and watchdog deadline (in this
-    process's clock), and :meth:`report`, which reaches the driver's envelope. It has no
-    manager: :meth:`spawn` and :meth:`execute` raise :class:`SpawnRejected` (``remote``).
+    process's clock), and :meth:`report`, which reaches the driver's envelope with the
+    reply, and the driver's budgets and events while it runs (read every quarter of a
+    second, for a child with a token budget or progress listeners). It has no manager:
+    :meth:`spawn` and :meth:`execute` raise :class:`SpawnRejected` (``remote``).
     """
 
     __slots__ = ("_shipped", "_sink", "attempt", "deadline", "permissions", "progress")
@@ -183,42 +180,11 @@ class RemoteContext:
         """The path of the agent that delegated this run."""
         return AgentPath(self._shipped.parent_path)
 
-    def remaining(self) -> float | None:
-        """Seconds left before the watchdog fires, or ``None`` without a watchdog."""
-        if self.deadline is None:
-            return None
-        return max(0.0, self.deadline - anyio.current_time())
-
-    def allows(self, tool: str) -> bool:
-        """Whether this agent may use ``tool`` under its effective permissions."""
-        return self.permissions.allows(tool)
-
-    def report(
-        self,
-        *,
-        output: str | None = None,
-        append: str | None = None,
-        usage: Usage | None = None,
-        iterations: int | None = None,
-        files_changed: Iterable[str] | None = None,
-    ) -> None:
-        """Record progress so far, as :meth:`RunContext.report` does; it reaches the
-        driver's envelope with the result, or after a cancellation, timeout or crash.
-
-        Raises:
-            ConfigError: a value of the wrong type or range (nothing is recorded then).
-        """
-        delta: Delta = (
-            None if output is None else clean_text(text("output", output)),
-            None if append is None else clean_text(text("append", append)),
-            None if usage is None else _plain_usage(usage),
-            None if iterations is None else count("iterations", iterations, minimum=0),
-            None if files_changed is None else texts("files_changed", files_changed),
-        )
+    def _apply(self, report: Report) -> None:
         if self.progress is None:
             self.progress = Snapshot()
-        self.progress.apply(*delta)
-        self._sink.push(self._shipped.task_id, delta)
+        self.progress.apply(report)
+        self._sink.push(self._shipped.task_id, report)
 
     def spawn(self, agent: str, *args: object, **kwargs: object) -> None:
         """Refused: a remote run has no manager to delegate through."""
@@ -237,13 +203,6 @@ def _no_delegation(agent: str) -> SpawnRejected:
     )
 
 
-def _plain_usage(usage: object) -> Usage:
-    plain = plain_usage(usage)
-    if plain is None:
-        raise ConfigError("usage", "a Usage with token counts 0 <= n < 2**63", usage)
-    return plain
-
-
 def target_of(runner: Runner) -> Target:
     """How ``runner`` travels: its import path when importing that path gives it back
     (a module-level function), else the callable itself."""
@@ -257,6 +216,27 @@ def target_of(runner: Runner) -> Target:
         except (ImportError, AttributeError):
             pass
     return runner
+
+
+def by_value(runner: Runner) -> Runner:
+    """``runner`` as the worker can receive it when it cannot import its module (one on
+    the driver's ``sys.path`` only, as a pytest test module): a copy of a plain function
+    that claims the driver's ``__main__``, which cloudpickle ships with its code. Globals
+    it uses from its own module still travel by reference."""
+    if not isinstance(runner, types.FunctionType):
+        return runner
+    copy = types.FunctionType(
+        runner.__code__,
+        runner.__globals__,
+        runner.__name__,
+        runner.__defaults__,
+        runner.__closure__,
+    )
+    copy.__kwdefaults__ = runner.__kwdefaults__
+    copy.__qualname__ = runner.__qualname__
+    copy.__dict__.update(runner.__dict__)
+    copy.__module__ = "__main__"
+    return copy
 
 
 def _import(path: str) -> Runner:
@@ -296,26 +276,40 @@ class Exported:
         return exc
 
 
-def portable(exc: BaseException) -> BaseException | Exported:
-    """``exc`` as it can travel back: itself if it survives pickling, else an
+def portable(exc: BaseException, dumps: Dumps) -> bytes:
+    """``exc`` pickled by ``dumps`` as it can travel back: itself if it survives, else an
     :class:`Exported` copy, else a :class:`RemoteRunnerError` that says what it was (a
     runner's exception must reach the envelope, never fail the reply)."""
     try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
+        blob = dumps(exc)
+        pickle.loads(blob)
+        return blob
     except Exception:
         pass
     try:
-        exported = Exported(type(exc), exc.args, dict(getattr(exc, "__dict__", {})))
-        pickle.loads(pickle.dumps(exported)).revive()
-        return exported
+        blob = dumps(Exported(type(exc), exc.args, dict(getattr(exc, "__dict__", {}))))
+        pickle.loads(blob).revive()
+        return blob
     except Exception:
         error_type, message = describe_exception(exc)
-        return RemoteRunnerError(f"{error_type} (not picklable): {message}")
+        return dumps(RemoteRunnerError(f"{error_type} (not picklable): {message}"))
 
 
-def revived(error: BaseException | Exported) -> BaseException:
-    """The exception a :class:`Reply` carries, as the runner raised it."""
+def revived(reply: Reply) -> BaseException:
+    """The exception ``reply`` carries, as the runner raised it; if the driver cannot
+    unpickle it, a :class:`RemoteRunnerError` of a subclass named like the runner's class,
+    with its text."""
+    assert reply.error is not None
+    assert reply.error_type is not None
+    try:
+        error: BaseException | Exported = pickle.loads(reply.error)
+    except Exception:
+        error_type, message = reply.error_type
+        module, _, qualname = error_type.rpartition(".")
+        cls: type[RemoteRunnerError] = type(
+            qualname, (RemoteRunnerError,), {"__module__": module, "__qualname__": qualname}
+        )
+        return cls(message.removeprefix(f"{qualname}: "))
     return error.revive() if isinstance(error, Exported) else error
 
 
@@ -325,6 +319,7 @@ async def serve(
     shipped: Shipped,
     sink: Sink,
     cache: MutableMapping[str, Runner],
+    dumps: Dumps,
 ) -> Reply:
     """Run the runner ``target`` names on ``request``, in the worker, to a :class:`Reply`.
 
@@ -334,6 +329,11 @@ async def serve(
     ctx = RemoteContext(shipped, sink)
     try:
         runner = resolve(target, cache)
+    except (ImportError, AttributeError):
+        if not isinstance(target, str):
+            raise
+        return Reply(result=None, error=None, error_type=None, progress=None, missing=True)
+    try:
         if shipped.carrier:
             with joined(shipped.carrier):
                 value = await awaitable(request.agent, runner(request, ctx))
@@ -341,5 +341,7 @@ async def serve(
             value = await awaitable(request.agent, runner(request, ctx))
         result = coerce_result(request.agent, value)
     except Exception as exc:
-        return Reply(result=None, error=portable(exc), progress=ctx.progress)
-    return Reply(result=result, error=None, progress=ctx.progress)
+        error = portable(exc, dumps)
+        described = describe_exception(exc)
+        return Reply(result=None, error=error, error_type=described, progress=ctx.progress)
+    return Reply(result=result, error=None, error_type=None, progress=ctx.progress)

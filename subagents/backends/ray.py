@@ -1,7 +1,8 @@
 """RayBackend: each child's runner runs on a Ray cluster; the manager keeps the rest.
 
-The one module that imports ray (the ``subagents[ray]`` extra). Admission, the watchdog,
-sessions, mailboxes, retries and envelopes stay in the driver's manager; this backend
+This module and :mod:`._ray_worker` (the worker's side) import ray (the ``subagents[ray]``
+extra). Admission, the watchdog, sessions, mailboxes, retries and envelopes stay in the
+driver's manager; this backend
 ships each attempt (the ``Request`` and a small context, :mod:`._ray_wire`) to an async
 actor of a pool, or to a task, and waits on its ``ObjectRef.future()`` through
 :mod:`._ray_bridge`, so the driver may run on asyncio or trio. See ``design/backends.md``.
@@ -10,38 +11,50 @@ actor of a pool, or to a task, and waits on its ``ObjectRef.future()`` through
 from __future__ import annotations
 
 import logging
-import pickle
+import threading
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+import anyio.to_thread
 import ray
 import ray.exceptions
 
+from .._context import absorb
 from .._errors import ConfigError
 from .._retry import run_with_retries
 from .._tracing import trace_carrier
 from .._validators import count, number, seconds, text
-from ._ray_bridge import finished, settled
+from ._ray_bridge import done_event, finished, settled
 from ._ray_wire import (
-    Delta,
+    RemoteContext,
+    RemoteRunnerError,
     Reply,
     Runner,
     Shipped,
     Snapshot,
     Target,
+    by_value,
     revived,
-    serve,
     target_of,
 )
+from ._ray_worker import Sink as _Sink
+from ._ray_worker import Worker as _Worker
+from ._ray_worker import pack as _pack
+from ._ray_worker import run_task as _run_task
+from ._ray_worker import unpack as _unpack
 
 if TYPE_CHECKING:
     from .._context import RunContext
     from .._spec import AgentSpec, Request, Result
 
-__all__ = ["RayBackend"]
+__all__ = ["ClusterLostError", "RayBackend", "RemoteContext", "RemoteRunnerError"]
+
+# Public here, where users import them (and where envelopes name them).
+RemoteContext.__module__ = __name__
+RemoteRunnerError.__module__ = __name__
 
 logger = logging.getLogger("subagents.backends.ray")
 
@@ -50,119 +63,14 @@ _SETTLE: Final = 5.0
 """Seconds to wait for Ray to confirm a forced stop (a killed actor, a forced cancel)."""
 _COLLECT: Final = 2.0
 """Seconds to wait for the progress sink to hand over a run's reported progress."""
-_TICK: Final = 0.02
-"""Seconds between wake-ups of a task's event loop, so a cancel reaches a sleeping runner."""
+_POLL: Final = 0.25
+"""Seconds between the driver's checks on a running call: that Ray is still up, and (for a
+child with a token budget or progress listeners) what it has reported."""
+_INIT_LOCK = threading.Lock()
 
 
-# ------------------------------------------------------------------ the worker's side
-
-_RUNNERS: dict[str, Runner] = {}
-"""Runners imported by this worker process, by import path."""
-
-
-class _SinkClient:
-    """A worker's way to the progress sink actor, looked up by name on the first report
-    (a run that never reports never pays for it). Reports are fire-and-forget calls from
-    one process to one actor, so the sink applies them in the order they were made."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._actor: Any = None
-
-    def _handle(self) -> Any:
-        if self._actor is None:
-            self._actor = ray.get_actor(self._name)
-        return self._actor
-
-    def push(self, task_id: str, delta: Delta) -> None:
-        self._handle().push.remote(task_id, delta)
-
-    def drop(self, task_id: str) -> None:
-        self._handle().drop.remote(task_id)
-
-
-_SINKS: dict[str, _SinkClient] = {}
-
-
-async def _serve(target: Target, request: Request, shipped: Shipped) -> Reply:
-    sink = _SINKS.get(shipped.sink)
-    if sink is None:
-        sink = _SINKS[shipped.sink] = _SinkClient(shipped.sink)
-    reply = await serve(target, request, shipped, sink, _RUNNERS)
-    if reply.progress is not None:  # the reply carries it: the sink's copy is not needed
-        sink.drop(shipped.task_id)
-    return reply
-
-
-def _pack(value: object, *, by_value: bool = False) -> bytes:
-    """``value`` pickled: by the standard pickler when it can, else (or ``by_value``: a
-    runner shipped as itself, which the worker cannot import) by Ray's cloudpickle.
-
-    Each attempt crosses as one ``bytes`` argument and returns one: Ray's cost grows with
-    every argument, and its cloudpickle is slower than the standard pickler's C code."""
-    if not by_value:
-        try:
-            return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # a class the worker has by value only (the driver's __main__)
-            pass
-    return bytes(ray.cloudpickle.dumps(value))
-
-
-def _unpack(blob: bytes) -> Any:
-    return pickle.loads(blob)
-
-
-class _WorkerActor:
-    """An async actor of the pool: each call runs one attempt in the actor's event loop."""
-
-    async def run(self, payload: bytes) -> bytes:
-        return _pack(await _serve(*_unpack(payload)))
-
-
-async def _ticking(target: Target, request: Request, shipped: Shipped) -> Reply:
-    # Ray cancels a normal task by interrupting its Python code, and an event loop asleep
-    # in its selector runs none: a tick every _TICK seconds lets the interrupt land.
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_tick)
-        reply = await _serve(target, request, shipped)
-        tg.cancel_scope.cancel()
-    return reply
-
-
-async def _tick() -> None:
-    while True:  # noqa: ASYNC110  # waking the loop is the point, there is no event to await
-        await anyio.sleep(_TICK)
-
-
-def _task_body(payload: bytes) -> bytes:
-    """One attempt as a normal Ray task, in an event loop of its own."""
-    return _pack(anyio.run(_ticking, *_unpack(payload)))
-
-
-class _SinkActor:
-    """Keeps the progress runners report, for the driver to take when no reply comes (a
-    cancellation, a timeout, a dead worker)."""
-
-    def __init__(self) -> None:
-        self._progress: dict[str, Snapshot] = {}
-
-    def push(self, task_id: str, delta: Delta) -> None:
-        snapshot = self._progress.get(task_id)
-        if snapshot is None:
-            snapshot = self._progress[task_id] = Snapshot()
-        snapshot.apply(*delta)
-
-    def drop(self, task_id: str) -> None:
-        self._progress.pop(task_id, None)
-
-    def take(self, task_id: str) -> Snapshot | None:
-        return self._progress.pop(task_id, None)
-
-
-# Built by call, not as decorators: ray is untyped for the type checker.
-_Worker: Any = ray.remote(_WorkerActor)
-_Sink: Any = ray.remote(_SinkActor)
-_run_task: Any = ray.remote(_task_body)
+class ClusterLostError(RuntimeError):
+    """Ray shut down (or the driver lost its cluster) while a child ran on it."""
 
 
 # ------------------------------------------------------------------ the driver's side
@@ -204,9 +112,10 @@ class RayBackend:
     """A :data:`~subagents.Backend` that runs each child's runner on a Ray cluster.
 
     Pass it as ``SubagentManager(agents, backend=RayBackend())``. Each attempt ships the
-    ``Request`` and a :class:`~subagents.backends._ray_wire.RemoteContext` (task id, agent
-    path, attempt, permissions, seconds remaining, a W3C trace carrier); the runner is
-    found in the worker by its import path (a module-level function), or shipped by value.
+    ``Request`` and a :class:`RemoteContext` (task id, agent path, attempt, permissions,
+    seconds remaining, a W3C trace carrier); the runner is found in the worker by its
+    import path (a module-level function), or shipped by value (a closure, a function of
+    ``__main__``, or one whose module the workers cannot import).
     ``ctx.report()`` in the worker reaches the envelope. The runner cannot delegate:
     ``ctx.spawn`` and ``ctx.execute`` raise :class:`~subagents.SpawnRejected` (``remote``).
 
@@ -217,8 +126,10 @@ class RayBackend:
     (``ray.exceptions.ActorDiedError``, ``ray.exceptions.WorkerCrashedError``). Ray's own
     retries are off; the agent's ``RetryPolicy`` decides, each attempt a new call.
 
-    Ray is initialised on first use (``ray.init(address=address)``, blocking) unless the
-    program did so already.
+    Ray is initialised on first use (``ray.init(address=address)``, in a worker thread, so
+    the event loop keeps running) unless the program did so already. A child running when
+    Ray shuts down ends in an ``error`` envelope (:class:`ClusterLostError`) within a
+    quarter of a second.
 
     Args:
         address: the cluster to join when this backend initialises Ray (``None``: a local
@@ -262,6 +173,12 @@ class RayBackend:
             if not isinstance(runtime_env, Mapping):
                 raise ConfigError("runtime_env", "a mapping (Ray's runtime_env)", runtime_env)
             options["runtime_env"] = dict(runtime_env)
+        # The sink runs where the workers do, with their environment (it imports this
+        # package), but holds no CPU or GPU: it only keeps reports.
+        self._sink_options: dict[str, Any] = {
+            "num_cpus": 0,
+            **{key: options[key] for key in ("runtime_env", "resources") if key in options},
+        }
         concurrency = count("max_concurrency", max_concurrency, minimum=1)
         self._actor_options = {
             **options,
@@ -272,7 +189,7 @@ class RayBackend:
         self._task = _run_task.options(**options, max_retries=0)
         self._pool: list[_Slot] = []
         self._sink: Any = None
-        self._sink_name = f"subagents-progress-{uuid.uuid4().hex}"
+        self._sink_name = ""
         self._targets: dict[Runner, Target] = {}
 
     @property
@@ -282,18 +199,25 @@ class RayBackend:
 
     def close(self) -> None:
         """End this backend's actors (the pool and the progress sink); a later run
-        starts new ones. Runs still going on them end in error envelopes."""
-        pool, self._pool = self._pool, []
-        sink, self._sink = self._sink, None
+        starts new ones (a new sink under a new name). Runs still going on them end in
+        error envelopes."""
+        pool, sink = self._forget()
+        if not ray.is_initialized():  # nothing to kill, and no new cluster to start
+            return
         for actor in [slot.actor for slot in pool] + ([sink] if sink is not None else []):
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # already gone, or Ray shut down
                 logger.debug("killing a Ray actor failed", exc_info=True)
 
+    def _forget(self) -> tuple[list[_Slot], Any]:
+        pool, self._pool = self._pool, []
+        sink, self._sink = self._sink, None
+        return pool, sink
+
     async def __call__(self, spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
         """Run ``spec``'s runner on the cluster, retrying under ``spec.retry``."""
-        self._ready()
+        await self._ready()
         if spec.retry is None:
             return await self._attempt(spec, request, ctx)
 
@@ -303,11 +227,17 @@ class RayBackend:
 
         return await run_with_retries(spec.retry, attempt, deadline=ctx.deadline)
 
-    def _ready(self) -> None:
+    async def _ready(self) -> None:
         if not ray.is_initialized():
-            ray.init(address=self._address)
+            await anyio.to_thread.run_sync(self._init)
         if self._sink is None:
-            self._sink = _Sink.options(name=self._sink_name, num_cpus=0).remote()
+            self._sink_name = f"subagents-progress-{uuid.uuid4().hex}"
+            self._sink = _Sink.options(name=self._sink_name, **self._sink_options).remote()
+
+    def _init(self) -> None:
+        with _INIT_LOCK:  # two first children, one cluster
+            if not ray.is_initialized():
+                ray.init(address=self._address)
 
     def _target(self, runner: Runner) -> Target:
         target = self._targets.get(runner)
@@ -330,6 +260,21 @@ class RayBackend:
             self._pool.remove(slot)
 
     async def _attempt(self, spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
+        reply = await self._call(self._target(spec.runner), request, ctx)
+        if reply.missing:  # the workers cannot import the runner's module: send its code
+            target = self._targets[spec.runner] = by_value(spec.runner)
+            reply = await self._call(target, request, ctx)
+            if reply.missing:
+                raise RemoteRunnerError(f"the Ray workers cannot import {spec.runner!r}")
+        if reply.progress is not None:
+            _absorb(ctx, reply.progress)
+        if reply.error is not None:
+            raise revived(reply)
+        assert reply.result is not None
+        return reply.result
+
+    async def _call(self, target: Target, request: Request, ctx: RunContext) -> Reply:
+        """One Ray call running ``target``: its reply, or the error that ended it."""
         shipped = Shipped(
             task_id=ctx.task_id,
             parent_session_id=ctx.parent_session_id,
@@ -342,7 +287,6 @@ class RayBackend:
             carrier=trace_carrier(),
             sink=self._sink_name,
         )
-        target = self._target(spec.runner)
         payload = _pack((target, request, shipped), by_value=not isinstance(target, str))
         slot = None
         if self._mode == "task":
@@ -354,7 +298,7 @@ class RayBackend:
         if slot is not None:
             slot.busy += 1
         try:
-            reply: Reply = _unpack(await settled(future))
+            reply: Reply = _unpack(await self._settle(future, ctx))
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._stop(ref, future, slot)
@@ -369,22 +313,57 @@ class RayBackend:
         finally:
             if slot is not None:
                 slot.busy -= 1
-        if reply.progress is not None:
-            _report(ctx, reply.progress)
-        if reply.error is not None:
-            raise revived(reply.error)
-        assert reply.result is not None
-        return reply.result
+        return reply
+
+    async def _settle(self, future: Future[bytes], ctx: RunContext) -> bytes:
+        """The call's reply. Every :data:`_POLL` seconds meanwhile: whether Ray is still
+        up (Ray never completes a call's future after ``ray.shutdown()``), and, for a child
+        with a token budget or progress listeners, its progress from the sink, so a budget
+        stops it mid-run and ``subagent.progress`` events flow as it reports."""
+        done = done_event(future)
+        live = _watched(ctx)
+        seen: object = None
+        while True:
+            with anyio.move_on_after(_POLL):
+                await done.wait()
+            if future.done():
+                return future.result()
+            if not ray.is_initialized():
+                self._forget()  # its actors went with the cluster
+                raise ClusterLostError(f"Ray shut down while child {ctx.task_id!r} ran")
+            if live:
+                snapshot = await self._peek(ctx.task_id)
+                if snapshot is not None and _mark(snapshot) != seen:
+                    seen = _mark(snapshot)
+                    _absorb(ctx, snapshot)
+
+    async def _peek(self, task_id: str) -> Snapshot | None:
+        sink = self._sink
+        if sink is None:
+            return None
+        with anyio.move_on_after(_COLLECT):
+            try:
+                snapshot: Snapshot | None = await settled(sink.peek.remote(task_id).future())
+            except ray.exceptions.RayError:
+                logger.debug("reading the progress of child %r failed", task_id, exc_info=True)
+                return None
+            return snapshot
+        return None
 
     async def _stop(self, ref: Any, future: Future[bytes], slot: _Slot | None) -> None:
         """Ray's cancel of ``ref``; if it still runs ``force_after`` seconds later, the
-        forced stop: a forced cancel of its task, or its actor killed."""
+        forced stop: a forced cancel of its task, or its actor killed. Never with Ray shut
+        down: its calls would start a new local cluster."""
+        if not ray.is_initialized():
+            return
         try:
             ray.cancel(ref)
         except Exception:
             logger.exception("ray.cancel of a child's call failed")
         with anyio.move_on_after(self._force_after):
             await finished(future)
+            return
+        if not ray.is_initialized():
             return
         try:
             if slot is None:
@@ -404,24 +383,36 @@ class RayBackend:
         if future is not None and future.done() and future.exception() is None:
             reply: Reply = _unpack(future.result())
             progress = reply.progress
-        if progress is None and self._sink is not None:
+        if progress is None and self._sink is not None and ray.is_initialized():
             with anyio.move_on_after(_COLLECT):
                 try:
                     progress = await settled(self._sink.take.remote(ctx.task_id).future())
                 except ray.exceptions.RayError:
                     logger.warning("the progress of child %r was lost", ctx.task_id)
         if progress is not None:
-            _report(ctx, progress)
+            _absorb(ctx, progress)
 
 
 def _busy(slot: _Slot) -> int:
     return slot.busy
 
 
-def _report(ctx: RunContext, progress: Snapshot) -> None:
-    ctx.report(
-        output=progress.output,
-        usage=progress.usage,
-        iterations=progress.iterations,
-        files_changed=progress.files or None,
+def _watched(ctx: RunContext) -> bool:
+    """Whether the driver follows ``ctx``'s progress while it runs: a token budget limits
+    it, or someone listens to its events."""
+    if ctx.manager.events.active:
+        return True
+    budget = ctx.remaining_budget()
+    return not (
+        budget.tokens is None and budget.input_tokens is None and budget.output_tokens is None
     )
+
+
+def _mark(snapshot: Snapshot) -> object:
+    """What changes when a run reports something new (a report of the same values, or of
+    paths already known, changes nothing the driver shows)."""
+    return (snapshot.usage, snapshot.iterations, snapshot.progress.output_chars)
+
+
+def _absorb(ctx: RunContext, snapshot: Snapshot) -> None:
+    absorb(ctx, snapshot.totals(), snapshot.progress)

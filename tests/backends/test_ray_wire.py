@@ -9,13 +9,16 @@ import anyio
 import pytest
 
 from subagents import ConfigError, Request, Result, Ruleset, SpawnRejected, Usage
+from subagents._envelope import describe_exception
+from subagents._progress import Report
 from subagents.backends._ray_wire import (
-    Delta,
     Exported,
     RemoteContext,
     RemoteRunnerError,
+    Reply,
     Shipped,
     Snapshot,
+    by_value,
     portable,
     resolve,
     revived,
@@ -28,10 +31,10 @@ pytestmark = pytest.mark.anyio
 
 class Sink:
     def __init__(self) -> None:
-        self.pushed: list[tuple[str, Delta]] = []
+        self.pushed: list[tuple[str, Report]] = []
 
-    def push(self, task_id: str, delta: Delta) -> None:
-        self.pushed.append((task_id, delta))
+    def push(self, task_id: str, report: Report) -> None:
+        self.pushed.append((task_id, report))
 
 
 def shipped(**changes: object) -> Shipped:
@@ -79,19 +82,21 @@ class NeedsTwoArguments(Exception):
 
 def test_a_snapshot_folds_reports_as_the_local_context_does() -> None:
     snapshot = Snapshot()
-    snapshot.apply("first", None, None, None, None)
-    snapshot.apply(None, " second", Usage(input_tokens=3), 2, ("a.py", "b.py"))
-    snapshot.apply(None, None, None, None, ("a.py", "c.py"))
-    assert snapshot.output == "first second"
+    snapshot.apply(Report(output="first"))
+    snapshot.apply(Report(append=" second", usage=Usage(input_tokens=3), iterations=2))
+    snapshot.apply(Report(files=("a.py", "b.py")))
+    snapshot.apply(Report(files=("a.py", "c.py")))
+    assert snapshot.progress.output() == "first second"
     assert snapshot.usage == Usage(input_tokens=3)
     assert snapshot.iterations == 2
-    assert snapshot.files == ["a.py", "b.py", "c.py"]
+    assert snapshot.progress.files() == ("a.py", "b.py", "c.py")
 
 
-def test_a_snapshot_keeps_at_most_a_thousand_distinct_paths() -> None:
+def test_a_snapshot_counts_the_paths_past_a_thousand_as_an_envelope_does() -> None:
     snapshot = Snapshot()
-    snapshot.apply(None, None, None, None, tuple(f"f{n}" for n in range(1500)))
-    assert snapshot.files == [f"f{n}" for n in range(1000)]
+    snapshot.apply(Report(files=tuple(f"f{n}" for n in range(1500))))
+    files = pickle.loads(pickle.dumps(snapshot)).progress.files()
+    assert files == (*(f"f{n}" for n in range(999)), "[… 501 more paths]")
 
 
 async def test_the_remote_context_has_the_runs_identity_and_deadline() -> None:
@@ -112,12 +117,12 @@ async def test_report_sends_each_report_to_the_sink_in_order() -> None:
     ctx = RemoteContext(shipped(), sink)
     ctx.report(output="a")
     ctx.report(append="b", iterations=1)
-    assert [delta for _, delta in sink.pushed] == [
-        ("a", None, None, None, None),
-        (None, "b", None, 1, None),
+    assert [report for _, report in sink.pushed] == [
+        Report(output="a"),
+        Report(append="b", iterations=1),
     ]
     assert ctx.progress is not None
-    assert ctx.progress.output == "ab"
+    assert ctx.progress.progress.output() == "ab"
 
 
 @pytest.mark.parametrize(
@@ -150,16 +155,25 @@ async def test_a_remote_runner_cannot_delegate() -> None:
         await ctx.execute("helper", "x")
 
 
+def reply_of(exc: BaseException) -> Reply:
+    return Reply(
+        result=None,
+        error=portable(exc, pickle.dumps),
+        error_type=describe_exception(exc),
+        progress=None,
+    )
+
+
 def test_a_picklable_exception_travels_as_itself() -> None:
-    exc = ValueError("plain")
-    assert portable(exc) is exc
+    again = revived(reply_of(ValueError("plain")))
+    assert type(again) is ValueError
+    assert str(again) == "plain"
 
 
 def test_an_exception_whose_init_takes_other_arguments_is_rebuilt_with_its_type() -> None:
     exc = NeedsTwoArguments("mode", "not a mode")
-    travelled = pickle.loads(pickle.dumps(portable(exc)))
-    assert isinstance(travelled, Exported)
-    again = revived(travelled)
+    assert isinstance(pickle.loads(portable(exc, pickle.dumps)), Exported)
+    again = revived(reply_of(exc))
     assert type(again) is NeedsTwoArguments
     assert str(again) == "mode: not a mode"
     assert again.field == "mode"
@@ -169,10 +183,30 @@ def test_an_exception_that_cannot_travel_becomes_a_remote_runner_error_naming_it
     class Local(Exception):  # a local class pickles by reference to nowhere
         pass
 
-    travelled = portable(Local("lost"))
+    travelled = revived(reply_of(Local("lost")))
     assert isinstance(travelled, RemoteRunnerError)
     assert "Local" in str(travelled)
     assert "lost" in str(travelled)
+
+
+def test_an_exception_the_driver_cannot_unpickle_keeps_its_type_name_and_text() -> None:
+    reply = Reply(
+        result=None,
+        error=b"not a pickle",
+        error_type=("gpu_only.GpuError", "GpuError: out of memory"),
+        progress=None,
+    )
+    again = revived(reply)
+    assert isinstance(again, RemoteRunnerError)
+    assert describe_exception(again) == ("gpu_only.GpuError", "GpuError: out of memory")
+
+
+def test_a_copy_shipped_by_value_claims_main_and_runs_the_same_code() -> None:
+    copy = by_value(reporting)
+    assert copy is not reporting
+    assert copy.__module__ == "__main__"
+    assert copy.__qualname__ == reporting.__qualname__
+    assert copy.__code__ is reporting.__code__
 
 
 def test_a_module_level_runner_travels_by_import_path() -> None:
@@ -193,34 +227,44 @@ def test_a_runner_without_an_import_path_travels_as_itself() -> None:
 
 async def test_serve_returns_the_result_and_the_progress() -> None:
     request = Request(agent="worker", input="x")
-    reply = await serve(target_of(reporting), request, shipped(), Sink(), {})
+    reply = await serve(target_of(reporting), request, shipped(), Sink(), {}, pickle.dumps)
     assert reply.error is None
     assert reply.result == Result(output="done x")
-    assert reply.progress == Snapshot(
-        output="draft more",
-        usage=Usage(input_tokens=1, output_tokens=2),
-        iterations=3,
-        files=["a.py"],
+    assert reply.progress is not None
+    assert reply.progress.progress.output() == "draft more"
+    assert reply.progress.progress.files() == ("a.py",)
+    assert reply.progress.totals() == Report(
+        usage=Usage(input_tokens=1, output_tokens=2), iterations=3
     )
 
 
+async def test_serve_answers_missing_for_a_path_the_worker_cannot_import() -> None:
+    request = Request(agent="worker")
+    target = "nowhere_on_this_worker:runner"
+    reply = await serve(target, request, shipped(), Sink(), {}, pickle.dumps)
+    assert reply.missing
+    assert (reply.result, reply.error) == (None, None)
+
+
 async def test_serve_returns_a_runners_exception_with_its_progress() -> None:
-    reply = await serve(failing, Request(agent="worker"), shipped(), Sink(), {})
-    assert isinstance(reply.error, ValueError)
-    assert str(reply.error) == "remote failure"
+    reply = await serve(failing, Request(agent="worker"), shipped(), Sink(), {}, pickle.dumps)
+    error = revived(reply)
+    assert isinstance(error, ValueError)
+    assert str(error) == "remote failure"
     assert reply.progress is not None
-    assert reply.progress.output == "before the failure"
+    assert reply.progress.progress.output() == "before the failure"
 
 
 async def test_serve_returns_a_bad_return_value_as_a_runner_return_error() -> None:
-    reply = await serve(returns_int, Request(agent="worker"), shipped(), Sink(), {})
-    assert isinstance(reply.error, Exported)  # its __init__ takes the agent and a message
-    error = revived(reply.error)
+    reply = await serve(returns_int, Request(agent="worker"), shipped(), Sink(), {}, pickle.dumps)
+    assert reply.error is not None
+    assert isinstance(pickle.loads(reply.error), Exported)  # its __init__ takes other args
+    error = revived(reply)
     assert type(error).__name__ == "RunnerReturnError"
     assert "int" in str(error)
 
 
 async def test_serve_lets_a_cancellation_propagate() -> None:
     with anyio.move_on_after(0.01) as scope:
-        await serve(hangs, Request(agent="worker"), shipped(), Sink(), {})
+        await serve(hangs, Request(agent="worker"), shipped(), Sink(), {}, pickle.dumps)
     assert scope.cancelled_caught

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pickle
 
 from subagents import Ruleset
-from subagents._progress import MAX_OUTPUT_CHARS
-from subagents.backends._ray_wire import Delta, RemoteContext, Shipped
+from subagents._progress import MAX_OUTPUT_CHARS, Report
+from subagents.backends._ray_wire import RemoteContext, Shipped
 
 
 class Sink:
     def __init__(self) -> None:
-        self.pushed: list[tuple[str, Delta]] = []
+        self.pushed: list[tuple[str, Report]] = []
 
-    def push(self, task_id: str, delta: Delta) -> None:
-        self.pushed.append((task_id, delta))
+    def push(self, task_id: str, report: Report) -> None:
+        self.pushed.append((task_id, report))
 
 
 def shipped() -> Shipped:
