@@ -18,22 +18,25 @@ from subagents import Request, RunContext
 
 
 class Latch:
-    """An async actor's body: ``set`` once, ``wait`` until then, for the value set."""
+    """An async actor's body: each ``set`` records a value; ``wait(n)`` waits for the
+    ``n``-th (from 0) and returns it, so one latch serves a run of samples."""
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
-        self._value: object = None
+        self._values: list[object] = []
+        self._changed = anyio.Event()
 
     def ready(self) -> None:
         """Answers once the actor exists (and its name can be looked up)."""
 
     def set(self, value: object) -> None:
-        self._value = value
-        self._event.set()
+        self._values.append(value)
+        self._changed.set()
+        self._changed = anyio.Event()
 
-    async def wait(self) -> object:
-        await self._event.wait()
-        return self._value
+    async def wait(self, index: int = 0) -> object:
+        while len(self._values) <= index:
+            await self._changed.wait()
+        return self._values[index]
 
 
 def _started(request: Request) -> None:

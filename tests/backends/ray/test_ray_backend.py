@@ -1,14 +1,12 @@
-"""RayBackend on a real local Ray cluster (one for the module): the backend conformance
+"""RayBackend on a real local Ray cluster (the suite's shared one): the backend conformance
 suite, cancellation and the forced stop, a killed worker, tracing across the wire, and the
 remote context. Skipped unless ray (the ``ray`` extra) is installed; run with ``-m ray``."""
 
 from __future__ import annotations
 
 import os
-import pathlib
 import signal
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -33,7 +31,6 @@ from tests.otel_support import Otel  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
 FORCE_AFTER = 0.5
 MODES = ["actor", "task"]
 
@@ -53,20 +50,6 @@ AGENTS = [
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    """A local cluster whose workers import this checkout (they inherit the driver's
-    environment when ``ray.init`` starts them)."""
-    with pytest.MonkeyPatch.context() as patch:
-        paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
-        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        try:
-            yield
-        finally:
-            ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def backends(cluster: None) -> Iterator[dict[str, RayBackend]]:
     made = {
         "actor": RayBackend(pool_size=2, force_after=FORCE_AFTER),
@@ -77,21 +60,11 @@ def backends(cluster: None) -> Iterator[dict[str, RayBackend]]:
         backend.close()
 
 
-@pytest.fixture
-async def latch(cluster: None) -> AsyncIterator[tuple[str, Any]]:
-    """A named actor a runner sets once it runs on its worker (with its pid)."""
-    name = f"latch-{uuid.uuid4().hex}"
-    actor = ray.remote(runners.Latch).options(name=name, num_cpus=0).remote()
-    await settled(actor.ready.remote().future())
-    yield name, actor
-    ray.kill(actor)
-
-
-async def started(latch: tuple[str, Any]) -> int:
-    """The pid of the worker whose runner set ``latch``, once it has (a runner that never
-    starts fails the test instead of hanging it)."""
+async def started(latch: tuple[str, Any], index: int = 0) -> int:
+    """The pid of the worker whose runner set ``latch`` (the ``index``-th time), once it
+    has (a runner that never starts fails the test instead of hanging it)."""
     with anyio.fail_after(60):
-        pid = await settled(latch[1].wait.remote().future())
+        pid = await settled(latch[1].wait.remote(index).future())
     assert isinstance(pid, int)
     return pid
 
@@ -101,16 +74,23 @@ def manager(backend: RayBackend, **config: Any) -> SubagentManager:
 
 
 async def cancelled_once_started(
-    m: SubagentManager, agent: str, latch: tuple[str, Any]
+    m: SubagentManager, agent: str, latch: tuple[str, Any], index: int = 0
 ) -> tuple[DelegateResult, float]:
-    """Spawn ``agent``, cancel it once its runner runs on its worker: its envelope, and
-    the seconds from the cancel to it."""
+    """Spawn ``agent``, cancel it once its runner runs on its worker (the ``index``-th
+    run on ``latch``): its envelope, and the seconds from the cancel to it."""
     handle = m.spawn(agent, latch[0])
-    await started(latch)
+    await started(latch, index)
     start = anyio.current_time()
     assert m.cancel(handle.task_id)
     envelope = await handle.wait()
     return envelope, anyio.current_time() - start
+
+
+async def cancelled_samples(
+    m: SubagentManager, agent: str, latch: tuple[str, Any], samples: int
+) -> list[tuple[DelegateResult, float]]:
+    """:func:`cancelled_once_started` ``samples`` times, one after the other."""
+    return [await cancelled_once_started(m, agent, latch, n) for n in range(samples)]
 
 
 # ---------------------------------------------------------------------- conformance
@@ -120,7 +100,6 @@ async def test_the_conformance_suite_passes_with_actors(backends: dict[str, RayB
     await check_backend(backends["actor"], watchdog=1.0)
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_conformance_suite_passes_with_tasks(backends: dict[str, RayBackend]) -> None:
     await check_backend(backends["task"], watchdog=1.0)
 
@@ -132,12 +111,17 @@ async def test_the_conformance_suite_passes_with_tasks(backends: dict[str, RayBa
 async def test_a_cancelled_async_runner_ends_within_100_ms_keeping_its_progress(
     backends: dict[str, RayBackend], latch: tuple[str, Any], mode: str
 ) -> None:
+    """The issue's 100 ms, as the median of five cancellations (one slow scheduling on a
+    loaded CI machine must not fail it), each within a generous second."""
     async with manager(backends[mode]) as m:
-        envelope, elapsed = await cancelled_once_started(m, "hangs", latch)
-    assert envelope.status is Status.CANCELLED
-    assert elapsed <= 0.1, f"the envelope came {elapsed:.3f} s after the cancel"
-    assert envelope.output == "partial before the hang"
-    assert envelope.iterations == 2
+        samples = await cancelled_samples(m, "hangs", latch, 5)
+    for envelope, _ in samples:
+        assert envelope.status is Status.CANCELLED
+        assert envelope.output == "partial before the hang"
+        assert envelope.iterations == 2
+    elapsed = sorted(seconds for _, seconds in samples)
+    assert elapsed[2] <= 0.1, f"median {elapsed[2]:.3f} s from the cancel to the envelope"
+    assert elapsed[-1] <= 1.0, f"the slowest envelope came {elapsed[-1]:.3f} s after the cancel"
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -158,13 +142,18 @@ async def test_the_watchdog_ends_a_hung_remote_runner_in_timeout_keeping_its_pro
 async def test_a_blocking_runner_is_stopped_by_force_after_force_after(
     backends: dict[str, RayBackend], latch: tuple[str, Any], mode: str
 ) -> None:
+    """The issue's ``force_after`` + 100 ms, as the median of three forced stops (each
+    starts a new worker, so five would cost the suite seconds), each within a generous
+    ``force_after`` + 1 s."""
     async with manager(backends[mode]) as m:
-        envelope, elapsed = await cancelled_once_started(m, "blocks", latch)
-        assert envelope.status is Status.CANCELLED
-        assert elapsed <= FORCE_AFTER + 0.1, f"stopped {elapsed:.3f} s after the cancel"
+        samples = await cancelled_samples(m, "blocks", latch, 3)
         # the pool replaced a killed actor; a task's worker was replaced by Ray
         after = await m.execute("noop")
     assert after.status is Status.COMPLETED, after.error
+    assert all(envelope.status is Status.CANCELLED for envelope, _ in samples)
+    elapsed = sorted(seconds for _, seconds in samples)
+    assert elapsed[1] <= FORCE_AFTER + 0.1, f"median stop {elapsed[1]:.3f} s after the cancel"
+    assert elapsed[-1] <= FORCE_AFTER + 1.0, f"slowest stop {elapsed[-1]:.3f} s after the cancel"
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -32,31 +32,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as patch:
-        paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
-        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        try:
-            yield
-        finally:
-            ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def backend(cluster: None) -> Iterator[RayBackend]:
     made = RayBackend(pool_size=1, force_after=0.5)
     yield made
     made.close()
-
-
-@pytest.fixture
-async def latch(cluster: None) -> AsyncIterator[tuple[str, Any]]:
-    name = f"latch-{uuid.uuid4().hex}"
-    actor = ray.remote(runners.Latch).options(name=name, num_cpus=0).remote()
-    await settled(actor.ready.remote().future())
-    yield name, actor
-    ray.kill(actor)
 
 
 async def defined_in_a_test_module(request: Request, ctx: RunContext) -> str:

@@ -1,11 +1,10 @@
 """Review of RayBackend when Ray goes away under a running child (``ray.shutdown()``, as
 when the driver loses its cluster): the child must end in an envelope, and stopping it must
-not start a new local cluster. Its own cluster, started and shut down inside the test."""
+not start a new local cluster. It shuts the suite's shared cluster down, so it runs last
+(tests/backends/ray/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import pathlib
 import uuid
 
 import anyio
@@ -20,16 +19,11 @@ from tests.backends.ray import runners  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
-
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_child_running_when_ray_shuts_down_ends_without_a_new_cluster(
-    monkeypatch: pytest.MonkeyPatch,
+    cluster: None,
 ) -> None:
-    paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         name = f"latch-{uuid.uuid4().hex}"
         latch = ray.remote(runners.Latch).options(name=name, num_cpus=0).remote()
