@@ -238,6 +238,19 @@ async def test_the_readmes_ray_example_runs_each_child_on_a_worker(
     assert all(f"pid {os.getpid()})" not in line for line in lines)  # not run here
 
 
+# ---------------------------------------------------------------------- public names
+
+
+@pytest.mark.parametrize(
+    "name", ["ClusterLostError", "RayBackend", "RemoteContext", "RemoteRunnerError"]
+)
+def test_the_names_users_meet_live_in_subagents_backends_ray(name: str) -> None:
+    import subagents.backends.ray as public
+
+    assert name in public.__all__
+    assert getattr(public, name).__module__ == "subagents.backends.ray"
+
+
 # ---------------------------------------------------------------------- arguments
 
 
