@@ -9,16 +9,14 @@ import anyio
 
 from ._account import remaining
 from ._budget import Budget
-from ._envelope import DelegateResult, Usage, clean_text
-from ._errors import ConfigError
+from ._envelope import DelegateResult, Usage
 from ._events import PROGRESS
 from ._mailbox import closed_mailbox
 from ._paths import AgentPath
 from ._permissions import Ruleset
-from ._progress import Progress
+from ._progress import Progress, Report, validated_report
 from ._record import SETTLED, ChildRecord
 from ._spec import UNSET, _Unset
-from ._validators import count, plain_usage, text, texts
 
 if TYPE_CHECKING:
     from ._handle import SpawnHandle
@@ -30,10 +28,59 @@ if TYPE_CHECKING:
     from ._messenger import Messenger
     from ._spec import SpawnOptions
 
-__all__ = ["RunContext"]
+__all__ = ["BaseContext", "RunContext", "absorb"]
 
 
-class RunContext:
+class BaseContext:
+    """What every run's context offers, wherever the runner runs: its deadline,
+    permissions and :meth:`report` (one signature, one validation). A subclass records a
+    validated report in :meth:`_apply`."""
+
+    __slots__ = ()
+
+    deadline: float | None
+    permissions: Ruleset
+
+    def remaining(self) -> float | None:
+        """Seconds left before the watchdog fires, or ``None`` without a watchdog."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - anyio.current_time())
+
+    def allows(self, tool: str) -> bool:
+        """Whether this agent may use ``tool`` under its effective permissions."""
+        return self.permissions.allows(tool)
+
+    def report(
+        self,
+        *,
+        output: str | None = None,
+        append: str | None = None,
+        usage: Usage | None = None,
+        iterations: int | None = None,
+        files_changed: Iterable[str] | None = None,
+    ) -> None:
+        """Record progress so far; a watchdog or cancellation keeps what was reported.
+
+        ``output`` replaces the partial output, ``append`` extends it; ``usage`` and
+        ``iterations`` replace the running totals; ``files_changed`` adds paths. Publishes
+        ``subagent.progress``. Never blocks. The change of ``usage`` is charged to the
+        budgets of this run and its ancestors at once: one it exceeds stops that agent's
+        subtree (design/budgets.md). Under a retry policy each try reports its own total,
+        from zero; what an earlier try spent stays charged. Each call costs time linear
+        in what it reports; the envelope keeps the first million characters of output and
+        the first thousand distinct paths, and says how much it dropped past them.
+
+        Raises:
+            ConfigError: a value of the wrong type or range (nothing is recorded then).
+        """
+        self._apply(validated_report(output, append, usage, iterations, files_changed))
+
+    def _apply(self, report: Report) -> None:
+        raise NotImplementedError
+
+
+class RunContext(BaseContext):
     """Handed to a runner with its :class:`Request`; one per run (shared by retry attempts).
 
     A child's own session id is its task id: children it spawns report to its mailbox and
@@ -95,70 +142,26 @@ class RunContext:
         """The manager running this child."""
         return self._manager
 
-    def remaining(self) -> float | None:
-        """Seconds left before the watchdog fires, or ``None`` without a watchdog."""
-        if self.deadline is None:
-            return None
-        return max(0.0, self.deadline - anyio.current_time())
-
     def remaining_budget(self) -> Budget:
         """What this run and its subtree may still spend: in every field the least that
         its own budget and each ancestor's (its session's too) have left, ``None`` where
         none limits it; ``seconds`` counts down from now. Never blocks."""
         return remaining(self._record.account)
 
-    def allows(self, tool: str) -> bool:
-        """Whether this agent may use ``tool`` under its effective permissions."""
-        return self.permissions.allows(tool)
-
-    def report(
-        self,
-        *,
-        output: str | None = None,
-        append: str | None = None,
-        usage: Usage | None = None,
-        iterations: int | None = None,
-        files_changed: Iterable[str] | None = None,
-    ) -> None:
-        """Record progress so far; a watchdog or cancellation keeps what was reported.
-
-        ``output`` replaces the partial output, ``append`` extends it; ``usage`` and
-        ``iterations`` replace the running totals; ``files_changed`` adds paths. Publishes
-        ``subagent.progress``. Never blocks. The change of ``usage`` is charged to the
-        budgets of this run and its ancestors at once: one it exceeds stops that agent's
-        subtree (design/budgets.md). Under a retry policy each try reports its own total,
-        from zero; what an earlier try spent stays charged. Each call costs time linear
-        in what it reports; the envelope keeps the first million characters of output and
-        the first thousand distinct paths, and says how much it dropped past them.
-
-        Raises:
-            ConfigError: a value of the wrong type or range (nothing is recorded then).
-        """
-        # Validate everything before changing anything, and keep plain built-ins: a bad
-        # value, or a subclass's override, would otherwise fail only when the envelope is
-        # built, after the runner can no longer be blamed, and lose the envelope.
-        output = None if output is None else clean_text(text("output", output))
-        append = None if append is None else clean_text(text("append", append))
-        usage = None if usage is None else _plain_usage(usage)
-        if iterations is not None:
-            iterations = count("iterations", iterations, minimum=0)
-        paths = None if files_changed is None else texts("files_changed", files_changed)
+    def _apply(self, report: Report, progress: Progress | None = None) -> None:
         record = self._record
+        if progress is not None:  # a run's whole progress, kept elsewhere (a remote worker)
+            record.progress = progress
+        elif record.progress is None:
+            record.progress = Progress()
         progress = record.progress
-        if progress is None:
-            progress = record.progress = Progress()
-        if output is not None:
-            progress.replace(output)
-        if append:
-            progress.append(append)
-        if paths:
-            progress.add_files(paths)
-        if usage is not None:
-            old, record.usage = record.usage, usage
+        report.fold(progress)
+        if report.usage is not None:
+            old, record.usage = record.usage, report.usage
             if record.account is not None:  # charged to each ancestor as it arrives
-                record.account.report(old, usage, self.attempt)
-        if iterations is not None:
-            record.iterations = iterations
+                record.account.report(old, report.usage, self.attempt)
+        if report.iterations is not None:
+            record.iterations = report.iterations
         bus = self._manager.events
         if bus.active:
             bus.publish(
@@ -314,8 +317,8 @@ class RunContext:
         return self._messenger.revived_by(self.task_id)
 
 
-def _plain_usage(usage: Usage) -> Usage:
-    plain = plain_usage(usage)
-    if plain is None:
-        raise ConfigError("usage", "a Usage with token counts 0 <= n < 2**63", usage)
-    return plain
+def absorb(ctx: RunContext, report: Report, progress: Progress | None = None) -> None:
+    """Record a run's progress that was kept elsewhere (a remote worker's): ``progress``
+    replaces its partial output and files, ``report`` carries its usage and iterations
+    (charged to budgets and published as a local report's are)."""
+    ctx._apply(report, progress)

@@ -11,7 +11,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-__all__ = ["MAX_FILES", "MAX_OUTPUT_CHARS", "Progress", "cap_files", "cap_output"]
+import attrs
+
+from ._envelope import Usage, clean_text
+from ._validators import count, text, texts, usage
+
+__all__ = [
+    "MAX_FILES",
+    "MAX_OUTPUT_CHARS",
+    "Progress",
+    "Report",
+    "cap_files",
+    "cap_output",
+    "validated_report",
+]
 
 MAX_OUTPUT_CHARS: Final = 1_000_000
 """Characters of output an envelope keeps (the head); a marker says how many were dropped."""
@@ -115,3 +128,47 @@ class Progress:
     def files(self, extra: Iterable[str] = ()) -> tuple[str, ...]:
         """The reported paths, then the ``extra`` ones not among them, capped."""
         return cap_files((*self._files, *extra), self._files_dropped)
+
+
+@attrs.frozen
+class Report:
+    """One ``ctx.report()`` call's values, validated and plain (picklable, so a remote
+    context can send it as it is)."""
+
+    output: str | None = None
+    append: str | None = None
+    usage: Usage | None = None
+    iterations: int | None = None
+    files: tuple[str, ...] | None = None
+
+    def fold(self, progress: Progress) -> None:
+        """Apply this report's output and files to ``progress``."""
+        if self.output is not None:
+            progress.replace(self.output)
+        if self.append:
+            progress.append(self.append)
+        if self.files:
+            progress.add_files(self.files)
+
+
+def validated_report(
+    output: str | None,
+    append: str | None,
+    usage_: Usage | None,
+    iterations: int | None,
+    files_changed: Iterable[str] | None,
+) -> Report:
+    """The arguments of ``ctx.report()`` as a :class:`Report`, all checked before any is
+    used, and plain built-ins: a bad value, or a subclass's override, would otherwise fail
+    only when the envelope is built, after the runner can no longer be blamed.
+
+    Raises:
+        ConfigError: a value of the wrong type or range, naming its argument.
+    """
+    return Report(
+        output=None if output is None else clean_text(text("output", output)),
+        append=None if append is None else clean_text(text("append", append)),
+        usage=None if usage_ is None else usage("usage", usage_),
+        iterations=None if iterations is None else count("iterations", iterations, minimum=0),
+        files=None if files_changed is None else texts("files_changed", files_changed),
+    )

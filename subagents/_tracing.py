@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Final, TypeAlias, cast
 
-from opentelemetry import baggage, context, metrics, trace
+from opentelemetry import baggage, context, metrics, propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from . import _metrics, _semconv
@@ -33,10 +34,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Telemetry",
+    "joined",
     "link_reply",
     "link_revival",
     "span_context_of",
     "tool_tracer",
+    "trace_carrier",
 ]
 
 logger = logging.getLogger("subagents.tracing")
@@ -421,3 +424,20 @@ def link_revival(follow_up: ChildRecord, previous: ChildRecord) -> None:
         span.add_link(target, {"subagents.task_id": previous.task_id, "subagents.revived": True})
     except Exception:
         logger.exception("linking task %s to the run it revives failed", follow_up.task_id)
+
+
+def trace_carrier() -> dict[str, str]:
+    """The current trace context and baggage as W3C headers, for a run in another process."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+@contextmanager
+def joined(carrier: Mapping[str, str]) -> Iterator[None]:
+    """Run the block in the context ``carrier`` holds: its spans join that trace."""
+    token = context.attach(propagate.extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)

@@ -73,6 +73,14 @@ def plain_usage(value: object) -> Usage | None:
     return Usage(input_tokens=tokens_in, output_tokens=tokens_out)
 
 
+def usage(field: str, value: object) -> Usage:
+    """``value`` as a plain :class:`Usage`, else a :class:`ConfigError` naming ``field``."""
+    plain = plain_usage(value)
+    if plain is None:
+        raise ConfigError(field, "a Usage with token counts 0 <= n < 2**63", value)
+    return plain
+
+
 def _as_float(value: object) -> float | None:
     """``value`` as a plain finite ``float``, or ``None``: not a real number, NaN, infinite,
     or an integer too large for a float (``10**400``)."""

@@ -167,12 +167,14 @@ WRAPPED = {
     "opentelemetry": {"_tracing.py", "_tool_tracing.py"},
     "mcp": {"mcp.py"},
     "uvicorn": {"mcp.py"},
+    "ray": {"backends/ray.py", "backends/_ray_worker.py"},
 }
 """Each dependency the package wraps, and the modules that import it (anyio and attrs
 are the foundation every module builds on, so they are not wrapped). The MCP SDK (and
-uvicorn, which serves its streamable HTTP) come with the ``mcp`` extra. OpenTelemetry has
-two: ``_tracing`` (a child's spans, links and the metrics) and ``_tool_tracing`` (a tool
-call's span), split so that each stays one job under the module size limit."""
+uvicorn, which serves its streamable HTTP) come with the ``mcp`` extra, ray with ``ray``
+(its backend's driver side and worker side, the two modules that import it). OpenTelemetry
+has two: ``_tracing`` (a child's spans, links and the metrics) and ``_tool_tracing`` (a
+tool call's span), split so that each stays one job under the module size limit."""
 PACKAGES = {"mcp": ("mcp", "mcp_types")}
 """The top-level packages a dependency installs, when more than its own name (the SDK's
 types are a package of their own)."""

@@ -259,7 +259,8 @@ TESTED_EXAMPLES = {
     *LOOPS,
     "agent_loop.py",
     "phoenix.py",
-}  # phoenix.py: tests/test_example_phoenix.py
+    "ray_cluster.py",
+}  # phoenix.py: tests/test_example_phoenix.py; ray_cluster.py: tests/backends/ray/
 
 
 def check_client(client: Any) -> None:

@@ -1,0 +1,418 @@
+"""RayBackend: each child's runner runs on a Ray cluster; the manager keeps the rest.
+
+This module and :mod:`._ray_worker` (the worker's side) import ray (the ``subagents[ray]``
+extra). Admission, the watchdog, sessions, mailboxes, retries and envelopes stay in the
+driver's manager; this backend
+ships each attempt (the ``Request`` and a small context, :mod:`._ray_wire`) to an async
+actor of a pool, or to a task, and waits on its ``ObjectRef.future()`` through
+:mod:`._ray_bridge`, so the driver may run on asyncio or trio. See ``design/backends.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+import anyio.to_thread
+import ray
+import ray.exceptions
+
+from .._context import absorb
+from .._errors import ConfigError
+from .._retry import run_with_retries
+from .._tracing import trace_carrier
+from .._validators import count, number, seconds, text
+from ._ray_bridge import done_event, finished, settled
+from ._ray_wire import (
+    RemoteContext,
+    RemoteRunnerError,
+    Reply,
+    Runner,
+    Shipped,
+    Snapshot,
+    Target,
+    by_value,
+    revived,
+    target_of,
+)
+from ._ray_worker import Sink as _Sink
+from ._ray_worker import Worker as _Worker
+from ._ray_worker import pack as _pack
+from ._ray_worker import run_task as _run_task
+from ._ray_worker import unpack as _unpack
+
+if TYPE_CHECKING:
+    from .._context import RunContext
+    from .._spec import AgentSpec, Request, Result
+
+__all__ = ["ClusterLostError", "RayBackend", "RemoteContext", "RemoteRunnerError"]
+
+# Public here, where users import them (and where envelopes name them).
+RemoteContext.__module__ = __name__
+RemoteRunnerError.__module__ = __name__
+
+logger = logging.getLogger("subagents.backends.ray")
+
+_MODES: Final = ("actor", "task")
+_SETTLE: Final = 5.0
+"""Seconds to wait for Ray to confirm a forced stop (a killed actor, a forced cancel)."""
+_COLLECT: Final = 2.0
+"""Seconds to wait for the progress sink to hand over a run's reported progress."""
+_POLL: Final = 0.25
+"""Seconds between the driver's checks on a running call: that Ray is still up, and (for a
+child with a token budget or progress listeners) what it has reported."""
+_INIT_LOCK = threading.Lock()
+
+
+class ClusterLostError(RuntimeError):
+    """Ray shut down (or the driver lost its cluster) while a child ran on it."""
+
+
+# ------------------------------------------------------------------ the driver's side
+
+
+class _Slot:
+    """One actor of the pool and the calls it is running."""
+
+    __slots__ = ("actor", "busy")
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self.busy = 0
+
+
+def _placement(resources: Mapping[str, object] | None) -> dict[str, Any]:
+    """Ray's options for ``resources``: ``CPU`` and ``GPU`` as Ray's own arguments."""
+    if resources is None:
+        return {}
+    if not isinstance(resources, Mapping):
+        raise ConfigError("resources", "a mapping of resource names to amounts", resources)
+    options: dict[str, Any] = {}
+    custom: dict[str, float] = {}
+    for name, amount in resources.items():
+        key = text("resources", name)
+        value = number(f"resources[{key!r}]", amount)
+        if key == "CPU":
+            options["num_cpus"] = value
+        elif key == "GPU":
+            options["num_gpus"] = value
+        else:
+            custom[key] = value
+    if custom:
+        options["resources"] = custom
+    return options
+
+
+class RayBackend:
+    """A :data:`~subagents.Backend` that runs each child's runner on a Ray cluster.
+
+    Pass it as ``SubagentManager(agents, backend=RayBackend())``. Each attempt ships the
+    ``Request`` and a :class:`RemoteContext` (task id, agent path, attempt, permissions,
+    seconds remaining, a W3C trace carrier); the runner is found in the worker by its
+    import path (a module-level function), or shipped by value (a closure, a function of
+    ``__main__``, or one whose module the workers cannot import).
+    ``ctx.report()`` in the worker reaches the envelope. The runner cannot delegate:
+    ``ctx.spawn`` and ``ctx.execute`` raise :class:`~subagents.SpawnRejected` (``remote``).
+
+    A cancellation or the watchdog calls ``ray.cancel``; a run still going ``force_after``
+    seconds later is stopped by force: its task cancelled with ``force=True``, or (actor
+    mode) its actor killed, which ends every run on that actor in an error envelope. A dead
+    worker or actor ends the child in an ``error`` envelope whose ``error_type`` is Ray's
+    (``ray.exceptions.ActorDiedError``, ``ray.exceptions.WorkerCrashedError``). Ray's own
+    retries are off; the agent's ``RetryPolicy`` decides, each attempt a new call.
+
+    Ray is initialised on first use (``ray.init(address=address)``, in a worker thread, so
+    the event loop keeps running) unless the program did so already. A child running when
+    Ray shuts down ends in an ``error`` envelope (:class:`ClusterLostError`) within a
+    quarter of a second.
+
+    Args:
+        address: the cluster to join when this backend initialises Ray (``None``: a local
+            one, or ``RAY_ADDRESS``).
+        mode: ``"actor"`` (default) runs attempts as calls to a pool of async actors,
+            concurrently in each actor's event loop; ``"task"`` runs each as a Ray task in
+            an event loop of its own (one worker process per running child; for runners
+            that block).
+        pool_size: actors in the pool (actor mode), started as children first need them.
+        max_concurrency: concurrent calls one actor runs (actor mode).
+        force_after: seconds from a cancel to the forced stop.
+        runtime_env: Ray's ``runtime_env`` for the actors or tasks.
+        resources: what each actor (actor mode) or task needs, e.g. ``{"CPU": 1}`` or
+            ``{"agent_slot": 1}``.
+
+    Raises:
+        ConfigError: an argument of the wrong type or range, naming it.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        mode: str = "actor",
+        pool_size: int = 4,
+        max_concurrency: int = 1000,
+        force_after: float = 5.0,
+        runtime_env: Mapping[str, object] | None = None,
+        resources: Mapping[str, float] | None = None,
+    ) -> None:
+        if address is not None:
+            address = text("address", address)
+        if mode not in _MODES:
+            raise ConfigError("mode", "'actor' or 'task'", mode)
+        self._address = address
+        self._mode = mode
+        self._pool_size = count("pool_size", pool_size, minimum=1)
+        self._force_after = seconds("force_after", force_after, none_ok=False, zero_ok=True)
+        options = _placement(resources)
+        if runtime_env is not None:
+            if not isinstance(runtime_env, Mapping):
+                raise ConfigError("runtime_env", "a mapping (Ray's runtime_env)", runtime_env)
+            options["runtime_env"] = dict(runtime_env)
+        # The sink runs where the workers do, with their environment (it imports this
+        # package), but holds no CPU or GPU: it only keeps reports.
+        self._sink_options: dict[str, Any] = {
+            "num_cpus": 0,
+            **{key: options[key] for key in ("runtime_env", "resources") if key in options},
+        }
+        concurrency = count("max_concurrency", max_concurrency, minimum=1)
+        self._actor_options = {
+            **options,
+            "max_concurrency": concurrency,
+            "max_restarts": 0,
+            "max_task_retries": 0,
+        }
+        self._task = _run_task.options(**options, max_retries=0)
+        self._pool: list[_Slot] = []
+        self._sink: Any = None
+        self._sink_name = ""
+        self._targets: dict[Runner, Target] = {}
+
+    @property
+    def mode(self) -> str:
+        """``"actor"`` or ``"task"``."""
+        return self._mode
+
+    def close(self) -> None:
+        """End this backend's actors (the pool and the progress sink); a later run
+        starts new ones (a new sink under a new name). Runs still going on them end in
+        error envelopes."""
+        pool, sink = self._forget()
+        if not ray.is_initialized():  # nothing to kill, and no new cluster to start
+            return
+        for actor in [slot.actor for slot in pool] + ([sink] if sink is not None else []):
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already gone, or Ray shut down
+                logger.debug("killing a Ray actor failed", exc_info=True)
+
+    def _forget(self) -> tuple[list[_Slot], Any]:
+        pool, self._pool = self._pool, []
+        sink, self._sink = self._sink, None
+        return pool, sink
+
+    async def __call__(self, spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
+        """Run ``spec``'s runner on the cluster, retrying under ``spec.retry``."""
+        await self._ready()
+        if spec.retry is None:
+            return await self._attempt(spec, request, ctx)
+
+        async def attempt(number: int) -> Result:
+            ctx.attempt = number
+            return await self._attempt(spec, request, ctx)
+
+        return await run_with_retries(spec.retry, attempt, deadline=ctx.deadline)
+
+    async def _ready(self) -> None:
+        if not ray.is_initialized():
+            await anyio.to_thread.run_sync(self._init)
+        if self._sink is None:
+            self._sink_name = f"subagents-progress-{uuid.uuid4().hex}"
+            self._sink = _Sink.options(name=self._sink_name, **self._sink_options).remote()
+
+    def _init(self) -> None:
+        with _INIT_LOCK:  # two first children, one cluster
+            if not ray.is_initialized():
+                ray.init(address=self._address)
+
+    def _target(self, runner: Runner) -> Target:
+        target = self._targets.get(runner)
+        if target is None:
+            target = self._targets[runner] = target_of(runner)
+        return target
+
+    def _slot(self) -> _Slot:
+        """The actor for the next call: a new one while the pool is short, else the
+        least busy."""
+        if len(self._pool) < self._pool_size:
+            slot = _Slot(_Worker.options(**self._actor_options).remote())
+            self._pool.append(slot)
+            return slot
+        return min(self._pool, key=_busy)
+
+    def _retire(self, slot: _Slot) -> None:
+        """Take a dead (or killed) actor out of the pool; the next call starts another."""
+        if slot in self._pool:
+            self._pool.remove(slot)
+
+    async def _attempt(self, spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
+        reply = await self._call(self._target(spec.runner), request, ctx)
+        if reply.missing:  # the workers cannot import the runner's module: send its code
+            target = self._targets[spec.runner] = by_value(spec.runner)
+            reply = await self._call(target, request, ctx)
+            if reply.missing:
+                raise RemoteRunnerError(f"the Ray workers cannot import {spec.runner!r}")
+        if reply.progress is not None:
+            _absorb(ctx, reply.progress)
+        if reply.error is not None:
+            raise revived(reply)
+        assert reply.result is not None
+        return reply.result
+
+    async def _call(self, target: Target, request: Request, ctx: RunContext) -> Reply:
+        """One Ray call running ``target``: its reply, or the error that ended it."""
+        shipped = Shipped(
+            task_id=ctx.task_id,
+            parent_session_id=ctx.parent_session_id,
+            agent=ctx.agent,
+            agent_path=str(ctx.agent_path),
+            parent_path=str(ctx.parent_path),
+            attempt=ctx.attempt,
+            permissions=ctx.permissions,
+            remaining=ctx.remaining(),
+            carrier=trace_carrier(),
+            sink=self._sink_name,
+        )
+        payload = _pack((target, request, shipped), by_value=not isinstance(target, str))
+        slot = None
+        if self._mode == "task":
+            ref = self._task.remote(payload)
+        else:
+            slot = self._slot()
+            ref = slot.actor.run.remote(payload)
+        future: Future[bytes] = ref.future()
+        if slot is not None:
+            slot.busy += 1
+        try:
+            reply: Reply = _unpack(await self._settle(future, ctx))
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._stop(ref, future, slot)
+                await self._salvage(ctx, future)
+            raise
+        except ray.exceptions.RayError as exc:  # the worker, the actor or the reply was lost
+            if slot is not None and isinstance(exc, ray.exceptions.RayActorError):
+                self._retire(slot)
+            with anyio.CancelScope(shield=True):
+                await self._salvage(ctx, None)
+            raise
+        finally:
+            if slot is not None:
+                slot.busy -= 1
+        return reply
+
+    async def _settle(self, future: Future[bytes], ctx: RunContext) -> bytes:
+        """The call's reply. Every :data:`_POLL` seconds meanwhile: whether Ray is still
+        up (Ray never completes a call's future after ``ray.shutdown()``), and, for a child
+        with a token budget or progress listeners, its progress from the sink, so a budget
+        stops it mid-run and ``subagent.progress`` events flow as it reports."""
+        done = done_event(future)
+        live = _watched(ctx)
+        seen: object = None
+        while True:
+            with anyio.move_on_after(_POLL):
+                await done.wait()
+            if future.done():
+                return future.result()
+            if not ray.is_initialized():
+                self._forget()  # its actors went with the cluster
+                raise ClusterLostError(f"Ray shut down while child {ctx.task_id!r} ran")
+            if live:
+                snapshot = await self._peek(ctx.task_id)
+                if snapshot is not None and _mark(snapshot) != seen:
+                    seen = _mark(snapshot)
+                    _absorb(ctx, snapshot)
+
+    async def _peek(self, task_id: str) -> Snapshot | None:
+        sink = self._sink
+        if sink is None:
+            return None
+        with anyio.move_on_after(_COLLECT):
+            try:
+                snapshot: Snapshot | None = await settled(sink.peek.remote(task_id).future())
+            except ray.exceptions.RayError:
+                logger.debug("reading the progress of child %r failed", task_id, exc_info=True)
+                return None
+            return snapshot
+        return None
+
+    async def _stop(self, ref: Any, future: Future[bytes], slot: _Slot | None) -> None:
+        """Ray's cancel of ``ref``; if it still runs ``force_after`` seconds later, the
+        forced stop: a forced cancel of its task, or its actor killed. Never with Ray shut
+        down: its calls would start a new local cluster."""
+        if not ray.is_initialized():
+            return
+        try:
+            ray.cancel(ref)
+        except Exception:
+            logger.exception("ray.cancel of a child's call failed")
+        with anyio.move_on_after(self._force_after):
+            await finished(future)
+            return
+        if not ray.is_initialized():
+            return
+        try:
+            if slot is None:
+                ray.cancel(ref, force=True)
+            else:
+                self._retire(slot)
+                ray.kill(slot.actor, no_restart=True)
+        except Exception:
+            logger.exception("stopping a child's call by force failed")
+        with anyio.move_on_after(_SETTLE):
+            await finished(future)
+
+    async def _salvage(self, ctx: RunContext, future: Future[bytes] | None) -> None:
+        """Bring what a run without a usable reply reported into its envelope: from a
+        reply that came after all, else from the sink."""
+        progress = None
+        if future is not None and future.done() and future.exception() is None:
+            reply: Reply = _unpack(future.result())
+            progress = reply.progress
+        if progress is None and self._sink is not None and ray.is_initialized():
+            with anyio.move_on_after(_COLLECT):
+                try:
+                    progress = await settled(self._sink.take.remote(ctx.task_id).future())
+                except ray.exceptions.RayError:
+                    logger.warning("the progress of child %r was lost", ctx.task_id)
+        if progress is not None:
+            _absorb(ctx, progress)
+
+
+def _busy(slot: _Slot) -> int:
+    return slot.busy
+
+
+def _watched(ctx: RunContext) -> bool:
+    """Whether the driver follows ``ctx``'s progress while it runs: a token budget limits
+    it, or someone listens to its events."""
+    if ctx.manager.events.active:
+        return True
+    budget = ctx.remaining_budget()
+    return not (
+        budget.tokens is None and budget.input_tokens is None and budget.output_tokens is None
+    )
+
+
+def _mark(snapshot: Snapshot) -> object:
+    """What changes when a run reports something new (a report of the same values, or of
+    paths already known, changes nothing the driver shows)."""
+    return (snapshot.usage, snapshot.iterations, snapshot.progress.output_chars)
+
+
+def _absorb(ctx: RunContext, snapshot: Snapshot) -> None:
+    absorb(ctx, snapshot.totals(), snapshot.progress)
