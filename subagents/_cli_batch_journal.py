@@ -21,6 +21,7 @@ import time
 
 from ._envelope import DelegateResult
 from ._json import dumps_str, loads
+from ._processes import process_start
 from ._validators import MAX_COUNT
 from .store import SqliteMailbox, SqliteStore
 
@@ -30,7 +31,6 @@ __all__ = [
     "batch_name",
     "items_session",
     "manifest_session",
-    "process_start",
 ]
 
 MANIFEST = "manifest"
@@ -51,21 +51,6 @@ def manifest_session(name: str) -> str:
 
 def items_session(name: str, generation: int) -> str:
     return f"{_PREFIX}{name}#{generation}"
-
-
-def process_start(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (Linux's ``/proc``), or ``None``
-    where that is unknown. A pid is reused; a pid and its start time name one process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(b")", 1)[-1].split()
-    try:
-        return int(fields[19])  # field 22 of stat(5); the name before ")" is fields 1-2
-    except (IndexError, ValueError):
-        return None
 
 
 def now_ms() -> int:

@@ -14,9 +14,10 @@ import sqlite3
 import sys
 from typing import Final
 
-from ._cli_batch_journal import MANIFEST, items_session, now_ms, process_start
+from ._cli_batch_journal import MANIFEST, items_session, now_ms
 from ._cli_batch_progress import clock
 from ._json import dumps_str, loads
+from ._processes import pid_running
 from .store import DEFAULT_BUSY_TIMEOUT, StoreError
 from .store._readonly import ReadOnlyStore
 
@@ -75,17 +76,9 @@ def _counts(conn: sqlite3.Connection, session: str) -> tuple[dict[str, int], lis
 def _alive(pid: object, started: object) -> bool:
     """The manifest's process still runs: its pid lives and, where the manifest recorded
     its start time (Linux), started then (a reused pid is another process)."""
-    if not isinstance(pid, int) or pid <= 0:
+    if not isinstance(pid, int) or isinstance(pid, bool):
         return False
-    if isinstance(started, int) and process_start(pid) not in (started, None):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_running(pid, started if isinstance(started, int) else None)
 
 
 def _report(conn: sqlite3.Connection) -> list[dict[str, object]]:

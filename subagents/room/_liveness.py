@@ -16,56 +16,12 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Final
 
+from .._processes import pid_running
 from ._records import Liveness
 
-__all__ = ["liveness", "pid_running", "process_start", "running_keys"]
+__all__ = ["liveness", "running_keys"]
 
 _PROC: Final = Path("/proc")
-
-
-def process_start(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (``/proc``), or ``None``
-    where that is unknown."""
-    try:
-        stat = (_PROC / str(pid) / "stat").read_bytes()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces: split after it.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = (_PROC / str(pid) / "stat").read_bytes()
-    except OSError:
-        return False
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return bool(fields) and fields[0] in (b"Z", b"X")
-
-
-def pid_running(pid: int, start: int | None) -> bool:
-    """Whether process ``pid`` runs, and is the one that started at ``start`` (when known)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, owned by someone else
-    except OSError:
-        return False
-    if _zombie(pid):
-        return False
-    if start is not None:
-        now = process_start(pid)
-        if now is not None and now != start:
-            return False
-    return True
 
 
 def running_keys(keys: Collection[str]) -> set[str]:

@@ -13,8 +13,8 @@ from typing import Final
 
 from .._errors import ConfigError
 from .._json import dumps_str, loads
+from .._processes import pid_running
 from ._ids import new_member_id
-from ._liveness import pid_running
 from ._records import AUTONOMY, LIVE, Autonomy, Joined
 
 __all__ = [

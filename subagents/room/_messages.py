@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from .._errors import ConfigError
+from .._processes import pid_running
 from ._ids import resolve_member
-from ._liveness import pid_running
 from ._members import member_rooms
 from ._records import LIVE, DeliveryState, Inbox, Message, Sent, SentMessage
 

@@ -18,6 +18,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from .._processes import process_start
 from .._validators import count, seconds
 from ..store._errors import StoreError
 from . import _leases, _members, _messages, _who
@@ -37,7 +38,6 @@ from ._checks import (
 )
 from ._ids import check_harness_key
 from ._lifecycle import RoomBase
-from ._liveness import process_start
 from ._members import check_autonomy, check_name
 from ._records import (
     Autonomy,

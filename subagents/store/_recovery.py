@@ -18,6 +18,7 @@ from .._envelope import DelegateResult, Status, now_ms
 from .._journal import SpawnEntry
 from .._json import JSONValue, loads
 from .._paths import AgentPath
+from .._processes import pid_running
 from ._journal_writes import END_TASK, LAST_ENVELOPE, deliver_unread
 from ._writer import Write
 
@@ -86,13 +87,7 @@ def owner_alive(owner: str | None) -> bool:
         return False
     if pid == os.getpid():
         return False  # this process, but that store is closed
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True  # it exists (another user's)
-    except (OSError, OverflowError, ValueError):
-        return False
-    return True
+    return pid_running(pid)
 
 
 class RecoverWrite(Write):

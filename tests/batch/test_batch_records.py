@@ -10,9 +10,9 @@ import anyio
 import pytest
 
 from subagents import DelegateResult
-from subagents._cli_batch_journal import process_start
 from subagents._cli_batch_results import ResultsFile
 from subagents._cli_batch_status import _alive
+from subagents._processes import process_start
 
 pytestmark = pytest.mark.anyio
 
