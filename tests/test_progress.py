@@ -36,9 +36,10 @@ def _seconds_to_report(count: int) -> float:
 
 
 def test_reporting_scales_linearly() -> None:
-    """Four times the reports take about four times as long (a quadratic one: sixteen)."""
-    small, large = _seconds_to_report(10_000), _seconds_to_report(40_000)
-    assert large / small < 8, (small, large)
+    """Eight times the reports take about eight times as long (a quadratic one: 64). The
+    bound sits three times above linear, so a loaded machine's stalls do not fail it."""
+    small, large = _seconds_to_report(5_000), _seconds_to_report(40_000)
+    assert large / small < 24, (small, large)
 
 
 def test_output_past_the_cap_keeps_the_head_and_counts_the_rest() -> None:
