@@ -111,3 +111,45 @@ async def test_a_timed_receive_returns_by_its_deadline_while_another_process_hol
             await anyio.to_thread.run_sync(holder.join)
         # The lock is held 1.8 s; a receive that keeps its 0.1 s deadline is back long before.
         assert took < 1.5, f"receive(timeout=0.1) returned after {took:.2f} s"
+
+
+async def test_a_drift_check_through_a_retargeted_symlink_sees_the_change(
+    tmp_path: Path,
+) -> None:
+    """A member reads ``current.py`` (``note_read``); the link is pointed at another file,
+    so what ``current.py`` opens changed. The check must not answer SAFE "no baseline": the
+    member has one, taken through the very path it checks."""
+    (tmp_path / "v1.py").write_text("1")
+    (tmp_path / "v2.py").write_text("2")
+    link = tmp_path / "current.py"
+    os.symlink(tmp_path / "v1.py", link)
+    async with Room(tmp_path / "s.db") as room:
+        member = (await room.join("r", cwd=str(tmp_path))).member_id
+        await room.note_read(member, "current.py")
+        link.unlink()
+        os.symlink(tmp_path / "v2.py", link)
+        drift = await room.drift_check(member, "current.py")
+        assert drift.changed
+        assert drift.severity != "SAFE"
+
+
+async def test_a_room_entered_twice_at_once_is_refused_once(tmp_path: Path) -> None:
+    """Entering an open Room again is refused (the first review's fix), but only once the
+    first entry finished opening: two tasks entering at once both open, the second's
+    connections replace the first's, which are never closed."""
+    room = Room(tmp_path / "s.db")
+    outcomes: list[str] = []
+
+    async def enter() -> None:
+        try:
+            await room.__aenter__()
+        except RuntimeError:
+            outcomes.append("refused")
+        else:
+            outcomes.append("entered")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(enter)
+        tg.start_soon(enter)
+    await room.aclose()
+    assert sorted(outcomes) == ["entered", "refused"]
