@@ -153,7 +153,9 @@ def join(
         )
         if tags is not None:
             conn.execute("DELETE FROM room_tags WHERE member_id = ?", (member,))
-        if level == "wake" and (pid is None or pid_running(pid, pid_start)):
+        if level != "wake":
+            unwakeable(conn, member)  # held to a cap: as a lowering, no repeats
+        elif pid is None or pid_running(pid, pid_start):
             signal_waiting(conn, member, now)
     if tags is not None:
         conn.executemany(
