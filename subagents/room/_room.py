@@ -127,7 +127,7 @@ class Room(RoomBase):
         level = None if autonomy is None else check_autonomy("autonomy", autonomy)
         named = None if label is None else check_name("label", label)
         tagged = check_tags(tags)
-        where = _absolute_dir(check_cwd(cwd))
+        where = await anyio.to_thread.run_sync(_members.directory, check_cwd(cwd))
         process = os.getpid() if pid == _OWN_PID else check_pid(pid)
         start = None if process is None else process_start(process)
         return await self._db().write(
@@ -331,11 +331,9 @@ class Room(RoomBase):
         how = check_mode(mode)
         lifetime = check_ttl("ttl", ttl, none_ok=False)
         assert lifetime is not None
+        full = await self._full(member, where)
         return await self._db().act(
-            member,
-            lambda raw, found, now: _leases.claim(
-                raw, found, _members.absolute_for(raw, found, where), how, lifetime, now
-            ),
+            member, lambda raw, found, now: _leases.claim(raw, found, full, how, lifetime, now)
         )
 
     async def renew(self, member: str, path: str, *, ttl: float = DEFAULT_LEASE_TTL) -> Lease:
@@ -347,21 +345,16 @@ class Room(RoomBase):
         where = check_path(path)
         lifetime = check_ttl("ttl", ttl, none_ok=False)
         assert lifetime is not None
+        full = await self._full(member, where)
         return await self._db().act(
-            member,
-            lambda raw, found, now: _leases.renew(
-                raw, found, _members.absolute_for(raw, found, where), lifetime, now
-            ),
+            member, lambda raw, found, now: _leases.renew(raw, found, full, lifetime, now)
         )
 
     async def release(self, member: str, path: str) -> bool:
         """Release ``member``'s lease on ``path``; whether a live one was held."""
-        where = check_path(path)
+        full = await self._full(member, check_path(path))
         return await self._db().act(
-            member,
-            lambda raw, found, now: _leases.release(
-                raw, found, _members.absolute_for(raw, found, where), now
-            ),
+            member, lambda raw, found, now: _leases.release(raw, found, full, now)
         )
 
     async def check(self, path: str, *, member: str | None = None) -> LeaseCheck:
@@ -372,7 +365,7 @@ class Room(RoomBase):
             return await self._db().look(
                 member, lambda raw, found, now: _leases.check_as(raw, found, where, now)
             )
-        full = absolute(where, os.getcwd())
+        full = await anyio.to_thread.run_sync(absolute, where, os.getcwd())
         return LeaseCheck(
             path=full,
             leases=tuple(await self._db().read(lambda raw, now: _leases.check(raw, full, now))),
@@ -384,13 +377,21 @@ class Room(RoomBase):
 
     # ------------------------------------------------------------------ drift
 
+    async def _full(self, member: str, path: str, *, looked: bool = False) -> str:
+        """``path`` made absolute for ``member``, outside the write transaction that uses
+        it: resolving symlinks touches the filesystem, and a slow mount must not hold the
+        store's write lock. A relative path (or ``looked``: the member checked first, an
+        ``UnknownMember`` before any file is read) reads the member's directory by a look;
+        an absolute one needs none, and the write that follows checks the member."""
+        cwd = "/"
+        if looked or not os.path.isabs(path):
+            cwd = await self._db().look(member, lambda raw, found, now: _members.cwd_of(raw, found))
+        return await anyio.to_thread.run_sync(absolute, path, cwd)
+
     async def _hash(self, member: str, path: str) -> tuple[str, str | None]:
         """``path`` made absolute for ``member``, and the file's hash (``None``: no file),
         read outside any transaction (a large file must not hold the database)."""
-        where = check_path(path)
-        full = await self._db().look(
-            member, lambda raw, found, now: _members.absolute_for(raw, found, where)
-        )
+        full = await self._full(member, check_path(path), looked=True)
         return full, await anyio.to_thread.run_sync(_leases.sha256_of, full)
 
     async def note_read(self, member: str, path: str) -> str:
@@ -417,8 +418,3 @@ class Room(RoomBase):
         return await self._db().look(
             member, lambda raw, found, now: _leases.drift(raw, found, full, digest, now)
         )
-
-
-def _absolute_dir(cwd: str | None) -> str:
-    """``cwd`` (or this process's directory) made absolute, its symlinks resolved."""
-    return absolute(cwd if cwd is not None else ".", os.getcwd())
