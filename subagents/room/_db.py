@@ -91,12 +91,15 @@ class Database:
     ) -> T | None:
         end = time.monotonic() + timeout
         path = self.conn.path
+        tries: list[bool] = []
 
         def bounded(raw: sqlite3.Connection) -> bool:
-            # Before each try of the retry loop: SQLite's wait is what is left, no more.
+            # Before each try of the retry loop: SQLite's wait is what is left, no more;
+            # the first try always runs, so a short wait still takes when nothing is held.
             left = end - time.monotonic()
-            if left <= 0:
+            if left <= 0 and tries:
                 raise StoreError(path, "locked", "another connection held the lock past the wait")
+            tries.append(True)
             raw.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")
             return precheck is None or precheck(raw)
 
@@ -110,20 +113,35 @@ class Database:
             raw.execute(f"PRAGMA busy_timeout = {int(self.conn.busy_timeout * 1000)}")
             self._lock.release()
 
-    async def read(self, query: Callable[[sqlite3.Connection, float], T]) -> T:
-        """``query(raw, now)`` in autocommit mode (no transaction, nothing written)."""
+    async def read(
+        self, query: Callable[[sqlite3.Connection, float], T], *, timeout: float | None = None
+    ) -> T:
+        """``query(raw, now)`` in autocommit mode (no transaction, nothing written). With
+        ``timeout``, the wait for this process's other call ends after that many seconds
+        (``StoreError(locked)``); a read waits for no other process's lock (WAL)."""
 
         def run() -> T:
-            with self._lock:
+            if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+                raise StoreError(self.conn.path, "locked", "this process's other room call held it")
+            try:
                 return self.conn.read(lambda raw: query(raw, self._clock()))
+            finally:
+                self._lock.release()
 
         return await anyio.to_thread.run_sync(run)
 
-    async def look(self, member: object, query: Callable[[sqlite3.Connection, str, float], T]) -> T:
+    async def look(
+        self,
+        member: object,
+        query: Callable[[sqlite3.Connection, str, float], T],
+        *,
+        timeout: float | None = None,
+    ) -> T:
         """``query(raw, member, now)`` as a :meth:`read`, the id checked
         (``UnknownMember``): a look at a member that is not its activity."""
         return await self.read(
-            lambda raw, now: query(raw, resolve_member(raw, member, self.conn.path), now)
+            lambda raw, now: query(raw, resolve_member(raw, member, self.conn.path), now),
+            timeout=timeout,
         )
 
     def acting(

@@ -257,15 +257,23 @@ class Room(RoomBase):
         """Take up to ``limit`` messages for ``member`` (marked ``read``), waiting up to
         ``timeout`` seconds for one (``None``: without end) if there is none: a send from
         any process wakes the wait. Empty, it carries :attr:`Received.inbox` (as the first
-        look found it). It returns by its deadline (a later look waits for a lock only as
-        long as the time left); cancelled while waiting it has taken nothing, cancelled
+        look found it). With a ``timeout`` above 0 it returns by its deadline: every take
+        waits for a lock only as long as the time left, and one that could not get it
+        takes nothing (the first then answers with the inbox, read without the write lock;
+        ``StoreError(locked)`` if this process's other room call still holds its
+        connection). ``timeout=0`` waits for a lock as every call does (``busy_timeout``).
+        Cancelled while waiting it has taken nothing, cancelled
         during a take (a transaction) the messages are taken all the same and lost to the
         caller. The room closing while it waits raises ``anyio.ClosedResourceError``."""
         cap = check_limit(limit)
         wait = seconds("timeout", timeout, none_ok=True, zero_ok=True)
         deadline = None if wait is None else anyio.current_time() + wait
-        got = await self._take(member, cap)
-        assert got is not None
+        got = await self._take(member, cap, timeout=wait or None)
+        if got is None:  # the lock stayed held past the deadline: nothing taken
+            box = await self._db().look(
+                member, lambda raw, found, now: _messages.inbox(raw, found), timeout=0.0
+            )
+            return Received(messages=(), inbox=box)
         return await self._waiters.until(
             got,
             lambda received: bool(received.messages),

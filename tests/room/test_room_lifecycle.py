@@ -257,3 +257,48 @@ async def test_a_read_only_room_looks_and_refuses_writes(tmp_path: Path) -> None
         async with Room(tmp_path / "none.db", read_only=True):
             pass
     assert not (tmp_path / "none.db").exists()
+
+
+async def test_a_timed_receive_whose_first_take_cannot_get_the_lock_answers_with_the_inbox(
+    tmp_path: Path,
+) -> None:
+    """Another connection holds the write lock from before the receive until it returns:
+    the first take gives up at the deadline, takes nothing, and the answer still says
+    where it looked (the inbox block, read without the write lock)."""
+    path = tmp_path / "s.db"
+    async with Room(path, busy_timeout=30) as room:
+        sender = (await room.join("r")).member_id
+        member = (await room.join("r")).member_id
+        await room.send(sender, member, "waiting")
+        held, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                held.set()
+                done.wait(20)
+                conn.execute("ROLLBACK")
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            await anyio.to_thread.run_sync(held.wait, 20)
+            got = await room.receive(member, timeout=0.05)
+        finally:
+            done.set()
+            await anyio.to_thread.run_sync(holder.join)
+        assert got.messages == ()
+        assert got.inbox is not None
+        assert (got.inbox.deliveries, got.inbox.read) == (1, 0)
+        assert await room.unread(member) == 1
+
+
+async def test_a_receive_with_a_tiny_timeout_still_takes_what_waits(tmp_path: Path) -> None:
+    """The deadline bounds the wait for the lock, but the first try always runs: a
+    timeout shorter than any transaction still takes a waiting message."""
+    async with Room(tmp_path / "s.db") as room:
+        sender = (await room.join("r")).member_id
+        member = (await room.join("r")).member_id
+        await room.send(sender, member, "here")
+        got = await room.receive(member, timeout=1e-9)
+        assert [m.body for m in got.messages] == ["here"]
