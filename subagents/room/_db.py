@@ -13,9 +13,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar, cast
 
+import anyio
 import anyio.to_thread
 
 from ..store._errors import StoreError
@@ -47,6 +49,7 @@ class Database:
         self._retry_window = retry_window
         self._read_only = read_only
         self._lock = threading.Lock()
+        self._closed = False
 
     async def write(self, body: Callable[[sqlite3.Connection, float], T]) -> T:
         """``body(raw, now)`` in a write transaction, committed."""
@@ -74,7 +77,7 @@ class Database:
 
         def run() -> T | None:
             if timeout is None:
-                with self._lock:
+                with self._held(None):
                     return self.conn.write(transaction, precheck=precheck)
             return self._bounded(transaction, precheck, timeout)
 
@@ -103,15 +106,13 @@ class Database:
             raw.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")
             return precheck is None or precheck(raw)
 
-        if not self._lock.acquire(timeout=max(timeout, 0.0)):
-            raise StoreError(path, "locked", "this process's other room call held it")
-        raw = self.conn.raw
-        try:
-            limited = Connection(raw, path=path, busy_timeout=timeout, retry_timeout=timeout)
-            return limited.write(transaction, precheck=bounded)
-        finally:
-            raw.execute(f"PRAGMA busy_timeout = {int(self.conn.busy_timeout * 1000)}")
-            self._lock.release()
+        with self._held(timeout):
+            raw = self.conn.raw
+            try:
+                limited = Connection(raw, path=path, busy_timeout=timeout, retry_timeout=timeout)
+                return limited.write(transaction, precheck=bounded)
+            finally:
+                raw.execute(f"PRAGMA busy_timeout = {int(self.conn.busy_timeout * 1000)}")
 
     async def read(
         self, query: Callable[[sqlite3.Connection, float], T], *, timeout: float | None = None
@@ -121,14 +122,25 @@ class Database:
         (``StoreError(locked)``); a read waits for no other process's lock (WAL)."""
 
         def run() -> T:
-            if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-                raise StoreError(self.conn.path, "locked", "this process's other room call held it")
-            try:
+            with self._held(timeout):
                 return self.conn.read(lambda raw: query(raw, self._clock()))
-            finally:
-                self._lock.release()
 
         return await anyio.to_thread.run_sync(run)
+
+    @contextmanager
+    def _held(self, timeout: float | None) -> Iterator[None]:
+        """The connection, this process's other calls kept out (``timeout``: the most
+        seconds to wait for them, then ``StoreError(locked)``). A call that got here as
+        the room closed finds the connection closed: ``anyio.ClosedResourceError``, as
+        for a call after the close, not SQLite's error about a closed database."""
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            raise StoreError(self.conn.path, "locked", "this process's other room call held it")
+        try:
+            if self._closed:
+                raise anyio.ClosedResourceError("the room is closed")
+            yield
+        finally:
+            self._lock.release()
 
     async def look(
         self,
@@ -165,4 +177,5 @@ class Database:
     def close(self) -> None:
         """Close the connection once the call in flight (a worker thread's) ended."""
         with self._lock:
+            self._closed = True
             self.conn.close()

@@ -297,6 +297,21 @@ async def test_an_aclose_while_the_file_opens_wins_and_closes_what_opened(
         await room.who()
 
 
+async def test_a_call_that_reaches_the_connection_as_the_room_closes_says_closed(
+    tmp_path: Path,
+) -> None:
+    """A call already past its check of the room when ``aclose`` runs (its worker thread
+    not yet holding the connection) gets the closed room's error, not SQLite's
+    "Cannot operate on a closed database" as a ``StoreError``."""
+    async with Room(tmp_path / "s.db") as room:
+        member = (await room.join("r")).member_id
+        database = room._db()  # what a call in flight holds
+    with pytest.raises(anyio.ClosedResourceError):
+        await database.look(member, lambda raw, found, now: found)
+    with pytest.raises(anyio.ClosedResourceError):
+        await database.write(lambda raw, now: None)
+
+
 async def test_a_timed_receive_whose_first_take_cannot_get_the_lock_answers_with_the_inbox(
     tmp_path: Path,
 ) -> None:
