@@ -297,8 +297,8 @@ class Room(RoomBase):
         )
 
     async def unread(self, member: str) -> int:
-        """Deliveries waiting for ``member`` (not taken, not expired), counted up to 1,000;
-        a look: not the member's activity."""
+        """Deliveries waiting for ``member`` (not taken, not expired), counted up to 1,000
+        (1,000: that many or more); a look: not the member's activity."""
         return await self._db().look(member, _messages.unread)
 
     async def sent(self, member: str, *, limit: int = 20) -> tuple[SentMessage, ...]:
