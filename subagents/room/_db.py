@@ -13,9 +13,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar, cast
 
+import anyio
 import anyio.to_thread
 
 from ..store._errors import StoreError
@@ -47,6 +49,7 @@ class Database:
         self._retry_window = retry_window
         self._read_only = read_only
         self._lock = threading.Lock()
+        self._closed = False
 
     async def write(self, body: Callable[[sqlite3.Connection, float], T]) -> T:
         """``body(raw, now)`` in a write transaction, committed."""
@@ -74,7 +77,7 @@ class Database:
 
         def run() -> T | None:
             if timeout is None:
-                with self._lock:
+                with self._held(None):
                     return self.conn.write(transaction, precheck=precheck)
             return self._bounded(transaction, precheck, timeout)
 
@@ -91,39 +94,66 @@ class Database:
     ) -> T | None:
         end = time.monotonic() + timeout
         path = self.conn.path
+        tries: list[bool] = []
 
         def bounded(raw: sqlite3.Connection) -> bool:
-            # Before each try of the retry loop: SQLite's wait is what is left, no more.
+            # Before each try of the retry loop: SQLite's wait is what is left, no more;
+            # the first try always runs, so a short wait still takes when nothing is held.
             left = end - time.monotonic()
-            if left <= 0:
+            if left <= 0 and tries:
                 raise StoreError(path, "locked", "another connection held the lock past the wait")
+            tries.append(True)
             raw.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")
             return precheck is None or precheck(raw)
 
-        if not self._lock.acquire(timeout=max(timeout, 0.0)):
-            raise StoreError(path, "locked", "this process's other room call held it")
-        raw = self.conn.raw
-        try:
-            limited = Connection(raw, path=path, busy_timeout=timeout, retry_timeout=timeout)
-            return limited.write(transaction, precheck=bounded)
-        finally:
-            raw.execute(f"PRAGMA busy_timeout = {int(self.conn.busy_timeout * 1000)}")
-            self._lock.release()
+        with self._held(timeout):
+            raw = self.conn.raw
+            try:
+                limited = Connection(raw, path=path, busy_timeout=timeout, retry_timeout=timeout)
+                return limited.write(transaction, precheck=bounded)
+            finally:
+                raw.execute(f"PRAGMA busy_timeout = {int(self.conn.busy_timeout * 1000)}")
 
-    async def read(self, query: Callable[[sqlite3.Connection, float], T]) -> T:
-        """``query(raw, now)`` in autocommit mode (no transaction, nothing written)."""
+    async def read(
+        self, query: Callable[[sqlite3.Connection, float], T], *, timeout: float | None = None
+    ) -> T:
+        """``query(raw, now)`` in autocommit mode (no transaction, nothing written). With
+        ``timeout``, the wait for this process's other call ends after that many seconds
+        (``StoreError(locked)``); a read waits for no other process's lock (WAL)."""
 
         def run() -> T:
-            with self._lock:
+            with self._held(timeout):
                 return self.conn.read(lambda raw: query(raw, self._clock()))
 
         return await anyio.to_thread.run_sync(run)
 
-    async def look(self, member: object, query: Callable[[sqlite3.Connection, str, float], T]) -> T:
+    @contextmanager
+    def _held(self, timeout: float | None) -> Iterator[None]:
+        """The connection, this process's other calls kept out (``timeout``: the most
+        seconds to wait for them, then ``StoreError(locked)``). A call that got here as
+        the room closed finds the connection closed: ``anyio.ClosedResourceError``, as
+        for a call after the close, not SQLite's error about a closed database."""
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            raise StoreError(self.conn.path, "locked", "this process's other room call held it")
+        try:
+            if self._closed:
+                raise anyio.ClosedResourceError("the room is closed")
+            yield
+        finally:
+            self._lock.release()
+
+    async def look(
+        self,
+        member: object,
+        query: Callable[[sqlite3.Connection, str, float], T],
+        *,
+        timeout: float | None = None,
+    ) -> T:
         """``query(raw, member, now)`` as a :meth:`read`, the id checked
         (``UnknownMember``): a look at a member that is not its activity."""
         return await self.read(
-            lambda raw, now: query(raw, resolve_member(raw, member, self.conn.path), now)
+            lambda raw, now: query(raw, resolve_member(raw, member, self.conn.path), now),
+            timeout=timeout,
         )
 
     def acting(
@@ -147,4 +177,5 @@ class Database:
     def close(self) -> None:
         """Close the connection once the call in flight (a worker thread's) ended."""
         with self._lock:
+            self._closed = True
             self.conn.close()

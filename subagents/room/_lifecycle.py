@@ -14,6 +14,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from .._validators import seconds
+from ..store._opening import close_all
 from ..store._sqlite import Connection, Synchronous
 from ..store._watch import Watcher
 from ._checks import check_synchronous
@@ -46,19 +47,30 @@ class RoomBase:
         self._synchronous = check_synchronous(synchronous)
         self._read_only = bool(read_only)
         self._closed = False
+        self._opening = False
         self._database: Database | None = None
         self._watcher: Watcher | None = None
         self._waiters = Waiters()
 
     async def __aenter__(self) -> Self:
-        if self._database is not None:
+        # Marked before the first await: a second entry while the first opens is refused,
+        # not a second set of connections replacing the first's.
+        if self._database is not None or self._opening:
             raise RuntimeError("this Room is open already: enter it once (one `async with`)")
+        self._opening = True
+        try:
+            return await self._open()
+        finally:
+            self._opening = False
+
+    async def _open(self) -> Self:
         self._closed = False
         self._waiters = Waiters()
         if self._read_only:
             raw = await anyio.to_thread.run_sync(
                 lambda: open_read_only(self.path, busy_timeout=self._busy_timeout)
             )
+            await self._unless_closed(raw)
             self._database = self._database_of(raw)
             return self
         writer, watching = await anyio.to_thread.run_sync(
@@ -66,6 +78,7 @@ class RoomBase:
                 self.path, synchronous=self._synchronous, busy_timeout=self._busy_timeout
             )
         )
+        await self._unless_closed(writer, watching)
         self._database = self._database_of(writer)
         self._watcher = Watcher(
             watching,
@@ -76,6 +89,13 @@ class RoomBase:
         self._watcher.start()
         self._waiters.watcher = self._watcher
         return self
+
+    async def _unless_closed(self, *opened: sqlite3.Connection) -> None:
+        """An ``aclose`` that ran while the file opened wins: what opened closes."""
+        if self._closed:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(close_all, list(opened))
+            raise anyio.ClosedResourceError("the room was closed while it opened")
 
     def _database_of(self, raw: sqlite3.Connection) -> Database:
         conn = Connection(

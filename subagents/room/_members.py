@@ -23,6 +23,8 @@ __all__ = [
     "absolute_for",
     "check_autonomy",
     "check_name",
+    "cwd_of",
+    "directory",
     "join",
     "leave",
     "member_rooms",
@@ -37,11 +39,26 @@ MAX_NAME: Final = 200
 
 
 def absolute(path: str, cwd: str) -> str:
-    """``path`` made absolute against ``cwd`` and resolved as ``open`` resolves it (symlinks
-    followed as far as they exist, then ``..`` and ``.``; a leading ``//`` is ``/``): every
-    spelling of one file is one path, so ``src/x.py`` from ``/repo``, ``/repo/src/x.py``
-    and the same file through a symlinked directory contend for one lease."""
-    return os.path.realpath(os.path.join(cwd, os.path.expanduser(path)))
+    """``path`` made absolute against ``cwd``, its directory resolved as ``open`` resolves
+    it (symlinks followed as far as they exist, then ``..`` and ``.``; a leading ``//`` is
+    ``/``) and its final name kept: ``src/x.py`` from ``/repo``, ``/repo/src/x.py`` and
+    the same file through a symlinked directory are one path, and a symlinked file is
+    its own path under the name the member used, whatever the link points at when (a
+    deploy retargets ``current.py``; its release, drift check and ``file:`` selector
+    still name ``current.py``). A final ``.``, ``..`` or ``/`` names a directory: the
+    whole path is resolved."""
+    full = os.path.join(cwd, os.path.expanduser(path))
+    head, name = os.path.split(full)
+    if name in ("", ".", ".."):
+        return os.path.realpath(full)
+    return os.path.join(os.path.realpath(head or os.sep), name)
+
+
+def directory(cwd: str | None) -> str:
+    """A working directory (``None``: this process's) made absolute, every symlink of it
+    resolved (its final name too: the directory is what relative paths are read in)."""
+    where = os.getcwd() if cwd is None else os.path.expanduser(cwd)
+    return os.path.realpath(os.path.join(os.getcwd(), where))
 
 
 def check_name(field: str, value: object) -> str:
@@ -153,7 +170,9 @@ def join(
         )
         if tags is not None:
             conn.execute("DELETE FROM room_tags WHERE member_id = ?", (member,))
-        if level == "wake" and (pid is None or pid_running(pid, pid_start)):
+        if level != "wake":
+            unwakeable(conn, member)  # held to a cap: as a lowering, no repeats
+        elif pid is None or pid_running(pid, pid_start):
             signal_waiting(conn, member, now)
     if tags is not None:
         conn.executemany(
@@ -223,10 +242,16 @@ def signal_waiting(conn: sqlite3.Connection, member: str, now: float) -> None:
     )
 
 
+def cwd_of(conn: sqlite3.Connection, member: str) -> str:
+    """The member's working directory (as :func:`directory` made it at join)."""
+    return str(
+        conn.execute("SELECT cwd FROM room_members WHERE member_id = ?", (member,)).fetchone()[0]
+    )
+
+
 def absolute_for(conn: sqlite3.Connection, member: str, path: str) -> str:
     """``path`` made absolute against the member's working directory."""
-    row = conn.execute("SELECT cwd FROM room_members WHERE member_id = ?", (member,))
-    return absolute(path, str(row.fetchone()[0]))
+    return absolute(path, cwd_of(conn, member))
 
 
 def touch(conn: sqlite3.Connection, member: str, now: float) -> None:

@@ -127,7 +127,7 @@ class Room(RoomBase):
         level = None if autonomy is None else check_autonomy("autonomy", autonomy)
         named = None if label is None else check_name("label", label)
         tagged = check_tags(tags)
-        where = _absolute_dir(check_cwd(cwd))
+        where = await anyio.to_thread.run_sync(_members.directory, check_cwd(cwd))
         process = os.getpid() if pid == _OWN_PID else check_pid(pid)
         start = None if process is None else process_start(process)
         return await self._db().write(
@@ -257,15 +257,23 @@ class Room(RoomBase):
         """Take up to ``limit`` messages for ``member`` (marked ``read``), waiting up to
         ``timeout`` seconds for one (``None``: without end) if there is none: a send from
         any process wakes the wait. Empty, it carries :attr:`Received.inbox` (as the first
-        look found it). It returns by its deadline (a later look waits for a lock only as
-        long as the time left); cancelled while waiting it has taken nothing, cancelled
+        look found it). With a ``timeout`` above 0 it returns by its deadline: every take
+        waits for a lock only as long as the time left, and one that could not get it
+        takes nothing (the first then answers with the inbox, read without the write lock;
+        ``StoreError(locked)`` if this process's other room call still holds its
+        connection). ``timeout=0`` waits for a lock as every call does (``busy_timeout``).
+        Cancelled while waiting it has taken nothing, cancelled
         during a take (a transaction) the messages are taken all the same and lost to the
         caller. The room closing while it waits raises ``anyio.ClosedResourceError``."""
         cap = check_limit(limit)
         wait = seconds("timeout", timeout, none_ok=True, zero_ok=True)
         deadline = None if wait is None else anyio.current_time() + wait
-        got = await self._take(member, cap)
-        assert got is not None
+        got = await self._take(member, cap, timeout=wait or None)
+        if got is None:  # the lock stayed held past the deadline: nothing taken
+            box = await self._db().look(
+                member, lambda raw, found, now: _messages.inbox(raw, found), timeout=0.0
+            )
+            return Received(messages=(), inbox=box)
         return await self._waiters.until(
             got,
             lambda received: bool(received.messages),
@@ -289,8 +297,8 @@ class Room(RoomBase):
         )
 
     async def unread(self, member: str) -> int:
-        """Deliveries waiting for ``member`` (not taken, not expired), counted up to 1,000;
-        a look: not the member's activity."""
+        """Deliveries waiting for ``member`` (not taken, not expired), counted up to 1,000
+        (1,000: that many or more); a look: not the member's activity."""
         return await self._db().look(member, _messages.unread)
 
     async def sent(self, member: str, *, limit: int = 20) -> tuple[SentMessage, ...]:
@@ -331,11 +339,9 @@ class Room(RoomBase):
         how = check_mode(mode)
         lifetime = check_ttl("ttl", ttl, none_ok=False)
         assert lifetime is not None
+        full = await self._full(member, where)
         return await self._db().act(
-            member,
-            lambda raw, found, now: _leases.claim(
-                raw, found, _members.absolute_for(raw, found, where), how, lifetime, now
-            ),
+            member, lambda raw, found, now: _leases.claim(raw, found, full, how, lifetime, now)
         )
 
     async def renew(self, member: str, path: str, *, ttl: float = DEFAULT_LEASE_TTL) -> Lease:
@@ -347,21 +353,16 @@ class Room(RoomBase):
         where = check_path(path)
         lifetime = check_ttl("ttl", ttl, none_ok=False)
         assert lifetime is not None
+        full = await self._full(member, where)
         return await self._db().act(
-            member,
-            lambda raw, found, now: _leases.renew(
-                raw, found, _members.absolute_for(raw, found, where), lifetime, now
-            ),
+            member, lambda raw, found, now: _leases.renew(raw, found, full, lifetime, now)
         )
 
     async def release(self, member: str, path: str) -> bool:
         """Release ``member``'s lease on ``path``; whether a live one was held."""
-        where = check_path(path)
+        full = await self._full(member, check_path(path))
         return await self._db().act(
-            member,
-            lambda raw, found, now: _leases.release(
-                raw, found, _members.absolute_for(raw, found, where), now
-            ),
+            member, lambda raw, found, now: _leases.release(raw, found, full, now)
         )
 
     async def check(self, path: str, *, member: str | None = None) -> LeaseCheck:
@@ -372,7 +373,7 @@ class Room(RoomBase):
             return await self._db().look(
                 member, lambda raw, found, now: _leases.check_as(raw, found, where, now)
             )
-        full = absolute(where, os.getcwd())
+        full = await anyio.to_thread.run_sync(absolute, where, os.getcwd())
         return LeaseCheck(
             path=full,
             leases=tuple(await self._db().read(lambda raw, now: _leases.check(raw, full, now))),
@@ -384,13 +385,21 @@ class Room(RoomBase):
 
     # ------------------------------------------------------------------ drift
 
+    async def _full(self, member: str, path: str, *, looked: bool = False) -> str:
+        """``path`` made absolute for ``member``, outside the write transaction that uses
+        it: resolving symlinks touches the filesystem, and a slow mount must not hold the
+        store's write lock. A relative path (or ``looked``: the member checked first, an
+        ``UnknownMember`` before any file is read) reads the member's directory by a look;
+        an absolute one needs none, and the write that follows checks the member."""
+        cwd = "/"
+        if looked or not os.path.isabs(path):
+            cwd = await self._db().look(member, lambda raw, found, now: _members.cwd_of(raw, found))
+        return await anyio.to_thread.run_sync(absolute, path, cwd)
+
     async def _hash(self, member: str, path: str) -> tuple[str, str | None]:
         """``path`` made absolute for ``member``, and the file's hash (``None``: no file),
         read outside any transaction (a large file must not hold the database)."""
-        where = check_path(path)
-        full = await self._db().look(
-            member, lambda raw, found, now: _members.absolute_for(raw, found, where)
-        )
+        full = await self._full(member, check_path(path), looked=True)
         return full, await anyio.to_thread.run_sync(_leases.sha256_of, full)
 
     async def note_read(self, member: str, path: str) -> str:
@@ -417,8 +426,3 @@ class Room(RoomBase):
         return await self._db().look(
             member, lambda raw, found, now: _leases.drift(raw, found, full, digest, now)
         )
-
-
-def _absolute_dir(cwd: str | None) -> str:
-    """``cwd`` (or this process's directory) made absolute, its symlinks resolved."""
-    return absolute(cwd if cwd is not None else ".", os.getcwd())

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+import anyio
+
 from .._errors import SubagentsError
 from .._json import JSONValue
 from .._tool_tracing import ToolSpan
@@ -22,6 +24,7 @@ from ..tools._schema import Param
 from ..tools._tool import make_tool
 from ._ids import UnknownMember
 from ._leases import LeaseNotHeld
+from ._messages import UNREAD_CAP
 from ._records import LeaseMode
 from ._room import Room
 
@@ -72,6 +75,12 @@ class _Handlers:
         async def handler(args: dict[str, object], span: ToolSpan) -> ToolResult:
             try:
                 result = await call(args)
+            except anyio.ClosedResourceError:
+                return _error(
+                    "the room is closed (its session ended or is ending): the room's tools "
+                    "no longer work; carry on without them",
+                    "room_closed",
+                )
             except UnknownMember as exc:
                 return _error(str(exc), "unknown_member", suggestions=list(exc.suggestions))
             except LeaseNotHeld as exc:
@@ -92,9 +101,11 @@ class _Handlers:
                 return result
             if not unread:
                 return result
+            # The count stops at its cap: at it, the backlog may be larger.
+            many = f"{unread} or more" if unread >= UNREAD_CAP else str(unread)
             return ToolResult(
-                content=f"{result.content}\n({unread} room message(s) wait: call room_receive)",
-                details={**result.details, "unread": unread},
+                content=f"{result.content}\n({many} room message(s) wait: call room_receive)",
+                details={**result.details, "unread": unread, "unread_capped": unread >= UNREAD_CAP},
                 is_error=result.is_error,
             )
 

@@ -18,6 +18,19 @@ from subagents._json import dumps_str, loads
 WORKER = Path(__file__).with_name("worker.py")
 
 
+def open_files(under: Path) -> list[str]:
+    """The files under ``under`` this process holds open (Linux: ``/proc/self/fd``)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(under)):
+            found.append(target)
+    return found
+
+
 class FakeClock:
     """A room's clock that moves only when a test turns it."""
 

@@ -4,7 +4,6 @@ never lost to the rider, a read-only command that reads only, connections closed
 from __future__ import annotations
 
 import gc
-import os
 from pathlib import Path
 
 import anyio
@@ -13,6 +12,7 @@ import pytest
 from subagents._cli import main
 from subagents.room import Room, room_tools
 from subagents.store import StoreError
+from tests.room.support import open_files
 
 pytestmark = pytest.mark.anyio
 
@@ -76,18 +76,6 @@ def test_the_cli_leases_of_a_member_reads_only(tmp_path: Path) -> None:
     assert anyio.run(state, sender, quiet) == "stored"
 
 
-def _open_files(under: Path) -> list[str]:
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(under)):
-            found.append(target)
-    return found
-
-
 @pytest.mark.parametrize("anyio_backend", ["trio"])  # asyncio's GC happens to free it
 async def test_a_room_closed_in_a_cancelled_scope_closes_its_connection(
     tmp_path: Path,
@@ -101,4 +89,4 @@ async def test_a_room_closed_in_a_cancelled_scope_closes_its_connection(
             scope.cancel()
             await anyio.lowlevel.checkpoint()
     gc.collect()
-    assert _open_files(tmp_path) == []
+    assert open_files(tmp_path) == []

@@ -4,6 +4,7 @@ contention from several processes at once."""
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import anyio
@@ -154,3 +155,22 @@ def test_the_invariant_check_sees_an_overlap() -> None:
     assert overlapping([one, two])
     assert not overlapping([two, three])
     assert not overlapping([one, {**two, "start": 3.0}])
+
+
+async def test_a_symlinked_file_is_leased_under_the_name_claimed(tmp_path: Path) -> None:
+    """The directory is resolved, the final name kept: ``current.py`` (a link to
+    ``v1.py``) is its own lease, reported under the name the member used, wherever the
+    link points; a final ``..`` names a directory, resolved whole."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "v1.py").write_text("1")
+    os.symlink(tmp_path / "real", tmp_path / "repo")
+    os.symlink(tmp_path / "real" / "v1.py", tmp_path / "real" / "current.py")
+    real = str((tmp_path / "real").resolve())
+    async with Room(tmp_path / "s.db") as room:
+        a = (await room.join("r", cwd=str(tmp_path / "repo"))).member_id
+        b = (await room.join("r", cwd=str(tmp_path / "repo"))).member_id
+        claimed = await room.claim(a, "current.py")
+        assert claimed.path == os.path.join(real, "current.py")
+        assert (await room.claim(b, "v1.py")).ok
+        assert [lease.path for lease in await room.leases(a)] == [claimed.path]
+        assert (await room.check("sub/..", member=a)).path == real

@@ -1,6 +1,7 @@
 """A room's life and its looks: opened once, closed under a waiting receive, read-only
 opens that change nothing, a timed receive that ends by its deadline while another
-connection holds the lock, and members signalled when they can be woken again."""
+connection holds the lock, members signalled when they can be woken again, and entries
+and closes that race."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import time
 import uuid
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
 import pytest
 
 from subagents._cli import main
-from subagents.room import Room, room_tools
+from subagents.room import Room, _lifecycle, room_tools
+from subagents.room._opening import open_read_write
 from subagents.store import StoreError
-from tests.room.support import FakeClock
+from tests.room.support import FakeClock, open_files
 
 pytestmark = pytest.mark.anyio
 
@@ -257,3 +260,98 @@ async def test_a_read_only_room_looks_and_refuses_writes(tmp_path: Path) -> None
         async with Room(tmp_path / "none.db", read_only=True):
             pass
     assert not (tmp_path / "none.db").exists()
+
+
+async def test_an_aclose_while_the_file_opens_wins_and_closes_what_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A room closed by another task while its entry still opens the file ends closed:
+    the entry raises ``ClosedResourceError`` and no connection is left open."""
+    started, gate = threading.Event(), threading.Event()
+
+    def slow_open(*args: Any, **kwargs: Any) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+        started.set()
+        gate.wait(20)
+        return open_read_write(*args, **kwargs)
+
+    monkeypatch.setattr(_lifecycle, "open_read_write", slow_open)
+    room = Room(tmp_path / "s.db")
+    outcomes: list[str] = []
+
+    async def enter() -> None:
+        try:
+            await room.__aenter__()
+        except anyio.ClosedResourceError:
+            outcomes.append("closed")
+        else:
+            outcomes.append("entered")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(enter)
+        await anyio.to_thread.run_sync(started.wait, 20)
+        await room.aclose()
+        gate.set()
+    assert outcomes == ["closed"]
+    assert open_files(tmp_path) == []
+    with pytest.raises(anyio.ClosedResourceError):
+        await room.who()
+
+
+async def test_a_call_that_reaches_the_connection_as_the_room_closes_says_closed(
+    tmp_path: Path,
+) -> None:
+    """A call already past its check of the room when ``aclose`` runs (its worker thread
+    not yet holding the connection) gets the closed room's error, not SQLite's
+    "Cannot operate on a closed database" as a ``StoreError``."""
+    async with Room(tmp_path / "s.db") as room:
+        member = (await room.join("r")).member_id
+        database = room._db()  # what a call in flight holds
+    with pytest.raises(anyio.ClosedResourceError):
+        await database.look(member, lambda raw, found, now: found)
+    with pytest.raises(anyio.ClosedResourceError):
+        await database.write(lambda raw, now: None)
+
+
+async def test_a_timed_receive_whose_first_take_cannot_get_the_lock_answers_with_the_inbox(
+    tmp_path: Path,
+) -> None:
+    """Another connection holds the write lock from before the receive until it returns:
+    the first take gives up at the deadline, takes nothing, and the answer still says
+    where it looked (the inbox block, read without the write lock)."""
+    path = tmp_path / "s.db"
+    async with Room(path, busy_timeout=30) as room:
+        sender = (await room.join("r")).member_id
+        member = (await room.join("r")).member_id
+        await room.send(sender, member, "waiting")
+        held, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                held.set()
+                done.wait(20)
+                conn.execute("ROLLBACK")
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            await anyio.to_thread.run_sync(held.wait, 20)
+            got = await room.receive(member, timeout=0.05)
+        finally:
+            done.set()
+            await anyio.to_thread.run_sync(holder.join)
+        assert got.messages == ()
+        assert got.inbox is not None
+        assert (got.inbox.deliveries, got.inbox.read) == (1, 0)
+        assert await room.unread(member) == 1
+
+
+async def test_a_receive_with_a_tiny_timeout_still_takes_what_waits(tmp_path: Path) -> None:
+    """The deadline bounds the wait for the lock, but the first try always runs: a
+    timeout shorter than any transaction still takes a waiting message."""
+    async with Room(tmp_path / "s.db") as room:
+        sender = (await room.join("r")).member_id
+        member = (await room.join("r")).member_id
+        await room.send(sender, member, "here")
+        got = await room.receive(member, timeout=1e-9)
+        assert [m.body for m in got.messages] == ["here"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from subagents.room import Room, room_tools
+from subagents.room._messages import UNREAD_CAP
 from subagents.tools import Tool
 
 pytestmark = pytest.mark.anyio
@@ -85,3 +86,41 @@ async def test_messages_through_the_tools_and_the_unread_rider(tmp_path: Path) -
         nobody = await me["room_send"].execute({"to": "tag:none", "body": "x"})
         assert nobody.details["recipients"] == []
         assert "0 member(s)" in nobody.content
+
+
+async def test_a_closed_room_is_an_error_the_model_can_act_on(tmp_path: Path) -> None:
+    """After the room closed (its session ended), a tool answers ``room_closed`` and says
+    to carry on without the room, not ``internal`` "try again once"."""
+    async with Room(tmp_path / "s.db") as room:
+        tools = by_name(room_tools(room, (await room.join("r")).member_id))
+    for name, args in (("check_file", {"path": "/tmp/x"}), ("room_receive", {})):
+        result = await tools[name].execute(args)
+        assert result.is_error
+        assert result.details["error"] == "room_closed", result.content
+        assert "without them" in result.content
+
+
+class _Backlog(Room):
+    """A room whose members always have ``count`` deliveries waiting."""
+
+    count = UNREAD_CAP
+
+    async def unread(self, member: str) -> int:
+        return self.count
+
+
+@pytest.mark.parametrize(
+    ("count", "text", "capped"), [(7, "(7 room", False), (UNREAD_CAP, "(1000 or more room", True)]
+)
+async def test_the_unread_rider_says_when_the_count_stopped_at_its_cap(
+    tmp_path: Path, count: int, text: str, capped: bool
+) -> None:
+    """``unread`` counts up to 1,000: at the cap the backlog may be larger, and the rider
+    says so rather than name a number it does not know."""
+    async with _Backlog(tmp_path / "s.db") as room:
+        room.count = count
+        tools = by_name(room_tools(room, (await room.join("r")).member_id))
+        result = await tools["check_file"].execute({"path": "/tmp/x"})
+    assert text in result.content
+    assert result.details["unread"] == count
+    assert result.details["unread_capped"] is capped
