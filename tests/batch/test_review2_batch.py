@@ -1,0 +1,54 @@
+"""Second review of ``subagents batch run``: the fixes after the first review (template
+braces, CSV line numbering and the unterminated-quote check) and JSON numbers in items."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from subagents._cli_batch_inputs import read_items
+from subagents.backends.command import fill_template
+
+
+def _read(path: Path, id_field: str | None = None) -> list[tuple[str, int, dict[str, object]]]:
+    found = read_items(str(path), id_field=id_field, fmt=None, rename_duplicates=False)
+    assert found.malformed == []
+    return [(i.id, i.line, i.fields) for i in found.items]
+
+
+def test_nested_closing_braces_of_a_template_that_holds_no_field_stay_as_written() -> None:
+    # Single braces around anything but a name are kept (``awk '{print $1}'``), so a jq
+    # filter or a JSON literal reads as written; but two adjacent closing braces are
+    # collapsed into one, which silently turns valid jq or JSON into a syntax error.
+    assert fill_template("{a: {b: .x}}", {}) == "{a: {b: .x}}"
+    assert fill_template('{"a":{"b":1}}', {}) == '{"a":{"b":1}}'
+
+
+def test_a_csv_with_cr_line_endings_is_read_not_raised(tmp_path: Path) -> None:
+    # Classic Mac line endings (Excel's "CSV (Macintosh)"): the csv module reads them,
+    # but the unterminated-quote check counts only "\n" and raises ValueError.
+    path = tmp_path / "items.csv"
+    path.write_bytes(b"id,v\r1,a\r2,b\r")
+    assert [(i, f) for i, _, f in _read(path, "id")] == [
+        ("1", {"id": "1", "v": "a"}),
+        ("2", {"id": "2", "v": "b"}),
+    ]
+
+
+def test_a_quoted_cr_in_a_csv_cell_shifts_no_later_line_number(tmp_path: Path) -> None:
+    # A bare "\r" inside a quoted cell is no line end for an editor (nor for the JSONL
+    # reader, which ends lines at "\n" only), but reader.line_num counts it as one: every
+    # later record is numbered one too high, so its default id changes.
+    path = tmp_path / "items.csv"
+    path.write_bytes(b'id,v\n1,"a\rb"\n2,c\n')
+    assert [(i, line) for i, line, _ in _read(path)] == [("2", 2), ("3", 3)]
+
+
+def test_a_jsonl_integer_beyond_64_bits_is_kept_exact(tmp_path: Path) -> None:
+    # orjson reads an integer over 64 bits as a float: 18446744073709551616 becomes
+    # 1.8446744073709552e+19, filled into {n} and sent on stdin so; as an --id-field it
+    # is then no usable id at all.
+    path = tmp_path / "items.jsonl"
+    path.write_text('{"id": 18446744073709551616, "n": 123456789012345678901234567890}\n')
+    [(item_id, _, fields)] = _read(path, "id")
+    assert item_id == "18446744073709551616"
+    assert fields["n"] == 123456789012345678901234567890
