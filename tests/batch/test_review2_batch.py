@@ -3,10 +3,14 @@ braces, CSV line numbering and the unterminated-quote check) and JSON numbers in
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 from subagents._cli_batch_inputs import read_items
 from subagents.backends.command import fill_template
+
+from .support import batch, write_jsonl
 
 
 def _read(path: Path, id_field: str | None = None) -> list[tuple[str, int, dict[str, object]]]:
@@ -52,3 +56,25 @@ def test_a_jsonl_integer_beyond_64_bits_is_kept_exact(tmp_path: Path) -> None:
     [(item_id, _, fields)] = _read(path, "id")
     assert item_id == "18446744073709551616"
     assert fields["n"] == 123456789012345678901234567890
+
+
+def test_batch_status_names_the_results_file_when_the_store_folder_is_a_symlink(
+    tmp_path: Path,
+) -> None:
+    # The journal names a batch from the store's real folder (realpath), but status joins
+    # that name to the folder as given (abspath): with .subagents a link to another disk,
+    # status names "proj/r.jsonl", a file that does not exist from here.
+    project = tmp_path / "proj"
+    project.mkdir()
+    (tmp_path / "disk").mkdir()
+    os.symlink("../disk", project / ".subagents")
+    write_jsonl(project / "in.jsonl", [{"id": "a"}])
+    ran = batch(
+        "run", "--input", "in.jsonl", "--out", "r.jsonl", "--command", "true",
+        "--progress", "none", cwd=project,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    status = batch("status", "--store", ".subagents/batch.db", "--json", cwd=project)
+    assert status.returncode == 0, status.stderr
+    [report] = [json.loads(line) for line in status.stdout.splitlines()]
+    assert report["out"] == "r.jsonl"
