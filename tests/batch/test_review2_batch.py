@@ -7,9 +7,19 @@ import json
 import os
 from pathlib import Path
 
-from subagents._cli_batch_inputs import read_items
-from subagents.backends.command import fill_template
+import anyio
+import pytest
 
+from subagents import DelegateResult, SubagentConfig, SubagentManager
+from subagents import _cli_batch_run as batch_run
+from subagents._cli_batch_inputs import Item, read_items
+from subagents._cli_batch_progress import Counters
+from subagents._cli_batch_results import ResultsFile
+from subagents._cli_batch_summary import Tally
+from subagents.backends.command import fill_template
+from subagents.store import StoreError
+
+from .agents import NOOP
 from .support import batch, write_jsonl
 
 
@@ -78,3 +88,71 @@ def test_batch_status_names_the_results_file_when_the_store_folder_is_a_symlink(
     assert status.returncode == 0, status.stderr
     [report] = [json.loads(line) for line in status.stdout.splitlines()]
     assert report["out"] == "r.jsonl"
+
+
+class _Watched(ResultsFile):
+    """A results file that tells when two lines are held back."""
+
+    def __init__(self, path: str, *, order: list[str], on_error: object) -> None:
+        super().__init__(path, order=order, on_error=on_error)  # type: ignore[arg-type]
+        self.two_held = anyio.Event()
+
+    def write(self, item_id: str, envelope: DelegateResult) -> None:
+        super().write(item_id, envelope)
+        if self.held >= 2:
+            self.two_held.set()
+
+
+class _FirstCommitFails:
+    """A journal whose first item's commit fails (StoreError) once two later items' lines
+    are held behind it (--keep-order)."""
+
+    def __init__(self, results: _Watched) -> None:
+        self.results = results
+        self.first: object = None
+        self.recorded: dict[object, str] = {}
+
+    def record(self, item_id: str, envelope: DelegateResult) -> None:
+        task = anyio.get_current_task().id
+        self.recorded[task] = item_id
+        if self.first is None:
+            self.first = task
+
+    async def wait_committed(self) -> None:
+        if anyio.get_current_task().id != self.first:
+            return
+        await self.results.two_held.wait()
+        raise StoreError("batch.db", "failed", "disk I/O error")
+
+    def write_manifest(self, **fields: object) -> None:
+        pass
+
+
+@pytest.mark.anyio
+async def test_keep_order_admission_ends_when_the_awaited_items_commit_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Admission waits for the held-lines backlog to shrink (wait_held_below) before it
+    # looks at run.stop. When the item every held line waits on fails its commit, its line
+    # is never written nor skipped, the backlog never shrinks, and the batch hangs instead
+    # of stopping with exit status 1. The backlog is 2 here instead of 4096.
+    monkeypatch.setattr(batch_run, "_BACKLOG", 2)
+    items = [Item(id=str(n), line=n, fields={"id": str(n)}) for n in range(1, 7)]
+    settings = batch_run.Settings(
+        out=str(tmp_path / "r.jsonl"), store=str(tmp_path / "b.db"), specs=[NOOP],
+        template=None, jobs=1, timeout=None, resume="fresh", halt=None, keep_order=True,
+        progress="none", events=None, grace=0.0,
+    )  # fmt: skip
+    failures: list[Exception] = []
+    results = _Watched(settings.out, order=[i.id for i in items], on_error=failures.append)
+    journal = _FirstCommitFails(results)
+    async with SubagentManager([NOOP], config=SubagentConfig(retain_collected=0)) as manager:
+        run = batch_run._Run(
+            settings=settings, manager=manager, journal=journal,  # type: ignore[arg-type]
+            results=results, tally=Tally(total=len(items)), counters=Counters(len(items)),
+            total=len(items), failures=failures,
+        )  # fmt: skip
+        with anyio.fail_after(1.5):
+            await batch_run._admit(run, items)
+    results.close()
+    assert run.stopped == "stopped: the store failed"
