@@ -7,8 +7,9 @@
   ``{"input": <the text>}``); each ``{field}`` of the template is replaced by the item's
   field, after the template is split into words (``shlex``), so a value is always one
   argument and nothing goes through a shell (for one, ``sh -c '... "$1"' sh {field}``:
-  the value is the script's argument, never its source); ``{{`` and ``}}`` are literal
-  braces;
+  the value is the script's argument, never its source); a ``{{`` and the ``}}`` that
+  closes it, in one word, are a literal ``{`` and ``}`` (``{{name}}`` is the text
+  ``{name}``), and any other brace stays as written;
 - the input is written to the process's stdin, its stdout becomes the result's ``output``;
 - a non-zero exit raises :class:`CommandFailed` (exit code, the tail of stderr): an
   ``error`` envelope, retried under the agent's :class:`~subagents.RetryPolicy` if it lists
@@ -44,7 +45,8 @@ __all__ = ["CommandFailed", "CommandRunner", "MissingField", "command_agent", "f
 
 _FIELD: Final = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
 """A ``{field}`` of a template (a name only, so ``awk '{print $1}'`` keeps its braces), or
-``{{`` / ``}}``, a literal brace (``awk '/x/{{next}} 1'``)."""
+``{{`` / ``}}``: a pair of them is a literal ``{`` ... ``}`` (``awk '/x/{{next}} 1'``), one
+that pairs with none stays as written (``jq '{a: {b: .x}}'``)."""
 _EXACT_INT: Final = 2**53
 """An integral float below this is filled as the integer it is exactly (``3.0``: ``3``)."""
 _READ_CHUNK: Final = 65536
@@ -200,22 +202,41 @@ def command_agent(
 def fill_template(template: str, item: Mapping[str, object]) -> str:
     """``template`` with each ``{field}`` replaced by the item's field (a string as is,
     ``null`` as the empty string, anything else as JSON, an integral float below 2**53 as
-    its integer). ``{{`` and ``}}`` are literal braces; braces around anything but a name
-    (``{print $1}``) stay as they are.
+    its integer). A ``{{`` and the ``}}`` that closes it (innermost first) are a literal
+    ``{`` and ``}``; every other brace stays as written, so ``{print $1}``, a lone ``}}``
+    and ``jq '{a: {b: .x}}'`` are left alone.
 
     Raises:
         MissingField: a ``{field}`` the item does not have (a ``KeyError`` naming it).
     """
-
-    def fill(match: re.Match[str]) -> str:
+    matches = list(_FIELD.finditer(template))
+    paired = _paired(matches)
+    pieces: list[str] = []
+    at = 0
+    for index, match in enumerate(matches):
+        pieces.append(template[at : match.start()])
+        at = match.end()
         name = match.group(1)
         if not name:
-            return match.group(0)[0]
-        if name not in item:
+            pieces.append(match.group(0)[0] if index in paired else match.group(0))
+        elif name in item:
+            pieces.append(_as_word(item[name]))
+        else:
             raise MissingField(name)
-        return _as_word(item[name])
+    pieces.append(template[at:])
+    return "".join(pieces)
 
-    return _FIELD.sub(fill, template)
+
+def _paired(matches: list[re.Match[str]]) -> set[int]:
+    """The indexes of the ``{{`` and ``}}`` matches that pair up (as brackets do)."""
+    opened: list[int] = []
+    paired: set[int] = set()
+    for index, match in enumerate(matches):
+        if match.group(0) == "{{":
+            opened.append(index)
+        elif match.group(0) == "}}" and opened:
+            paired.update((opened.pop(), index))
+    return paired
 
 
 def _template_fields(template: str) -> frozenset[str]:
