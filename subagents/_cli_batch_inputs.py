@@ -21,7 +21,7 @@ from typing import Final, Literal
 
 import attrs
 
-from ._json import loads
+from ._json import loads_exact
 
 __all__ = ["Item", "Items", "InputError", "read_items"]
 
@@ -94,7 +94,7 @@ def _jsonl(text: str) -> Iterator[tuple[int, dict[str, object] | str]]:
             yield number, _WHY_NOT_UTF8
             continue
         try:
-            value = loads(line)
+            value = loads_exact(line)
         except ValueError as exc:
             yield number, f"not JSON ({exc})"
             continue
