@@ -14,6 +14,7 @@ import signal
 import threading
 from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager, suppress
+from types import FrameType
 
 import anyio
 
@@ -95,7 +96,7 @@ def _signals_held() -> Iterator[None]:
         yield  # only the main thread may set handlers; the CLI rewrites from it
         return
     caught: list[int] = []
-    previous = {}
+    previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int] = {}
     for signum in (signal.SIGINT, signal.SIGTERM):
         handler = signal.getsignal(signum)
         if handler is not None:  # None: set outside Python, so it could not be put back
@@ -104,10 +105,10 @@ def _signals_held() -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for signum in dict.fromkeys(caught):
-            signal.raise_signal(signum)
+        for held, handler in previous.items():
+            signal.signal(held, handler)
+        for received in dict.fromkeys(caught):
+            signal.raise_signal(received)
 
 
 def _lines_kept(path: str, keep: Container[str], kept: set[str]) -> Iterator[bytes | None]:

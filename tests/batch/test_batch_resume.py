@@ -138,13 +138,12 @@ def test_a_signal_during_the_retry_failed_rewrite_leaves_no_temporary_file(
     write_jsonl(tmp_path / "items.jsonl", [{"id": "ok"}, {"id": "bad", "fail": "x"}])
     first = batch(*_run(), cwd=tmp_path)
     assert first.returncode == 1, first.stderr
+    script = _SIGNAL_AT_FSYNC.format(name=name)
     retried = subprocess.run(
-        [sys.executable, "-c", _SIGNAL_AT_FSYNC.format(name=name), "batch", *_run("--retry-failed")],
+        [sys.executable, "-c", script, "batch", *_run("--retry-failed")],
         cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     # The signal acts once the rename is done: the run stops before anything runs again.
     assert retried.returncode != 0, retried.stderr
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out.")) == [
-        "out.jsonl"
-    ]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out.")) == ["out.jsonl"]
     assert [line["id"] for line in results(tmp_path / "out.jsonl")] == ["ok"]
