@@ -4,8 +4,10 @@ Read once, whole, before anything runs: duplicate ids are found before the first
 starts, and the total is known for the progress bar. Each item keeps its line number as
 an editor shows it (a CSV's header is line 1, so its first row is line 2; a record over
 several lines is numbered by its first; blank lines count and are skipped). Only ``\n``
-ends a line (``\r\n`` too): JSON allows U+2028 or U+0085 raw inside a string. Bytes that
-are not UTF-8 make their line (or CSV record) malformed, not the input.
+ends a line (``\r\n`` too): JSON allows U+2028 or U+0085 raw inside a string. In a CSV a
+bare ``\r`` that ends a record (classic Mac endings, as the ``csv`` module reads them)
+ends a line too; one inside a quoted cell does not. Bytes that are not UTF-8 make their
+line (or CSV record) malformed, not the input. A JSONL integer stays exact at any size.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Final, Literal
 
 import attrs
 
-from ._json import loads
+from ._json import loads_exact
 
 __all__ = ["Item", "Items", "InputError", "read_items"]
 
@@ -92,7 +94,7 @@ def _jsonl(text: str) -> Iterator[tuple[int, dict[str, object] | str]]:
             yield number, _WHY_NOT_UTF8
             continue
         try:
-            value = loads(line)
+            value = loads_exact(line)
         except ValueError as exc:
             yield number, f"not JSON ({exc})"
             continue
@@ -102,23 +104,57 @@ def _jsonl(text: str) -> Iterator[tuple[int, dict[str, object] | str]]:
         yield number, dict(value)
 
 
+class _Lines:
+    """The input's lines as the ``csv`` reader takes them (split at ``\r``, ``\n`` and
+    ``\r\n``, as ``newline=""`` does), counting the line ends the reader has taken."""
+
+    def __init__(self, text: str) -> None:
+        self._lines = iter(io.StringIO(text, newline=""))
+        self._ends = 0
+        self._last = ""
+        self.exhausted = False
+        """The reader asked for a line past the last one."""
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            line = next(self._lines)
+        except StopIteration:
+            self.exhausted = True
+            raise
+        self._ends += line.endswith("\n")
+        self._last = line
+        return line
+
+    def record_ended(self) -> int:
+        """The line the record just read ends on: every ``\n`` taken, and a bare ``\r``
+        that ends the record (classic Mac endings); a ``\r`` inside a quoted cell is no
+        line end, as in JSONL."""
+        if self._last.endswith("\r"):
+            self._ends += 1
+            self._last = ""
+        return self._ends
+
+
 def _csv(text: str, columns: list[str]) -> Iterator[tuple[int, dict[str, object] | str]]:
     """The rows of a CSV; ``columns`` is filled with the header once it is read."""
     csv.field_size_limit(_CELL_LIMIT)
-    reader = csv.reader(io.StringIO(text, newline=""))
+    lines = _Lines(text)
+    reader = csv.reader(lines)
     header: list[str] | None = None
     ended = 0  # the line the previous record ended on
-    lines = text.count("\n") + (not text.endswith("\n"))
     while True:
         try:
             row = next(reader)
         except StopIteration:
             return
         except csv.Error as exc:  # the reader goes on at the next line
-            number, ended = ended + 1, reader.line_num
+            number, ended = ended + 1, lines.record_ended()
             yield number, f"not CSV ({exc})"
             continue
-        number, ended = ended + 1, reader.line_num
+        number, ended = ended + 1, lines.record_ended()
         if not any(cell.strip() for cell in row):
             continue
         if header is None:
@@ -129,7 +165,9 @@ def _csv(text: str, columns: list[str]) -> Iterator[tuple[int, dict[str, object]
                 raise InputError(f"the CSV header (line {number}) is not UTF-8")
             columns.extend(header)
             continue
-        if ended >= lines and _unterminated(text, number):
+        if lines.exhausted:
+            # The lenient reader asks past the last line only from inside a quoted field,
+            # which it then ends at the end of the input without a word.
             yield number, "a quoted field is never closed: it runs to the end of the input"
             continue
         if any(_NOT_UTF8.search(cell) for cell in row):
@@ -139,20 +177,6 @@ def _csv(text: str, columns: list[str]) -> Iterator[tuple[int, dict[str, object]
             yield number, f"{len(row)} fields where the header has {len(header)}"
             continue
         yield number, dict(zip(header, row, strict=True))
-
-
-def _unterminated(text: str, line: int) -> bool:
-    """The last record, from ``line`` on, opens a quote it never closes: the lenient
-    reader ends the field at the end of the input without a word, a strict one says so."""
-    start = 0
-    for _ in range(line - 1):
-        start = text.index("\n", start) + 1
-    try:
-        for _ in csv.reader(io.StringIO(text[start:], newline=""), strict=True):
-            pass
-    except csv.Error as exc:
-        return "end of data" in str(exc)
-    return False
 
 
 def _id_of(fields: dict[str, object], id_field: str | None, line: int) -> str | None:

@@ -10,8 +10,11 @@ file agree with the store again before a resumed run appends to it.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Callable, Container, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
+from types import FrameType
 
 import anyio
 
@@ -68,19 +71,44 @@ def reconcile(path: str, keep: Container[str]) -> set[str]:
     if not dropped:
         return kept
     temporary = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(temporary, "wb") as f:
-            for line in _lines_kept(path, keep, set()):
-                if line is not None:
-                    f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(temporary)
-        raise
+    with _signals_held():
+        try:
+            with open(temporary, "wb") as f:
+                for line in _lines_kept(path, keep, set()):
+                    if line is not None:
+                        f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(temporary)
+            raise
     return kept
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends, then act as they would have (the
+    batch's own handlers are not installed yet: SIGTERM's default would end the process
+    between the temporary file and its rename, and leave the file behind)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; the CLI rewrites from it
+        return
+    caught: list[int] = []
+    previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if handler is not None:  # None: set outside Python, so it could not be put back
+            previous[signum] = handler
+            signal.signal(signum, lambda received, _: caught.append(received))
+    try:
+        yield
+    finally:
+        for held, handler in previous.items():
+            signal.signal(held, handler)
+        for received in dict.fromkeys(caught):
+            signal.raise_signal(received)
 
 
 def _lines_kept(path: str, keep: Container[str], kept: set[str]) -> Iterator[bytes | None]:

@@ -196,15 +196,29 @@ async def _admit(run: _Run, items: list[Item]) -> None:
     slot = anyio.Semaphore(run.settings.jobs)
     backlog = anyio.Semaphore(run.settings.jobs + _BACKLOG)
     async with anyio.create_task_group() as tg:
-        for item in items:
-            await backlog.acquire()
-            await run.results.wait_held_below(_BACKLOG)
-            await slot.acquire()
-            if run.stop.is_set():
-                slot.release()
-                backlog.release()
-                break
-            tg.start_soon(_one, run, item, slot, backlog)
+        # A stop ends the waits below too: once the store failed, the item the held lines
+        # wait on (--keep-order) is never written, so wait_held_below would never return.
+        with anyio.CancelScope() as admission:
+            watch = anyio.CancelScope()
+            tg.start_soon(_end_on_stop, run, admission, watch)
+            try:
+                for item in items:
+                    if run.stop.is_set():
+                        break
+                    await backlog.acquire()
+                    await run.results.wait_held_below(_BACKLOG)
+                    await slot.acquire()
+                    if run.stop.is_set():
+                        break
+                    tg.start_soon(_one, run, item, slot, backlog)
+            finally:
+                watch.cancel()
+
+
+async def _end_on_stop(run: _Run, admission: anyio.CancelScope, watch: anyio.CancelScope) -> None:
+    with watch:
+        await run.stop.wait()
+        admission.cancel()
 
 
 async def _signals(run: _Run) -> None:

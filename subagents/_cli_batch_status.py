@@ -150,9 +150,10 @@ def run_status(args: argparse.Namespace) -> int:
     except StoreError as exc:
         print(f"subagents batch status: {exc}", file=sys.stderr)
         return 1
-    here = os.path.dirname(os.path.abspath(args.store))
+    # The folder the journal named the batch from: the store's real one (batch_name).
+    here = os.path.dirname(os.path.realpath(args.store))
     for report in reports:
-        # The results file as this shell sees it (the name is relative to the store's folder).
+        # The results file as seen from the current directory.
         report["out"] = os.path.relpath(os.path.join(here, str(report["batch"])))
     if args.json:
         for report in reports:

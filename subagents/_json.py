@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TypeAlias
+import json
+import math
+import re
+from typing import Final, TypeAlias
 
 import orjson
 
-__all__ = ["JSONValue", "dumps", "dumps_str", "loads"]
+__all__ = ["JSONValue", "dumps", "dumps_str", "loads", "loads_exact"]
 
 JSONValue: TypeAlias = "dict[str, JSONValue] | list[JSONValue] | str | int | float | bool | None"
+_LONG_DIGITS: Final = re.compile(r"[0-9]{19}")
+"""Digits enough for an integer beyond 64 bits, which orjson reads as a float (or
+refuses): a text holding them is read again by the stdlib ``json``, exactly."""
 
 
 def _default(value: object) -> object:
@@ -20,16 +26,82 @@ def _default(value: object) -> object:
 
 
 def dumps(value: object) -> bytes:
-    """Serialise ``value`` to compact UTF-8 JSON bytes (non-serialisable values as text)."""
-    return orjson.dumps(value, default=_default)
+    """Serialise ``value`` to compact UTF-8 JSON bytes (non-serialisable values as text;
+    an integer beyond 64 bits exactly, where orjson refuses it)."""
+    try:
+        return orjson.dumps(value, default=_default)
+    except orjson.JSONEncodeError:
+        if not _holds_big_int(value):
+            raise
+    return _stdlib_dumps(value).encode()
 
 
 def dumps_str(value: object) -> str:
     """Like :func:`dumps` but returns ``str``."""
-    return orjson.dumps(value, default=_default).decode()
+    try:
+        return orjson.dumps(value, default=_default).decode()
+    except orjson.JSONEncodeError:
+        if not _holds_big_int(value):
+            raise
+    return _stdlib_dumps(value)
+
+
+_INT64: Final = range(-(2**63), 2**64)
+"""The integers orjson writes (signed 64 bits, and unsigned up to 2**64 - 1)."""
+
+
+def _holds_big_int(value: object, depth: int = 0) -> bool:
+    """Whether ``value`` holds an integer orjson refuses: looked for only once orjson has
+    refused ``value``, so a write that succeeds never pays for the walk. As deep as
+    orjson goes (it refuses deeper values itself)."""
+    if type(value) is int:
+        return value not in _INT64
+    if depth > 255:
+        return False
+    if isinstance(value, dict):
+        return any(_holds_big_int(v, depth + 1) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_big_int(v, depth + 1) for v in value)
+    return False
+
+
+def _stdlib_dumps(value: object) -> str:
+    # Only for the integers orjson cannot write; NaN is refused rather than written.
+    return json.dumps(
+        value, default=_default, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+    )
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> JSONValue:
     """Parse JSON text. Raises ``ValueError`` (``orjson.JSONDecodeError``) on bad input."""
     result: JSONValue = orjson.loads(data)
     return result
+
+
+def loads_exact(text: str) -> JSONValue:
+    """Like :func:`loads`, but an integer beyond 64 bits stays an exact ``int`` (orjson
+    reads it as a float, or refuses it). Costs a regex search per text; one with 19
+    digits in a row is parsed by the stdlib ``json`` (refusing NaN and infinities, as
+    orjson does). Raises ``ValueError``, also for an integer over the interpreter's
+    digit limit (4300 by default)."""
+    try:
+        value = loads(text)
+    except ValueError:
+        if _LONG_DIGITS.search(text) is None:
+            raise
+    else:
+        if _LONG_DIGITS.search(text) is None:
+            return value
+    result: JSONValue = json.loads(text, parse_constant=_refused, parse_float=_finite)
+    return result
+
+
+def _refused(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of a float's range")
+    return value

@@ -7,12 +7,15 @@
   ``{"input": <the text>}``); each ``{field}`` of the template is replaced by the item's
   field, after the template is split into words (``shlex``), so a value is always one
   argument and nothing goes through a shell (for one, ``sh -c '... "$1"' sh {field}``:
-  the value is the script's argument, never its source); ``{{`` and ``}}`` are literal
-  braces;
+  the value is the script's argument, never its source); a ``{{`` and the ``}}`` that
+  closes it, in one word, are a literal ``{`` and ``}`` (``{{name}}`` is the text
+  ``{name}``), and any other brace stays as written;
 - the input is written to the process's stdin, its stdout becomes the result's ``output``;
 - a non-zero exit raises :class:`CommandFailed` (exit code, the tail of stderr): an
   ``error`` envelope, retried under the agent's :class:`~subagents.RetryPolicy` if it lists
-  the class;
+  the class; a zero exit whose stdout is still open 5 s later (a descendant that left the
+  group holds it) is an ``error`` envelope too, with the output read so far, since it may
+  be cut short;
 - the process leads a process group of its own (``start_new_session``). Cut short (the
   watchdog, cancellation) the group gets ``SIGTERM``, then ``SIGKILL`` after ``grace``
   seconds; after a normal exit it gets ``SIGKILL`` at once (what is left of it is
@@ -44,7 +47,8 @@ __all__ = ["CommandFailed", "CommandRunner", "MissingField", "command_agent", "f
 
 _FIELD: Final = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
 """A ``{field}`` of a template (a name only, so ``awk '{print $1}'`` keeps its braces), or
-``{{`` / ``}}``, a literal brace (``awk '/x/{{next}} 1'``)."""
+``{{`` / ``}}``: a pair of them is a literal ``{`` ... ``}`` (``awk '/x/{{next}} 1'``), one
+that pairs with none stays as written (``jq '{a: {b: .x}}'``)."""
 _EXACT_INT: Final = 2**53
 """An integral float below this is filled as the integer it is exactly (``3.0``: ``3``)."""
 _READ_CHUNK: Final = 65536
@@ -130,19 +134,28 @@ class CommandRunner:
 
     async def __call__(self, request: Request, ctx: RunContext) -> Result:
         argv = self.argv(_item_of(request.input))
-        stdout, code, stderr = await self.run(argv, request.input.encode("utf-8", "replace"))
+        stdout, code, stderr, cut = await self._run(argv, request.input.encode("utf-8", "replace"))
         if code != 0:
             raise CommandFailed(argv, code, stderr)
+        if cut:
+            # An error, not a success: what was read may be only part of the output.
+            return Result(output=stdout, error=_cut_message())
         return Result(output=stdout)
 
     async def run(self, argv: Sequence[str], stdin: bytes) -> tuple[str, int, str]:
         """Run ``argv`` with ``stdin``: ``(stdout, exit code, stderr tail)``. Blocks until
         the process has exited and its pipes are closed (at most ``_REAP_TIMEOUT`` seconds
-        past its exit: a descendant that left its group may hold them).
+        past its exit: a descendant that left its group may hold them; stdout is then what
+        was read by that bound, and the runner's result says so as an error).
 
         Cancellation (the watchdog's included) ends the process group, ``SIGTERM`` then
         ``SIGKILL`` after ``grace`` seconds, shielded, then propagates.
         """
+        stdout, code, stderr, _ = await self._run(argv, stdin)
+        return stdout, code, stderr
+
+    async def _run(self, argv: Sequence[str], stdin: bytes) -> tuple[str, int, str, bool]:
+        """:meth:`run`, and whether stdout was cut by the bound (still open at it)."""
         # Shielded: a cancellation while the process is being started would leave it
         # running (or killed alone, its children not), with no handle here to end it by.
         with anyio.CancelScope(shield=True):
@@ -152,11 +165,12 @@ class CommandRunner:
         _warden.started(process.pid)
         out = bytearray()
         err = bytearray()
+        out_closed = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_feed, process, stdin)
-                tg.start_soon(_drain, process.stdout, out, None)
-                tg.start_soon(_drain, process.stderr, err, self.stderr_tail * 4)
+                tg.start_soon(_drain, process.stdout, out, None, out_closed)
+                tg.start_soon(_drain, process.stderr, err, self.stderr_tail * 4, anyio.Event())
                 code = await process.wait()
                 # What is left of the group is what the command left in the background:
                 # it ends now, or a child holding stdout would keep the run from ending.
@@ -169,7 +183,7 @@ class CommandRunner:
             _warden.ended(process.pid)
         text = err.decode("utf-8", "replace")
         tail = text[len(text) - self.stderr_tail :] if self.stderr_tail else ""
-        return out.decode("utf-8", "replace"), code, tail
+        return out.decode("utf-8", "replace"), code, tail, not out_closed.is_set()
 
 
 def command_agent(
@@ -200,22 +214,41 @@ def command_agent(
 def fill_template(template: str, item: Mapping[str, object]) -> str:
     """``template`` with each ``{field}`` replaced by the item's field (a string as is,
     ``null`` as the empty string, anything else as JSON, an integral float below 2**53 as
-    its integer). ``{{`` and ``}}`` are literal braces; braces around anything but a name
-    (``{print $1}``) stay as they are.
+    its integer). A ``{{`` and the ``}}`` that closes it (innermost first) are a literal
+    ``{`` and ``}``; every other brace stays as written, so ``{print $1}``, a lone ``}}``
+    and ``jq '{a: {b: .x}}'`` are left alone.
 
     Raises:
         MissingField: a ``{field}`` the item does not have (a ``KeyError`` naming it).
     """
-
-    def fill(match: re.Match[str]) -> str:
+    matches = list(_FIELD.finditer(template))
+    paired = _paired(matches)
+    pieces: list[str] = []
+    at = 0
+    for index, match in enumerate(matches):
+        pieces.append(template[at : match.start()])
+        at = match.end()
         name = match.group(1)
         if not name:
-            return match.group(0)[0]
-        if name not in item:
+            pieces.append(match.group(0)[0] if index in paired else match.group(0))
+        elif name in item:
+            pieces.append(_as_word(item[name]))
+        else:
             raise MissingField(name)
-        return _as_word(item[name])
+    pieces.append(template[at:])
+    return "".join(pieces)
 
-    return _FIELD.sub(fill, template)
+
+def _paired(matches: list[re.Match[str]]) -> set[int]:
+    """The indexes of the ``{{`` and ``}}`` matches that pair up (as brackets do)."""
+    opened: list[int] = []
+    paired: set[int] = set()
+    for index, match in enumerate(matches):
+        if match.group(0) == "{{":
+            opened.append(index)
+        elif match.group(0) == "}}" and opened:
+            paired.update((opened.pop(), index))
+    return paired
 
 
 def _template_fields(template: str) -> frozenset[str]:
@@ -255,14 +288,24 @@ async def _feed(process: anyio.abc.Process, data: bytes) -> None:
 
 
 async def _drain(
-    stream: anyio.abc.ByteReceiveStream | None, into: bytearray, keep: int | None
+    stream: anyio.abc.ByteReceiveStream | None,
+    into: bytearray,
+    keep: int | None,
+    closed: anyio.Event,
 ) -> None:
-    if stream is None:
-        return
-    async for chunk in stream:
-        into += chunk
-        if keep is not None and len(into) > 2 * keep:
-            del into[: len(into) - keep]  # only the tail is reported: a chatty stderr stays bounded
+    if stream is not None:
+        async for chunk in stream:
+            into += chunk
+            if keep is not None and len(into) > 2 * keep:
+                del into[: len(into) - keep]  # only the tail is reported: stderr stays bounded
+    closed.set()
+
+
+def _cut_message() -> str:
+    return (
+        f"the command exited 0 but its stdout was still open {_REAP_TIMEOUT:g} s later (held "
+        "by a process that left its process group): the output may be cut short"
+    )
 
 
 def _signal_group(pgid: int, signum: int) -> bool:

@@ -6,11 +6,16 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests.batch.support import (
     batch,
     by_id,
+    environment,
     lines_of,
     results,
     runs_of,
@@ -111,3 +116,34 @@ def test_a_fresh_run_refuses_a_results_file_that_holds_results(tmp_path: Path) -
     done = batch(*_run(), cwd=tmp_path)
     assert done.returncode == 2
     assert "--resume" in done.stderr
+
+
+_SIGNAL_AT_FSYNC = """
+import os, signal, sys
+from subagents._cli import main
+fsync = os.fsync
+def fsync_signalled(fd):  # the rewrite's fsync: between its temporary file and the rename
+    os.fsync = fsync
+    os.kill(os.getpid(), signal.{name})
+    fsync(fd)
+os.fsync = fsync_signalled
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_retry_failed_rewrite_leaves_no_temporary_file(
+    tmp_path: Path, name: str
+) -> None:
+    write_jsonl(tmp_path / "items.jsonl", [{"id": "ok"}, {"id": "bad", "fail": "x"}])
+    first = batch(*_run(), cwd=tmp_path)
+    assert first.returncode == 1, first.stderr
+    script = _SIGNAL_AT_FSYNC.format(name=name)
+    retried = subprocess.run(
+        [sys.executable, "-c", script, "batch", *_run("--retry-failed")],
+        cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    # The signal acts once the rename is done: the run stops before anything runs again.
+    assert retried.returncode != 0, retried.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out.")) == ["out.jsonl"]
+    assert [line["id"] for line in results(tmp_path / "out.jsonl")] == ["ok"]

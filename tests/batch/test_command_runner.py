@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from pathlib import Path
 
 import anyio
 import pytest
 
 from subagents import AgentSpec, ConfigError, SubagentManager
+from subagents.backends import command
 from subagents.backends.command import (
     CommandFailed,
     CommandRunner,
@@ -94,3 +98,27 @@ def test_a_missing_field_is_a_key_error_whose_message_names_it_unquoted() -> Non
     assert isinstance(caught.value, KeyError)
     assert caught.value.field == "path"
     assert str(caught.value) == "the item has no field 'path' for {path}"
+
+
+async def test_an_exit_whose_stdout_stays_open_past_the_bound_is_an_error_keeping_the_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A descendant in a session of its own holds stdout: the group's SIGKILL misses it, so
+    # the drain gives up at the bound, and what was read may be only part of the output.
+    monkeypatch.setattr(command, "_REAP_TIMEOUT", 0.2)
+    pid_file = tmp_path / "pid"
+    leaver = (
+        "import os, sys, time; os.setsid(); "
+        f"open({str(pid_file) + '.tmp'!r}, 'w').write(str(os.getpid())); "
+        f"os.rename({str(pid_file) + '.tmp'!r}, {str(pid_file)!r}); time.sleep(30)"
+    )
+    script = f'"$1" -c "$2" & while [ ! -s {pid_file} ]; do sleep 0.01; done; echo hi'
+    agent = command_agent(["sh", "-c", script, "sh", sys.executable, leaver])
+    try:
+        async with SubagentManager([agent]) as manager:
+            result = await manager.execute("command", "{}")
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert (result.status.value, result.output) == ("error", "hi\n")
+    assert "stdout was still open" in result.error
