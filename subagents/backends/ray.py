@@ -173,11 +173,12 @@ class RayBackend:
             if not isinstance(runtime_env, Mapping):
                 raise ConfigError("runtime_env", "a mapping (Ray's runtime_env)", runtime_env)
             options["runtime_env"] = dict(runtime_env)
-        # The sink runs where the workers do, with their environment (it imports this
-        # package), but holds no CPU or GPU: it only keeps reports.
+        # The sink needs the workers' environment (it imports this package), but none of
+        # what each child needs: one long-lived actor holding a child's slot for the
+        # backend's life would leave every child waiting on a cluster of one slot.
         self._sink_options: dict[str, Any] = {
             "num_cpus": 0,
-            **{key: options[key] for key in ("runtime_env", "resources") if key in options},
+            **({"runtime_env": options["runtime_env"]} if "runtime_env" in options else {}),
         }
         concurrency = count("max_concurrency", max_concurrency, minimum=1)
         self._actor_options = {
