@@ -155,6 +155,26 @@ async def test_a_remote_runner_cannot_delegate() -> None:
         await ctx.execute("helper", "x")
 
 
+async def test_a_remote_runner_is_refused_peer_messaging_as_delegation_is() -> None:
+    ctx = RemoteContext(shipped(), Sink())
+    calls = {
+        "send": lambda: ctx.send("peer", "hi"),
+        "inbox": ctx.inbox,
+        "peers": ctx.peers,
+        "asides": ctx.asides,
+        "previous": lambda: ctx.previous,
+        "revived_by": lambda: ctx.revived_by,
+    }
+    for name, call in calls.items():
+        with pytest.raises(SpawnRejected, match=f"ctx.{name} is not available") as info:
+            call()
+        assert info.value.reason == "remote"
+    with pytest.raises(SpawnRejected, match="ctx.recv"):
+        await ctx.recv(timeout=1)
+    with pytest.raises(SpawnRejected, match="ctx.ask"):
+        await ctx.ask("peer", "hi")
+
+
 def reply_of(exc: BaseException) -> Reply:
     return Reply(
         result=None,
