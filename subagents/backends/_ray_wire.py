@@ -89,10 +89,15 @@ class Snapshot:
     progress: Progress = attrs.Factory(Progress)
     usage: Usage | None = None
     iterations: int | None = None
+    replaced: bool = False
+    """Whether a report replaced the output (``output=``): what earlier attempts of the
+    run reported is then no longer its output."""
 
     def apply(self, report: Report) -> None:
         """Fold one validated report in, as the local context does."""
         report.fold(self.progress)
+        if report.output is not None:
+            self.replaced = True
         if report.usage is not None:
             self.usage = report.usage
         if report.iterations is not None:
