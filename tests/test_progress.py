@@ -100,7 +100,8 @@ def test_a_later_attempts_progress_follows_the_earlier_ones_as_one_progress_woul
     assert merged.output() == "one two"
     assert merged.files() == ("a.py", "b.py", "c.py")
     assert earlier.followed_by(replacing, replaced=True).output() == "fresh"
-    assert earlier.output() == "one " and later.output() == "two"  # neither changed
+    assert earlier.output() == "one "  # neither is changed
+    assert later.output() == "two"
 
 
 def test_merged_progress_keeps_the_caps_and_counts_what_both_dropped() -> None:

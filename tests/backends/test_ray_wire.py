@@ -174,12 +174,12 @@ async def test_a_remote_runner_is_refused_peer_messaging_as_delegation_is() -> N
         "revived_by": lambda: ctx.revived_by,
     }
     for name, call in calls.items():
-        with pytest.raises(SpawnRejected, match=f"ctx.{name} is not available") as info:
+        with pytest.raises(SpawnRejected, match=rf"ctx\.{name} is not available") as info:
             call()
         assert info.value.reason == "remote"
-    with pytest.raises(SpawnRejected, match="ctx.recv"):
+    with pytest.raises(SpawnRejected, match=r"ctx\.recv"):
         await ctx.recv(timeout=1)
-    with pytest.raises(SpawnRejected, match="ctx.ask"):
+    with pytest.raises(SpawnRejected, match=r"ctx\.ask"):
         await ctx.ask("peer", "hi")
 
 
