@@ -129,6 +129,27 @@ class Progress:
         """The reported paths, then the ``extra`` ones not among them, capped."""
         return cap_files((*self._files, *extra), self._files_dropped)
 
+    def followed_by(self, later: Progress, *, replaced: bool) -> Progress:
+        """A new :class:`Progress`: this one, then what ``later`` (a retry's attempt kept
+        apart, as on a remote worker) reported, as if one had served both: ``later``'s
+        output replaces this one's if it ``replaced`` it, else extends it; its paths follow
+        this one's. Neither is changed."""
+        merged = Progress()
+        if not replaced:
+            merged._chunks = list(self._chunks)
+            merged._chars = self._chars
+            merged._dropped = self._dropped
+        merged.append("".join(later._chunks))
+        merged._dropped += later._dropped  # dropped past its cap: past the merged one's too
+        merged._files = dict(self._files)
+        merged._files_dropped = self._files_dropped
+        merged._dropped_seen = set(self._dropped_seen)
+        merged.add_files(later._files)
+        fresh = later._dropped_seen - merged._dropped_seen
+        merged._dropped_seen |= fresh
+        merged._files_dropped += len(fresh) + later._files_dropped - len(later._dropped_seen)
+        return merged
+
 
 @attrs.frozen
 class Report:

@@ -87,3 +87,32 @@ def test_a_list_reported_again_each_turn_counts_each_dropped_path_once() -> None
     for turn in range(1, 16):
         progress.add_files(paths[: turn * 100])
     assert progress.files()[-1] == "[… 501 more paths]"
+
+
+def test_a_later_attempts_progress_follows_the_earlier_ones_as_one_progress_would() -> None:
+    earlier, later, replacing = Progress(), Progress(), Progress()
+    earlier.append("one ")
+    earlier.add_files(["a.py", "b.py"])
+    later.append("two")
+    later.add_files(["b.py", "c.py"])
+    replacing.replace("fresh")
+    merged = earlier.followed_by(later, replaced=False)
+    assert merged.output() == "one two"
+    assert merged.files() == ("a.py", "b.py", "c.py")
+    assert earlier.followed_by(replacing, replaced=True).output() == "fresh"
+    assert earlier.output() == "one "  # neither is changed
+    assert later.output() == "two"
+
+
+def test_merged_progress_keeps_the_caps_and_counts_what_both_dropped() -> None:
+    earlier, later = Progress(), Progress()
+    earlier.append("a" * (MAX_OUTPUT_CHARS - 5))
+    earlier.add_files(f"e{i}.py" for i in range(MAX_FILES - 1))
+    later.append("b" * (MAX_OUTPUT_CHARS + 7))
+    later.add_files(f"l{i}.py" for i in range(MAX_FILES + 2))
+    merged = earlier.followed_by(later, replaced=False)
+    assert merged.output_chars == earlier.output_chars + later.output_chars
+    assert merged.output().endswith(f"[… {MAX_OUTPUT_CHARS + 2} characters dropped …]")
+    files = merged.files()
+    assert len(files) == MAX_FILES
+    assert files[-1] == f"[… {MAX_FILES + 2} more paths]"

@@ -89,10 +89,15 @@ class Snapshot:
     progress: Progress = attrs.Factory(Progress)
     usage: Usage | None = None
     iterations: int | None = None
+    replaced: bool = False
+    """Whether a report replaced the output (``output=``): what earlier attempts of the
+    run reported is then no longer its output."""
 
     def apply(self, report: Report) -> None:
         """Fold one validated report in, as the local context does."""
         report.fold(self.progress)
+        if report.output is not None:
+            self.replaced = True
         if report.usage is not None:
             self.usage = report.usage
         if report.iterations is not None:
@@ -132,7 +137,10 @@ class RemoteContext(BaseContext):
     process's clock), and :meth:`report`, which reaches the driver's envelope with the
     reply, and the driver's budgets and events while it runs (read every quarter of a
     second, for a child with a token budget or progress listeners). It has no manager:
-    :meth:`spawn` and :meth:`execute` raise :class:`SpawnRejected` (``remote``).
+    :meth:`spawn` and :meth:`execute` raise :class:`SpawnRejected` (``remote``), and so do
+    the peer-messaging methods (:meth:`send`, :meth:`recv`, :meth:`inbox`, :meth:`peers`,
+    :meth:`ask`, :meth:`asides`, :attr:`previous`, :attr:`revived_by`): a run's inbox is
+    kept on the driver, where the remote runner cannot read it.
     """
 
     __slots__ = ("_shipped", "_sink", "attempt", "deadline", "permissions", "progress")
@@ -193,6 +201,49 @@ class RemoteContext(BaseContext):
     async def execute(self, agent: str, *args: object, **kwargs: object) -> None:
         """Refused: a remote run has no manager to delegate through."""
         raise _no_delegation(agent)
+
+    def send(self, *args: object, **kwargs: object) -> None:
+        """Refused: peer messaging stays on the driver."""
+        raise _no_messaging("send")
+
+    async def recv(self, *args: object, **kwargs: object) -> None:
+        """Refused: peer messaging stays on the driver."""
+        raise _no_messaging("recv")
+
+    def inbox(self, *args: object, **kwargs: object) -> None:
+        """Refused: peer messaging stays on the driver."""
+        raise _no_messaging("inbox")
+
+    def peers(self) -> None:
+        """Refused: peer messaging stays on the driver."""
+        raise _no_messaging("peers")
+
+    async def ask(self, *args: object, **kwargs: object) -> None:
+        """Refused: peer messaging stays on the driver."""
+        raise _no_messaging("ask")
+
+    def asides(self) -> None:
+        """Refused: peer messaging stays on the driver."""
+        raise _no_messaging("asides")
+
+    @property
+    def previous(self) -> None:
+        """Refused: peer messaging stays on the driver."""
+        raise _no_messaging("previous")
+
+    @property
+    def revived_by(self) -> None:
+        """Refused: peer messaging stays on the driver."""
+        raise _no_messaging("revived_by")
+
+
+def _no_messaging(method: str) -> SpawnRejected:
+    return SpawnRejected(
+        "remote",
+        f"ctx.{method} is not available to a runner on a Ray worker: RayBackend runs leaf "
+        "agents only, and peer messages stay with the driver (a message sent to a remote "
+        "child is never read by it); run agents that message with the local backend",
+    )
 
 
 def _no_delegation(agent: str) -> SpawnRejected:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Final
@@ -24,6 +25,7 @@ import ray.exceptions
 
 from .._context import absorb
 from .._errors import ConfigError
+from .._progress import Progress
 from .._retry import run_with_retries
 from .._tracing import trace_carrier
 from .._validators import count, number, seconds, text
@@ -173,11 +175,12 @@ class RayBackend:
             if not isinstance(runtime_env, Mapping):
                 raise ConfigError("runtime_env", "a mapping (Ray's runtime_env)", runtime_env)
             options["runtime_env"] = dict(runtime_env)
-        # The sink runs where the workers do, with their environment (it imports this
-        # package), but holds no CPU or GPU: it only keeps reports.
+        # The sink needs the workers' environment (it imports this package), but none of
+        # what each child needs: one long-lived actor holding a child's slot for the
+        # backend's life would leave every child waiting on a cluster of one slot.
         self._sink_options: dict[str, Any] = {
             "num_cpus": 0,
-            **{key: options[key] for key in ("runtime_env", "resources") if key in options},
+            **({"runtime_env": options["runtime_env"]} if "runtime_env" in options else {}),
         }
         concurrency = count("max_concurrency", max_concurrency, minimum=1)
         self._actor_options = {
@@ -190,7 +193,7 @@ class RayBackend:
         self._pool: list[_Slot] = []
         self._sink: Any = None
         self._sink_name = ""
-        self._targets: dict[Runner, Target] = {}
+        self._targets = _Targets()
 
     @property
     def mode(self) -> str:
@@ -218,12 +221,14 @@ class RayBackend:
     async def __call__(self, spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
         """Run ``spec``'s runner on the cluster, retrying under ``spec.retry``."""
         await self._ready()
+        reported = _Reported(ctx)
         if spec.retry is None:
-            return await self._attempt(spec, request, ctx)
+            return await self._attempt(spec, request, reported)
 
         async def attempt(number: int) -> Result:
             ctx.attempt = number
-            return await self._attempt(spec, request, ctx)
+            reported.earlier = reported.latest
+            return await self._attempt(spec, request, reported)
 
         return await run_with_retries(spec.retry, attempt, deadline=ctx.deadline)
 
@@ -239,12 +244,6 @@ class RayBackend:
             if not ray.is_initialized():
                 ray.init(address=self._address)
 
-    def _target(self, runner: Runner) -> Target:
-        target = self._targets.get(runner)
-        if target is None:
-            target = self._targets[runner] = target_of(runner)
-        return target
-
     def _slot(self) -> _Slot:
         """The actor for the next call: a new one while the pool is short, else the
         least busy."""
@@ -259,22 +258,22 @@ class RayBackend:
         if slot in self._pool:
             self._pool.remove(slot)
 
-    async def _attempt(self, spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
-        reply = await self._call(self._target(spec.runner), request, ctx)
+    async def _attempt(self, spec: AgentSpec, request: Request, reported: _Reported) -> Result:
+        reply = await self._call(self._targets.target(spec.runner), request, reported)
         if reply.missing:  # the workers cannot import the runner's module: send its code
-            target = self._targets[spec.runner] = by_value(spec.runner)
-            reply = await self._call(target, request, ctx)
+            reply = await self._call(self._targets.copy(spec.runner), request, reported)
             if reply.missing:
                 raise RemoteRunnerError(f"the Ray workers cannot import {spec.runner!r}")
         if reply.progress is not None:
-            _absorb(ctx, reply.progress)
+            reported.absorb(reply.progress)
         if reply.error is not None:
             raise revived(reply)
         assert reply.result is not None
         return reply.result
 
-    async def _call(self, target: Target, request: Request, ctx: RunContext) -> Reply:
+    async def _call(self, target: Target, request: Request, reported: _Reported) -> Reply:
         """One Ray call running ``target``: its reply, or the error that ended it."""
+        ctx = reported.ctx
         shipped = Shipped(
             task_id=ctx.task_id,
             parent_session_id=ctx.parent_session_id,
@@ -298,28 +297,29 @@ class RayBackend:
         if slot is not None:
             slot.busy += 1
         try:
-            reply: Reply = _unpack(await self._settle(future, ctx))
+            reply: Reply = _unpack(await self._settle(future, reported))
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._stop(ref, future, slot)
-                await self._salvage(ctx, future)
+                await self._salvage(reported, future)
             raise
         except ray.exceptions.RayError as exc:  # the worker, the actor or the reply was lost
             if slot is not None and isinstance(exc, ray.exceptions.RayActorError):
                 self._retire(slot)
             with anyio.CancelScope(shield=True):
-                await self._salvage(ctx, None)
+                await self._salvage(reported, None)
             raise
         finally:
             if slot is not None:
                 slot.busy -= 1
         return reply
 
-    async def _settle(self, future: Future[bytes], ctx: RunContext) -> bytes:
+    async def _settle(self, future: Future[bytes], reported: _Reported) -> bytes:
         """The call's reply. Every :data:`_POLL` seconds meanwhile: whether Ray is still
         up (Ray never completes a call's future after ``ray.shutdown()``), and, for a child
         with a token budget or progress listeners, its progress from the sink, so a budget
         stops it mid-run and ``subagent.progress`` events flow as it reports."""
+        ctx = reported.ctx
         done = done_event(future)
         live = _watched(ctx)
         seen: object = None
@@ -335,7 +335,7 @@ class RayBackend:
                 snapshot = await self._peek(ctx.task_id)
                 if snapshot is not None and _mark(snapshot) != seen:
                     seen = _mark(snapshot)
-                    _absorb(ctx, snapshot)
+                    reported.absorb(snapshot)
 
     async def _peek(self, task_id: str) -> Snapshot | None:
         sink = self._sink
@@ -376,9 +376,10 @@ class RayBackend:
         with anyio.move_on_after(_SETTLE):
             await finished(future)
 
-    async def _salvage(self, ctx: RunContext, future: Future[bytes] | None) -> None:
+    async def _salvage(self, reported: _Reported, future: Future[bytes] | None) -> None:
         """Bring what a run without a usable reply reported into its envelope: from a
         reply that came after all, else from the sink."""
+        task_id = reported.ctx.task_id
         progress = None
         if future is not None and future.done() and future.exception() is None:
             reply: Reply = _unpack(future.result())
@@ -386,11 +387,11 @@ class RayBackend:
         if progress is None and self._sink is not None and ray.is_initialized():
             with anyio.move_on_after(_COLLECT):
                 try:
-                    progress = await settled(self._sink.take.remote(ctx.task_id).future())
+                    progress = await settled(self._sink.take.remote(task_id).future())
                 except ray.exceptions.RayError:
-                    logger.warning("the progress of child %r was lost", ctx.task_id)
+                    logger.warning("the progress of child %r was lost", task_id)
         if progress is not None:
-            _absorb(ctx, progress)
+            reported.absorb(progress)
 
 
 def _busy(slot: _Slot) -> int:
@@ -414,5 +415,61 @@ def _mark(snapshot: Snapshot) -> object:
     return (snapshot.usage, snapshot.iterations, snapshot.progress.output_chars)
 
 
-def _absorb(ctx: RunContext, snapshot: Snapshot) -> None:
-    absorb(ctx, snapshot.totals(), snapshot.progress)
+class _Reported:
+    """What one run's attempts reported, as one :class:`Progress`: each attempt's snapshot
+    follows what the attempts before it left, as a local run's attempts share one."""
+
+    __slots__ = ("ctx", "earlier", "latest")
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.earlier: Progress | None = None
+        """The run's progress when the running attempt started."""
+        self.latest: Progress | None = None
+
+    def absorb(self, snapshot: Snapshot) -> None:
+        """Make the running attempt's ``snapshot`` (all it reported so far) the record's."""
+        earlier = self.earlier
+        progress = snapshot.progress
+        if earlier is not None:
+            progress = earlier.followed_by(progress, replaced=snapshot.replaced)
+        self.latest = progress
+        absorb(self.ctx, snapshot.totals(), progress)
+
+
+class _Targets:
+    """How each runner travels, remembered while it lives. Keyed by ``id()``, as a runner
+    may be unhashable or compare by value, with a weak reference whose end drops the
+    entry: the backend keeps no runner, nor what it closes over, alive. An entry holds a
+    path or how to ship the runner, never the runner. A runner that takes no weak
+    reference is looked at again on each call."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[weakref.ref[Runner], str | bool]] = {}
+
+    def target(self, runner: Runner) -> Target:
+        """How ``runner`` travels: its import path, itself, or a copy by value."""
+        entry = self._known.get(id(runner))
+        if entry is not None and entry[0]() is runner:
+            how = entry[1]
+        else:
+            found = target_of(runner)
+            how = found if isinstance(found, str) else False
+            self._remember(runner, how)
+        if isinstance(how, str):
+            return how
+        return by_value(runner) if how else runner
+
+    def copy(self, runner: Runner) -> Target:
+        """``runner`` by value, from now on (the workers cannot import its path)."""
+        self._remember(runner, True)
+        return by_value(runner)
+
+    def _remember(self, runner: Runner, how: str | bool) -> None:
+        key = id(runner)
+        known = self._known
+        try:
+            ref = weakref.ref(runner, lambda _: known.pop(key, None))
+        except TypeError:  # no weak reference to it: nothing to remember it by
+            return
+        known[key] = (ref, how)

@@ -99,6 +99,14 @@ def test_a_snapshot_counts_the_paths_past_a_thousand_as_an_envelope_does() -> No
     assert files == (*(f"f{n}" for n in range(999)), "[… 501 more paths]")
 
 
+def test_a_snapshot_says_whether_a_report_replaced_the_output() -> None:
+    snapshot = Snapshot()
+    snapshot.apply(Report(append="more", files=("a.py",)))
+    assert not snapshot.replaced
+    snapshot.apply(Report(output="fresh"))
+    assert snapshot.replaced
+
+
 async def test_the_remote_context_has_the_runs_identity_and_deadline() -> None:
     ctx = RemoteContext(shipped(), Sink())
     assert (ctx.task_id, ctx.session_id, ctx.parent_session_id) == ("t-1", "t-1", "default")
@@ -153,6 +161,26 @@ async def test_a_remote_runner_cannot_delegate() -> None:
     assert info.value.reason == "remote"
     with pytest.raises(SpawnRejected):
         await ctx.execute("helper", "x")
+
+
+async def test_a_remote_runner_is_refused_peer_messaging_as_delegation_is() -> None:
+    ctx = RemoteContext(shipped(), Sink())
+    calls = {
+        "send": lambda: ctx.send("peer", "hi"),
+        "inbox": ctx.inbox,
+        "peers": ctx.peers,
+        "asides": ctx.asides,
+        "previous": lambda: ctx.previous,
+        "revived_by": lambda: ctx.revived_by,
+    }
+    for name, call in calls.items():
+        with pytest.raises(SpawnRejected, match=rf"ctx\.{name} is not available") as info:
+            call()
+        assert info.value.reason == "remote"
+    with pytest.raises(SpawnRejected, match=r"ctx\.recv"):
+        await ctx.recv(timeout=1)
+    with pytest.raises(SpawnRejected, match=r"ctx\.ask"):
+        await ctx.ask("peer", "hi")
 
 
 def reply_of(exc: BaseException) -> Reply:
