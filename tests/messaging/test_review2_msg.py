@@ -111,3 +111,23 @@ async def test_a_broadcast_to_a_tree_past_max_peers_says_whom_it_left_out() -> N
         assert not missing or str(len(missing)) in receipt.detail, (
             f"{len(missing)} live agents got no receipt and the broadcast's says nothing"
         )
+
+
+async def test_recv_from_a_revived_agent_takes_what_its_follow_up_run_sent() -> None:
+    """A message to the agent's first id reaches its follow-up run (forwarded); a recv
+    from that id must likewise take what the follow-up sends back, not wait past it."""
+
+    async def memo(request: Request, ctx: RunContext) -> str:
+        if ctx.previous is not None:
+            ctx.send("root", f"follow-up says: {request.input}")
+        return "done"
+
+    async with SubagentManager([spec("memo", memo, resumable=True)]) as manager:
+        first = manager.spawn("memo")
+        await first.wait()
+        receipt = manager.send(first.task_id, "more")
+        assert receipt.task_id is not None
+        await manager.handle(receipt.task_id).wait()
+        message = await manager.recv(from_=first.task_id, timeout=0)
+        assert message is not None
+        assert message.body == "follow-up says: more"
