@@ -7,8 +7,9 @@ import contextlib
 import anyio
 import pytest
 
-from subagents import Reply, Request, RunContext, SubagentConfig, SubagentManager
+from subagents import Message, Reply, Request, RunContext, SubagentConfig, SubagentManager
 from subagents.tools import build_tools
+from tests.helpers import clock_backends
 from tests.messaging.support import Gate, spec
 
 pytestmark = pytest.mark.anyio
@@ -131,3 +132,36 @@ async def test_recv_from_a_revived_agent_takes_what_its_follow_up_run_sent() -> 
         message = await manager.recv(from_=first.task_id, timeout=0)
         assert message is not None
         assert message.body == "follow-up says: more"
+
+
+@pytest.mark.parametrize("anyio_backend", clock_backends())
+async def test_a_responder_answers_while_its_runner_cannot_take_its_slot_back(
+    anyio_backend: object,
+) -> None:
+    """The recipient waits in ``recv`` (its slot lent) and another child holds that slot:
+    the ask goes to the runner, which cannot run until the slot frees, so the responder
+    is skipped and the asker waits its whole timeout though the recipient can answer."""
+    gate, waiting = Gate(), anyio.Event()
+
+    async def reader(request: Request, ctx: RunContext) -> str:
+        waiting.set()
+        message = await ctx.recv()
+        if message is not None:
+            ctx.send(message.from_, "runner's answer", reply_to=message.id)
+        return "read"
+
+    async def responder(message: Message, ctx: RunContext) -> str:
+        return "responder's answer"
+
+    config = SubagentConfig(max_concurrent_spawns=1)
+    agents = [spec("reader", reader, on_message=responder), spec("hog", gate.parked("hog"))]
+    async with SubagentManager(agents, config=config) as manager:
+        child = manager.spawn("reader")
+        await waiting.wait()
+        await anyio.wait_all_tasks_blocked()  # in recv, its slot lent
+        manager.spawn("hog")
+        await gate.started_event("hog").wait()  # the hog runs in the lent slot
+        reply = await manager.ask(child.task_id, "status?", timeout=1.5)
+        gate.open.set()
+        assert reply.outcome == "replied", reply
+        await child.wait()
