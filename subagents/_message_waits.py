@@ -36,7 +36,9 @@ def _sender(messaging: Messaging, address: str, from_: object) -> str | None:
     given = plain_str(from_)
     if not given:
         raise ConfigError("from_", "None or a task id or agent path", from_)
-    return messaging.peers.resolve(messaging.peers.of(address), given).address
+    # A revived agent's newest run: what its follow-up sends matches its first id too.
+    peer = messaging.peers.resolve(messaging.peers.of(address), given)
+    return messaging.newest(peer).address
 
 
 def take(
@@ -121,8 +123,6 @@ async def ask(
         await anyio.lowlevel.checkpoint()
         return Reply(outcome=receipt.reason, receipt=receipt)
     message_id = receipt.message_id
-    target = receipt.task_id if receipt.delivery == "revived" else receipt.to
-    assert target is not None
     event = messaging.expecting(message_id)
     postbox = messaging.postbox
     try:
@@ -135,6 +135,8 @@ async def ask(
         messaging.awaited_done(message_id)
         raise
     reply = postbox.settle(address, message_id)
+    # The run waited on, after the wait: a revival at its end moves it to the follow-up.
+    target = messaging.target(message_id) or receipt.to
     messaging.awaited_done(message_id)
     if reply is not None:
         return Reply(outcome="replied", receipt=receipt, message=reply)

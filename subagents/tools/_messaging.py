@@ -161,6 +161,8 @@ class MessageTools:
             if not peek and shown:
                 shown = messenger.take_shown(self.address, shown)
         left = len(messenger.inbox(self.address, peek=True, from_=from_))
+        if peek:  # what it showed still waits, but is not "more" beyond this answer
+            left = max(left - len(shown), 0)
         lines = [_message_line(m, room if len(shown) == 1 else None) for m in shown]
         if not shown:
             lines = ["no messages" + (f" (waited {wait_ms} ms)" if wait_ms else "") + "."]

@@ -164,4 +164,8 @@ async def test_a_responder_answers_while_its_runner_cannot_take_its_slot_back(
         reply = await manager.ask(child.task_id, "status?", timeout=1.5)
         gate.open.set()
         assert reply.outcome == "replied", reply
+        assert reply.message is not None
+        assert reply.message.body == "responder's answer"
+        # The responder took the question: the runner's recv has nothing left to read.
+        manager.cancel(child.task_id)
         await child.wait()
