@@ -9,7 +9,7 @@ and loses nothing (design/messaging.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ._messaging import Messaging
     from ._router import Postbox
 
-__all__ = ["ask", "recv", "take"]
+__all__ = ["ask", "message_ids", "recv", "take"]
 
 Lend = Callable[[], AbstractAsyncContextManager[None]]
 
@@ -39,6 +39,21 @@ def _sender(messaging: Messaging, address: str, from_: object) -> str | None:
     # A revived agent's newest run: what its follow-up sends matches its first id too.
     peer = messaging.peers.resolve(messaging.peers.of(address), given)
     return messaging.newest(peer).address
+
+
+def message_ids(ids: object) -> list[str]:
+    """``ids`` (message ids, or messages) as a list of ids; :class:`ConfigError` naming
+    ``ids`` otherwise. At most an inbox's worth is looked at per call."""
+    expected = "None or a list of message ids (or messages) from inbox(peek=True)"
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise ConfigError("ids", expected, ids)
+    out = []
+    for item in ids:
+        value = item.id if isinstance(item, Message) else plain_str(item)
+        if not value:
+            raise ConfigError("ids", expected, ids)
+        out.append(value)
+    return out
 
 
 def take(
