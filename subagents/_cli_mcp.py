@@ -85,7 +85,8 @@ def register(commands: Any) -> None:
     serve.add_argument(
         "--messaging",
         action="store_true",
-        help="also offer send_message and read_messages (the client is the session's host)",
+        help="also offer send_message, read_messages and send_input (the client is the "
+        "session's host)",
     )
     serve.set_defaults(func=_run_serve)
 

@@ -278,12 +278,16 @@ class RunContext(BaseContext):
         deadline counts. Cancelling the wait takes nothing. Raises as :meth:`send`."""
         return await self._messenger.recv(self.task_id, from_=from_, timeout=timeout)
 
-    def inbox(self, *, peek: bool = False, from_: str | None = None) -> list[Message]:
+    def inbox(
+        self, *, peek: bool = False, from_: str | None = None, ids: Iterable[str] | None = None
+    ) -> list[Message]:
         """The messages waiting for this run, oldest first: taken (receipts ``read``), or
-        with ``peek`` left in place (receipts unchanged). An agent loop calls it at every
-        step boundary, before its next model call (the delivery point
+        with ``peek`` left in place (receipts unchanged). ``ids``: only the messages with
+        these ids still waiting: an agent loop peeks before its model call and takes
+        exactly what it showed once the call returns (``inbox(ids=[m.id for m in
+        shown])``), never a message that came meanwhile (the delivery point
         ``testing.run_tool_loop`` uses)."""
-        return self._messenger.inbox(self.task_id, peek=peek, from_=from_)
+        return self._messenger.inbox(self.task_id, peek=peek, from_=from_, ids=ids)
 
     def peers(self) -> list[PeerInfo]:
         """Every agent of this run's tree but itself (at most ``MAX_PEERS``, nearest the

@@ -278,6 +278,11 @@ class SpawnLimiter:
             self._take_slot(resumer)
             event.set()
 
+    def resumes(self, record: ChildRecord) -> bool:
+        """Whether ``record``, waiting with its slot lent, would take it back at once."""
+        lending = record.lends > 0 and not record.holds_slot
+        return not lending or (self._active < self._limit and not self._resumers)
+
     def lend_slot(self) -> AbstractAsyncContextManager[None]:
         """Release the calling child's slot while the block runs; see
         :meth:`SubagentManager.lend_slot`. Outside a spawned child it does nothing."""

@@ -248,10 +248,15 @@ class SubagentManager:
         return await self._messenger.recv(session_id, from_=from_, timeout=timeout)
 
     def inbox(
-        self, *, peek: bool = False, from_: str | None = None, session_id: str = DEFAULT_SESSION
+        self,
+        *,
+        peek: bool = False,
+        from_: str | None = None,
+        session_id: str = DEFAULT_SESSION,
+        ids: Iterable[str] | None = None,
     ) -> list[Message]:
         """What waits for host session ``session_id`` (see :meth:`RunContext.inbox`)."""
-        return self._messenger.inbox(session_id, peek=peek, from_=from_)
+        return self._messenger.inbox(session_id, peek=peek, from_=from_, ids=ids)
 
     def peers(self, *, session_id: str = DEFAULT_SESSION) -> list[PeerInfo]:
         """Every agent of ``session_id``'s tree (see :meth:`RunContext.peers`)."""
@@ -410,8 +415,7 @@ class SubagentManager:
         The session of a forgotten child (see :meth:`forget`) stays closed while records of
         its own children remain; after that its id is unknown, like a session name never
         used (its mailbox was released when the child ended, and its :class:`RunContext`
-        refuses to delegate on its own).
-        """
+        refuses to delegate on its own)."""
         return self._sessions.is_closed(session_id)
 
     def mailbox(self, session_id: str = DEFAULT_SESSION) -> BaseMailbox:
@@ -420,12 +424,8 @@ class SubagentManager:
         return self._sessions.mailbox(session_id)
 
     def handle(self, task_id: str, *, session_id: str | None = None) -> SpawnHandle:
-        """The handle of ``task_id``.
-
-        Raises:
-            UnknownTask: no such id (naming similar ids), or, with ``session_id``, the id
-                belongs to another session.
-        """
+        """The handle of ``task_id``; :class:`UnknownTask` for no such id (naming similar
+        ids), or, with ``session_id``, an id of another session."""
         return handle_of(self._sessions.require(task_id, session_id), self)
 
     def result(self, task_id: str) -> DelegateResult | None:

@@ -9,7 +9,7 @@ and loses nothing (design/messaging.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ._messaging import Messaging
     from ._router import Postbox
 
-__all__ = ["ask", "recv", "take"]
+__all__ = ["ask", "message_ids", "recv", "take"]
 
 Lend = Callable[[], AbstractAsyncContextManager[None]]
 
@@ -36,7 +36,24 @@ def _sender(messaging: Messaging, address: str, from_: object) -> str | None:
     given = plain_str(from_)
     if not given:
         raise ConfigError("from_", "None or a task id or agent path", from_)
-    return messaging.peers.resolve(messaging.peers.of(address), given).address
+    # A revived agent's newest run: what its follow-up sends matches its first id too.
+    peer = messaging.peers.resolve(messaging.peers.of(address), given)
+    return messaging.newest(peer).address
+
+
+def message_ids(ids: object) -> list[str]:
+    """``ids`` (message ids, or messages) as a list of ids; :class:`ConfigError` naming
+    ``ids`` otherwise. At most an inbox's worth is looked at per call."""
+    expected = "None or a list of message ids (or messages) from inbox(peek=True)"
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise ConfigError("ids", expected, ids)
+    out = []
+    for item in ids:
+        value = item.id if isinstance(item, Message) else plain_str(item)
+        if not value:
+            raise ConfigError("ids", expected, ids)
+        out.append(value)
+    return out
 
 
 def take(
@@ -121,8 +138,6 @@ async def ask(
         await anyio.lowlevel.checkpoint()
         return Reply(outcome=receipt.reason, receipt=receipt)
     message_id = receipt.message_id
-    target = receipt.task_id if receipt.delivery == "revived" else receipt.to
-    assert target is not None
     event = messaging.expecting(message_id)
     postbox = messaging.postbox
     try:
@@ -135,6 +150,8 @@ async def ask(
         messaging.awaited_done(message_id)
         raise
     reply = postbox.settle(address, message_id)
+    # The run waited on, after the wait: a revival at its end moves it to the follow-up.
+    target = messaging.target(message_id) or receipt.to
     messaging.awaited_done(message_id)
     if reply is not None:
         return Reply(outcome="replied", receipt=receipt, message=reply)

@@ -8,12 +8,14 @@ from typing import Final, Literal, TypeAlias
 
 import attrs
 
-from ._envelope import DelegateResult, now_ms
+from ._envelope import DelegateResult, now_ms, plain_str
+from ._errors import ConfigError
 from ._json import JSONValue
 
 __all__ = [
     "BROADCAST",
     "Activity",
+    "Chain",
     "DEFAULT_INBOX_CAPACITY",
     "MAX_MESSAGE_CHARS",
     "Delivery",
@@ -25,6 +27,8 @@ __all__ = [
     "Receipt",
     "ReceiptState",
     "Reply",
+    "Revival",
+    "message_body",
 ]
 
 DEFAULT_INBOX_CAPACITY: Final = 100
@@ -96,7 +100,8 @@ class Receipt:
     reached the recipient. A broadcast's receipt has ``to == "*"`` and one receipt per
     recipient in :attr:`recipients`; its own state stays ``queued`` (or ``failed`` when it
     reached nobody). The object is live: the router updates it as things happen; to its
-    holder it is read-only (every attribute is a property).
+    holder it is read-only: every attribute is a property, and the moves are functions of
+    this module that only the messaging modules call.
     """
 
     __slots__ = (
@@ -159,39 +164,14 @@ class Receipt:
 
     @property
     def detail(self) -> str:
-        """One sentence on a failure, for a person or a model."""
+        """One sentence on a failure, or on whom a broadcast left out, for a person or a
+        model."""
         return self._detail
 
     @property
     def failed(self) -> bool:
         """True once the state is ``failed``."""
         return self._state == "failed"
-
-    def advance(self, state: ReceiptState, delivery: Delivery | None = None) -> bool:
-        """Move forward to ``state`` (never back, never out of ``failed``); ``delivery`` is
-        kept from the first delivery. Returns whether anything changed."""
-        if self._state == "failed" or state == "failed":
-            return False
-        if _RANK[state] <= _RANK[self._state]:
-            return False
-        if self._delivery is None and delivery is not None:
-            self._delivery = delivery
-        self._state = state
-        return True
-
-    def fail(self, reason: FailureReason, detail: str = "", task_id: str | None = None) -> bool:
-        """``queued`` → ``failed(reason)``; a receipt past ``queued`` keeps what happened."""
-        if self._state != "queued":
-            return False
-        self._state, self._reason, self._detail = "failed", reason, detail
-        if task_id is not None:
-            self._task_id = task_id
-        return True
-
-    def revived(self, task_id: str) -> None:
-        """Delivered as the input of the follow-up run ``task_id``."""
-        if self.advance("delivered", "revived"):
-            self._task_id = task_id
 
     def to_dict(self) -> dict[str, JSONValue]:
         """A JSON-ready dict (what the ``subagent.message`` event and the tools carry)."""
@@ -204,6 +184,7 @@ class Receipt:
             out["delivery"] = self._delivery
         if self._reason is not None:
             out["reason"] = self._reason
+        if self._reason is not None or self._detail:
             out["detail"] = self._detail
         if self._task_id is not None:
             out["task_id"] = self._task_id
@@ -215,6 +196,46 @@ class Receipt:
         extra = f" {self._reason}" if self._reason else ""
         how = f" ({self._delivery})" if self._delivery else ""
         return f"<Receipt {self.message_id} to={self.to} {self._state}{extra}{how}>"
+
+
+# The receipt's moves, kept off the class so that its holder cannot make it say what did
+# not happen: only the messaging modules (the postbox, the sender) call these.
+
+
+def advance(receipt: Receipt, state: ReceiptState, delivery: Delivery | None = None) -> bool:
+    """Move ``receipt`` forward to ``state`` (never back, never out of ``failed``);
+    ``delivery`` is kept from the first delivery. Returns whether anything changed."""
+    if receipt._state == "failed" or state == "failed":
+        return False
+    if _RANK[state] <= _RANK[receipt._state]:
+        return False
+    if receipt._delivery is None and delivery is not None:
+        receipt._delivery = delivery
+    receipt._state = state
+    return True
+
+
+def fail(
+    receipt: Receipt, reason: FailureReason, detail: str = "", task_id: str | None = None
+) -> bool:
+    """``queued`` → ``failed(reason)``; a receipt past ``queued`` keeps what happened."""
+    if receipt._state != "queued":
+        return False
+    receipt._state, receipt._reason, receipt._detail = "failed", reason, detail
+    if task_id is not None:
+        receipt._task_id = task_id
+    return True
+
+
+def revived(receipt: Receipt, task_id: str) -> None:
+    """``receipt`` was delivered as the input of the follow-up run ``task_id``."""
+    if advance(receipt, "delivered", "revived"):
+        receipt._task_id = task_id
+
+
+def summary(receipt: Receipt, detail: str) -> None:
+    """A broadcast's summary says ``detail`` (whom it left out) without failing."""
+    receipt._detail = detail
 
 
 @attrs.frozen(kw_only=True)
@@ -274,3 +295,34 @@ class Activity:
 
     def __bool__(self) -> bool:
         return bool(self.results or self.messages)
+
+
+class Revival:
+    """What a revived run was started with: the ended run's envelope and the messages
+    (with their receipts) it reads as its input."""
+
+    __slots__ = ("messages", "previous")
+
+    def __init__(self, previous: DelegateResult, messages: list[tuple[Message, Receipt]]) -> None:
+        self.previous = previous
+        self.messages = messages
+
+
+class Chain:
+    """The runs of one resumable agent: every one of them forwards to the newest."""
+
+    __slots__ = ("latest",)
+
+    def __init__(self, latest: str) -> None:
+        self.latest = latest
+
+
+def message_body(body: object) -> str:
+    """``body`` as a message's text; :class:`ConfigError` naming ``body`` otherwise."""
+    text = plain_str(body)
+    expected = f"a non-empty string of at most {MAX_MESSAGE_CHARS} characters"
+    if text is None or not text.strip():
+        raise ConfigError("body", expected, body)
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise ConfigError("body", expected + f" (it has {len(text)}; nothing was sent)", body)
+    return text

@@ -14,17 +14,23 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._envelope import DelegateResult, plain_str
+from ._envelope import Status, plain_str
 from ._errors import ConfigError, SpawnRejected
 from ._events import MESSAGE, EventBus
 from ._messages import (
     BROADCAST,
-    MAX_MESSAGE_CHARS,
+    Chain,
     Message,
     MessageIds,
     Receipt,
+    Revival,
+    message_body,
 )
-from ._peers import Peer, Peers
+from ._messages import advance as advance_receipt
+from ._messages import fail as fail_receipt
+from ._messages import revived as revived_receipt
+from ._messages import summary as summary_receipt
+from ._peers import MAX_PEERS, Peer, Peers
 from ._record import SETTLED, ChildRecord
 from ._router import MemoryPostbox, Postbox
 
@@ -48,26 +54,6 @@ def _no_link(*args: object) -> None:
     return None
 
 
-class Revival:
-    """What a revived run was started with: the ended run's envelope and the messages
-    (with their receipts) it reads as its input."""
-
-    __slots__ = ("messages", "previous")
-
-    def __init__(self, previous: DelegateResult, messages: list[tuple[Message, Receipt]]) -> None:
-        self.previous = previous
-        self.messages = messages
-
-
-class _Chain:
-    """The runs of one resumable agent: every one of them forwards to the newest."""
-
-    __slots__ = ("latest",)
-
-    def __init__(self, latest: str) -> None:
-        self.latest = latest
-
-
 class Messaging:
     """One manager's messaging: the postbox, the peers, and what a send does.
 
@@ -79,6 +65,7 @@ class Messaging:
         spawn_follow_up: starts a resumable agent's follow-up run.
         start_task: runs a responder in the manager's task group.
         link_reply, link_revival: the tracing of replies and revivals.
+        resumes: whether a child waiting with its slot lent would get it back at once.
     """
 
     def __init__(
@@ -93,8 +80,10 @@ class Messaging:
         postbox: Postbox | None = None,
         link_reply: LinkReply = _no_link,
         link_revival: LinkRevival = _no_link,
+        resumes: Callable[[ChildRecord], bool] = lambda record: True,
     ) -> None:
         self._link_reply, self._link_revival = link_reply, link_revival
+        self._resumes = resumes
         self._sessions = sessions
         self._events = events
         self._capture = capture_content
@@ -108,7 +97,7 @@ class Messaging:
         # The RunContext of each running child, for its responder (typed loosely: the
         # context module sits above this one).
         self._contexts: dict[str, Any] = {}
-        self._forward: dict[str, _Chain] = {}  # each run of a revived agent -> its chain
+        self._forward: dict[str, Chain] = {}  # each run of a revived agent -> its chain
         self._revivals: dict[str, Revival] = {}  # follow-up run's id -> what started it
         # Asked message ids -> the asker's deadline and the address asked.
         self._awaited: dict[str, tuple[float, str]] = {}
@@ -157,17 +146,34 @@ class Messaging:
                 scope.cancel()  # nobody can use what its responder would answer
         if not self.postbox.is_open(task_id):
             return  # most children: never messaged, no inbox
-        if record.spec.resumable and not record.sync:
+        # A cancelled run stays stopped: its caller asked for that, not for a new run.
+        envelope = record.envelope
+        cancelled = envelope is not None and envelope.status is Status.CANCELLED
+        if record.spec.resumable and not record.sync and not cancelled:
             unread = self.postbox.take_reviving(task_id)
             if unread:
-                self._revive(record, unread)
-                for _, receipt in unread:
+                follow_up = self._revive(record, unread)
+                for message, receipt in unread:
+                    if follow_up is not None and message.id in self._awaited:
+                        self._follow(message, follow_up)
                     self._changed(receipt)
         detail = (
             f"{record.agent_path} ({task_id}) ended before reading it; its result is in "
             f"the envelope of task {task_id}"
         )
         self.postbox.close(task_id, "ended", detail, task_id)
+
+    def _follow(self, message: Message, follow_up: str) -> None:
+        # The question revived its recipient: its asker now waits for the follow-up run's
+        # answer (and returns ``ended`` only when that run ends).
+        deadline, _ = self._awaited[message.id]
+        self._awaited[message.id] = (deadline, follow_up)
+        self.postbox.redirect(message.from_, message.id, follow_up)
+
+    def target(self, message_id: str) -> str | None:
+        """The run an asked ``message_id`` waits on now (a revival moves it)."""
+        awaited = self._awaited.get(message_id)
+        return None if awaited is None else awaited[1]
 
     def _open_host(self, session_id: str) -> None:
         # Only a session that has (had) children: nobody could send to another, and an
@@ -217,7 +223,7 @@ class Messaging:
         """Send ``body`` from ``sender`` to ``to``; never blocks. ``awaited`` (the asker's
         deadline, ``inf`` for none) makes it a question whose reply goes to the asker's
         own slot (:meth:`Postbox.expect`). See :meth:`SubagentManager.send`."""
-        text = _body(body)
+        text = message_body(body)
         address = plain_str(to)
         if address is None or not address.strip():
             raise ConfigError("to", "a task id, an agent path, or '*'", to)
@@ -238,7 +244,8 @@ class Messaging:
 
     def _broadcast(self, me: Peer, text: str, reply_to: str | None, wake: bool) -> Receipt:
         receipts: list[Receipt] = []
-        for peer in list(self.peers.tree(me.root, live_only=True)):
+        walked = list(self.peers.tree(me.root, live_only=True))
+        for peer in walked:
             if peer.address == me.address:
                 continue
             if peer.record is None and self._sessions.is_closed(peer.address):
@@ -250,7 +257,15 @@ class Messaging:
         first = receipts[0].message_id if receipts else self._ids.next()[0]
         summary = Receipt(first, "*", tuple(receipts))
         if not receipts:
-            summary.fail("unknown", "no live peer to broadcast to")
+            fail_receipt(summary, "unknown", "no live peer to broadcast to")
+        elif len(walked) >= MAX_PEERS:  # the host is one of the walked
+            left_out = self.peers.live_count(me.root) - (len(walked) - 1)
+            if left_out > 0:
+                summary_receipt(
+                    summary,
+                    f"{left_out} live agent(s) past the {MAX_PEERS}-agent broadcast cap got "
+                    "no copy; send to them by id or path",
+                )
         return summary
 
     def _message(self, me: Peer, to: str, text: str, reply_to: str | None) -> Message:
@@ -271,11 +286,11 @@ class Messaging:
         awaited: float | None,
         revive: bool,
     ) -> Receipt:
-        addressed, peer = peer.address, self._latest(peer)
+        addressed, peer = peer.address, self.newest(peer)
         message = self._message(me, peer.address, text, reply_to)
         return self._deliver(me, peer, message, wake, awaited, revive=revive, addressed=addressed)
 
-    def _latest(self, peer: Peer) -> Peer:
+    def newest(self, peer: Peer) -> Peer:
         """The run a message to ``peer`` reaches: a revived agent's newest run (O(1))."""
         chain = self._forward.get(peer.address) if self._forward else None
         if chain is None or chain.latest == peer.address:
@@ -302,14 +317,15 @@ class Messaging:
                 if awaited is not None and receipt.task_id is not None and not receipt.failed:
                     self._expect(me, receipt.task_id, message, awaited)
             else:
-                receipt.fail(
+                fail_receipt(
+                    receipt,
                     "ended",
                     f"{record.agent_path} ({record.task_id}) has ended; its result is in the "
                     f"envelope of task {record.task_id}",
                     record.task_id,
                 )
         elif record is None and self._sessions.is_closed(peer.address):
-            receipt.fail("closed", f"session {peer.address!r} is closed")
+            fail_receipt(receipt, "closed", f"session {peer.address!r} is closed")
         else:
             if record is None:
                 self._open_host(peer.address)
@@ -319,14 +335,23 @@ class Messaging:
             if awaited is not None:
                 self._expect(me, peer.address, message, awaited)
                 # Before the put wakes it: would a waiter of its runner take this one?
-                reading = self.postbox.reading(peer.address, me.address)
+                # A waiter whose slot another child holds cannot take it soon: then its
+                # responder answers.
+                reading = self.postbox.reading(peer.address, me.address) and (
+                    record is None or self._resumes(record)
+                )
             self.postbox.put(message, receipt, wake, revives=revive and wake)
             if awaited is not None and receipt.failed:
                 self.postbox.settle(me.address, message.id)
             elif awaited is not None and not reading and receipt.state == "queued":
                 self._maybe_respond(peer, message)
-        if message.reply_to is not None and not receipt.failed:
-            self._mark_replied(me.address, message, (addressed or peer.address, peer.address))
+        # The span link goes to the question's asker: only a reply that reached it.
+        to = (addressed or peer.address, peer.address)
+        if (
+            message.reply_to is not None
+            and not receipt.failed
+            and self._mark_replied(me.address, message, to)
+        ):
             self._link_reply(me.record, peer.record, message.id, message.reply_to)
         self._publish("send", me, message, receipt)
         return receipt
@@ -339,15 +364,17 @@ class Messaging:
         """The event a reply to the asked ``message_id`` sets, while its asker waits."""
         return self._expecting.get(message_id)
 
-    def _mark_replied(self, replier: str, reply: Message, to: tuple[str, ...]) -> None:
+    def _mark_replied(self, replier: str, reply: Message, to: tuple[str, ...]) -> bool:
         # Only a reply that reached the question's sender marks it: never one sent elsewhere.
         assert reply.reply_to is not None
         receipt = self.postbox.answered(replier, reply.reply_to, to)
-        if receipt is not None and receipt.advance("replied"):
+        if receipt is not None and advance_receipt(receipt, "replied"):
             self._changed(receipt)
+        return receipt is not None
 
-    def _revive(self, record: ChildRecord, messages: list[tuple[Message, Receipt]]) -> None:
-        """Start ``record``'s follow-up run with ``messages`` as its input (one run)."""
+    def _revive(self, record: ChildRecord, messages: list[tuple[Message, Receipt]]) -> str | None:
+        """Start ``record``'s follow-up run with ``messages`` as its input (one run); its
+        task id, or ``None`` when it could not start (the receipts failed)."""
         envelope = record.envelope
         assert envelope is not None
         if len(messages) == 1:
@@ -362,18 +389,19 @@ class Messaging:
                 f"({exc}); its result is in the envelope of task {record.task_id}"
             )
             for _, receipt in messages:
-                receipt.fail("ended", detail, record.task_id)
-            return
+                fail_receipt(receipt, "ended", detail, record.task_id)
+            return None
         self._link_revival(follow_up, record)
         chain = self._forward.get(record.task_id)
         if chain is None:
-            chain = self._forward[record.task_id] = _Chain(follow_up.task_id)
+            chain = self._forward[record.task_id] = Chain(follow_up.task_id)
         chain.latest = follow_up.task_id
         self._forward[follow_up.task_id] = chain
         self._revivals[follow_up.task_id] = Revival(envelope, messages)
         self.postbox.open(follow_up.task_id)
         for _, receipt in messages:
-            receipt.revived(follow_up.task_id)
+            revived_receipt(receipt, follow_up.task_id)
+        return follow_up.task_id
 
     def send_input(self, record: ChildRecord, text: object) -> Receipt:
         """Follow-up input from ``record``'s parent session; never revives."""
@@ -429,7 +457,7 @@ class Messaging:
         text = plain_str(answer) if answer is not None else None
         if text and text.strip() and address in self._contexts:
             try:
-                body = _body(text)
+                body = message_body(text)
             except ConfigError as exc:
                 logger.warning("the on_message responder of %s answered badly: %s", address, exc)
             else:
@@ -470,13 +498,3 @@ class Messaging:
             agent_path=peer.path,
             data=data,
         )
-
-
-def _body(body: object) -> str:
-    text = plain_str(body)
-    expected = f"a non-empty string of at most {MAX_MESSAGE_CHARS} characters"
-    if text is None or not text.strip():
-        raise ConfigError("body", expected, body)
-    if len(text) > MAX_MESSAGE_CHARS:
-        raise ConfigError("body", expected + f" (it has {len(text)}; nothing was sent)", body)
-    return text

@@ -96,20 +96,30 @@ class Messenger:
         peek: bool = False,
         from_: object = None,
         limit: int | None = None,
+        ids: object = None,
     ) -> list[Message]:
         """See :meth:`SubagentManager.inbox` (``limit``: the oldest ``limit`` only)."""
+        if ids is not None:
+            self._messaging.own(address)
+            return self.take_shown(address, _message_waits.message_ids(ids), peek=peek)
         return _message_waits.take(self._messaging, address, peek=peek, from_=from_, limit=limit)
 
-    def take_shown(self, address: str, shown: Sequence[Message]) -> list[Message]:
-        """Take the messages of ``shown`` still waiting for ``address`` (receipts ``read``):
-        what a loop showed its model, once the call that showed them has returned."""
+    def take_shown(
+        self, address: str, shown: Sequence[Message | str], *, peek: bool = False
+    ) -> list[Message]:
+        """Take the messages of ``shown`` (or with these ids) still waiting for ``address``
+        (receipts ``read``): what a loop showed its model, once the call that showed them
+        has returned. With ``peek``, only those still waiting, left in place."""
         postbox, taken = self._messaging.postbox, []
-        for message in shown:
-            found = postbox.take_one(address, message.id)
+        wanted = {m if isinstance(m, str) else m.id for m in shown}
+        if peek:
+            return [m for m in postbox.peek(address, None) if m.id in wanted]
+        for message_id in wanted:
+            found = postbox.take_one(address, message_id)
             if found is not None:
                 postbox.read(*found, "injected")
                 taken.append(found[0])
-        return taken
+        return sorted(taken, key=lambda m: m.id)
 
     def unread(self, address: str) -> int:
         """How many messages wait for ``address``."""
@@ -136,9 +146,9 @@ class Messenger:
             self._messaging, address, to, body, timeout, self._lend, reply_to=reply_to, wake=wake
         )
 
-    def send_input(self, task_id: str, text: str) -> Receipt:
-        """See :meth:`SubagentManager.send_input`."""
-        return self._messaging.send_input(self._sessions.require(task_id), text)
+    def send_input(self, task_id: str, text: str, *, session_id: str | None = None) -> Receipt:
+        """See :meth:`SubagentManager.send_input` (``session_id``: only its own child)."""
+        return self._messaging.send_input(self._sessions.require(task_id, session_id), text)
 
     async def activity(self, session_id: str, timeout: float | None) -> Activity:
         """See :meth:`SubagentManager.activity`."""

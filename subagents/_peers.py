@@ -140,6 +140,17 @@ class Peers:
                 yield Peer(record.task_id, record, root)
                 sessions.append(record.task_id)
 
+    def live_count(self, root: str) -> int:
+        """How many queued or running agents the tree of ``root`` has, with no cap: only
+        a broadcast that reached :data:`MAX_PEERS` asks, to say whom it left out."""
+        sessions, count = [root], 0
+        while sessions:
+            live = self._sessions.live(sessions.pop())
+            if live:
+                count += len(live)
+                sessions.extend(record.task_id for record in live)
+        return count
+
     def info(self, peer: Peer) -> PeerInfo:
         """What :meth:`SubagentManager.peers` says of ``peer``."""
         postbox, record = self._postbox, peer.record

@@ -18,6 +18,8 @@ from typing import Final, Protocol
 import anyio
 
 from ._messages import Delivery, FailureReason, Message, Receipt
+from ._messages import advance as advance_receipt
+from ._messages import fail as fail_receipt
 
 __all__ = ["MAX_ANSWERABLE", "MAX_ASIDES", "MemoryPostbox", "Postbox"]
 
@@ -98,6 +100,11 @@ class Postbox(Protocol):
     def expect(self, asker: str, message_id: str, peer: str) -> anyio.Event:
         """``asker`` waits for a reply to ``message_id`` from ``peer``: the reply goes to
         its own slot, never the inbox; the event is set on it or when ``peer`` ends."""
+        ...
+
+    def redirect(self, asker: str, message_id: str, peer: str) -> None:
+        """The question ``message_id`` revived its recipient: ``asker`` now waits for the
+        reply of ``peer`` (the follow-up run), and for that one's end."""
         ...
 
     def settle(self, asker: str, message_id: str, keep: bool = True) -> Message | None:
@@ -210,7 +217,7 @@ class MemoryPostbox:
     ) -> None:
         inbox = self._inboxes.get(message.to)
         if inbox is None:
-            receipt.fail("closed", f"{message.to} takes no more messages")
+            fail_receipt(receipt, "closed", f"{message.to} takes no more messages")
             return
         inbox.last_ms = message.created_ms
         ask = inbox.asks.get(message.reply_to) if message.reply_to is not None else None
@@ -221,7 +228,8 @@ class MemoryPostbox:
             ask.event.set()
             return
         if len(inbox.entries) >= self._capacity:
-            receipt.fail(
+            fail_receipt(
+                receipt,
                 "full",
                 f"the inbox of {message.to} is full ({self._capacity} unread messages); "
                 "nothing was dropped: send again once it has read some",
@@ -242,9 +250,9 @@ class MemoryPostbox:
     def _taken(self, inbox: _Inbox, entry: _Entry, *, read: bool) -> None:
         receipt = entry.receipt
         how: Delivery = "woken" if entry.woke else "injected"
-        changed = receipt.advance("delivered", how)
+        changed = advance_receipt(receipt, "delivered", how)
         if read:
-            changed = receipt.advance("read") or changed
+            changed = advance_receipt(receipt, "read") or changed
             self._answerable(inbox, entry.message, receipt)
         if changed and self._on_change is not None:
             self._on_change(receipt)
@@ -330,6 +338,22 @@ class MemoryPostbox:
         self._askers.setdefault(peer, {})[asker, message_id] = None
         return ask.event
 
+    def redirect(self, asker: str, message_id: str, peer: str) -> None:
+        inbox = self._inboxes.get(asker)
+        ask = None if inbox is None else inbox.asks.get(message_id)
+        if ask is None:
+            return
+        waiting = self._askers.get(ask.peer)
+        if waiting is not None:
+            waiting.pop((asker, message_id), None)
+            if not waiting:
+                del self._askers[ask.peer]
+        ask.peer = peer
+        if peer not in self._inboxes:
+            ask.event.set()  # nobody can reply
+            return
+        self._askers.setdefault(peer, {})[asker, message_id] = None
+
     def settle(self, asker: str, message_id: str, keep: bool = True) -> Message | None:
         inbox = self._inboxes.get(asker)
         ask = None if inbox is None else inbox.asks.pop(message_id, None)
@@ -353,8 +377,8 @@ class MemoryPostbox:
     def read(
         self, message: Message, receipt: Receipt, how: Delivery, reader: str | None = None
     ) -> None:
-        changed = receipt.advance("delivered", how)
-        changed = receipt.advance("read") or changed
+        changed = advance_receipt(receipt, "delivered", how)
+        changed = advance_receipt(receipt, "read") or changed
         inbox = self._inboxes.get(message.to if reader is None else reader)
         if inbox is not None:
             self._answerable(inbox, message, receipt)
@@ -374,7 +398,7 @@ class MemoryPostbox:
         if inbox is None:
             return
         for entry in inbox.entries.values():
-            if entry.receipt.fail(reason, detail, task_id) and self._on_change is not None:
+            if fail_receipt(entry.receipt, reason, detail, task_id) and self._on_change is not None:
                 self._on_change(entry.receipt)
         for event in inbox.waiters:
             event.set()

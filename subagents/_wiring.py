@@ -152,6 +152,7 @@ def build_parts(
         start_task=start_task,
         link_reply=link_reply,
         link_revival=link_revival,
+        resumes=limiter.resumes,
     )
     sessions.on_end, sessions.on_close = messaging.ended, messaging.closing
     sessions.on_forget = messaging.forgotten

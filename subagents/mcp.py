@@ -79,8 +79,8 @@ def build_server(
             token gets a notification every ``progress_every`` seconds (at least 0.05):
             ``progress`` is the seconds waited (so it always increases), ``message``
             "n of m finished". None is sent after the result.
-        messaging: also offer ``send_message`` and ``read_messages``, the client acting
-            as host session ``session_id`` (design/messaging.md).
+        messaging: also offer ``send_message``, ``read_messages`` and ``send_input``, the
+            client acting as host session ``session_id`` (design/messaging.md).
 
     Raises:
         ConfigError: ``session_id`` is empty, ``wait_cap`` is not a finite number of

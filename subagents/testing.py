@@ -270,8 +270,9 @@ async def run_tool_loop(
     for the session (``toolset.session_id``: a host session, or a child's task id) are
     appended to :attr:`Transcript.messages`, so the model's next call sees them, and taken
     (receipts ``read``) once that call returns: a call that raises leaves them unread. A
-    loop of your own does the same with ``ctx.inbox(peek=True)`` before the call and
-    ``ctx.inbox()`` after it (or ``manager.inbox(...)``).
+    loop of your own does the same with ``shown = ctx.inbox(peek=True)`` before the call
+    and ``ctx.inbox(ids=[m.id for m in shown])`` after it (or ``manager.inbox(...)``), so a
+    message that arrived during the call stays unread until a call shows it.
 
     Returns the transcript when the model ends its turn with nothing left to wait for
     (or ``wake`` is False). Raises :class:`ScriptError` after ``max_turns`` model turns.

@@ -21,7 +21,7 @@ from .._tool_tracing import ToolSpan
 from .._tracing import Telemetry
 from .._validators import seconds
 from ._handlers import build_session_tools
-from ._messaging import MESSAGE_TOOL_NAMES, build_message_tools
+from ._messaging import MESSAGE_TOOL_NAMES, WAITING_TOOL_NAMES, build_message_tools
 from ._tool import Tool, ToolLimits, ToolResult, arguments_text, traced
 
 if TYPE_CHECKING:
@@ -220,7 +220,8 @@ def build_tools(
     messaging: bool = False,
 ) -> Toolset:
     """The LLM tools of ``session_id``: spawn, wait, delegate, cancel and list subagents;
-    with ``messaging``, also ``send_message`` and ``read_messages`` (design/messaging.md).
+    with ``messaging``, also ``send_message``, ``read_messages`` and ``send_input``
+    (design/messaging.md).
 
     Args:
         manager: the running :class:`SubagentManager`.
@@ -301,7 +302,7 @@ def build_tools(
     made = build_session_tools(manager, session_id, limits)
     if messaging:
         ceilings = {
-            name: _message_ceiling(name, engine[name], wait_cap) for name in MESSAGE_TOOL_NAMES
+            name: _message_ceiling(name, engine[name], wait_cap) for name in WAITING_TOOL_NAMES
         }
         made += build_message_tools(manager, session_id, limits, ceilings)
     tools = [

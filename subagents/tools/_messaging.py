@@ -1,4 +1,5 @@
-"""The messaging tools of one session: ``send_message`` and ``read_messages``.
+"""The messaging tools of one session: ``send_message``, ``read_messages`` and
+``send_input``.
 
 They act as the session's own address (a host session, or inside a runner the child's
 task id): what :meth:`RunContext.send` and :meth:`RunContext.recv` do, for a model. A wait
@@ -24,9 +25,11 @@ from ._tool import Tool, ToolLimits, ToolResult, make_tool
 if TYPE_CHECKING:
     from .._manager import SubagentManager
 
-__all__ = ["MESSAGE_TOOL_NAMES", "build_message_tools"]
+__all__ = ["MESSAGE_TOOL_NAMES", "WAITING_TOOL_NAMES", "build_message_tools"]
 
-MESSAGE_TOOL_NAMES: Final = ("send_message", "read_messages")
+MESSAGE_TOOL_NAMES: Final = ("send_message", "read_messages", "send_input")
+WAITING_TOOL_NAMES: Final = ("send_message", "read_messages")
+"""The messaging tools that wait (each with a ceiling under its host timeout)."""
 _ADDRESS_MAX: Final = 512
 _ROOM: Final = 200
 """Characters of a read_messages answer kept for its other lines."""
@@ -122,6 +125,21 @@ class MessageTools:
             is_error=failed and len(receipts) == 1,
         )
 
+    async def send_input(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
+        task_id, text = str(args["task_id"]), str(args["message"])
+        # Only this session's own subagents take its follow-up input (UnknownTask else).
+        receipt = messenger_of(self.manager).send_input(task_id, text, session_id=self.address)
+        span.set_attribute("subagents.message_id", receipt.message_id)
+        span.set_attribute("subagents.task_id", task_id)
+        return ToolResult(
+            content=bound_text(
+                f"input {receipt.message_id} for {task_id}: {_receipt_text(receipt)}",
+                self.limits.truncate_chars,
+            ),
+            details={"message_id": receipt.message_id, "receipt": _receipt_details(receipt)},
+            is_error=receipt.failed,
+        )
+
     def _trace(self, span: ToolSpan, receipt: Receipt, reply_to: object) -> None:
         """The call's span names the message; a reply's links to the span of the agent
         whose message it answers (the question's sender, its recipient)."""
@@ -161,6 +179,8 @@ class MessageTools:
             if not peek and shown:
                 shown = messenger.take_shown(self.address, shown)
         left = len(messenger.inbox(self.address, peek=True, from_=from_))
+        if peek:  # what it showed still waits, but is not "more" beyond this answer
+            left = max(left - len(shown), 0)
         lines = [_message_line(m, room if len(shown) == 1 else None) for m in shown]
         if not shown:
             lines = ["no messages" + (f" (waited {wait_ms} ms)" if wait_ms else "") + "."]
@@ -300,6 +320,45 @@ def build_message_tools(
                 read_only=False, destructive=False, idempotent=False, open_world=False
             ),
             engine_timeout=engine.get("read_messages"),
+            content_limit=limits.truncate_chars,
+        ),
+        make_tool(
+            name="send_input",
+            output_schema=output_schema("send_input"),
+            title="Send input",
+            description=(
+                "Give one of your own subagents (by task id) follow-up input: a running one "
+                "reads it at its next step, a queued one once it starts. It never starts an "
+                "ended one again: the receipt then fails with ended, and its result is in "
+                "its envelope (wait_agent). It does not wait."
+            ),
+            params=[
+                Param(
+                    name="task_id",
+                    kind="string",
+                    required=True,
+                    description="The subagent's task id (from spawn_agent or list_agents).",
+                    min_length=1,
+                    max_length=_ADDRESS_MAX,
+                    form=f"1 to {_ADDRESS_MAX} characters",
+                ),
+                Param(
+                    name="message",
+                    kind="string",
+                    required=True,
+                    description="The input (self-contained: the subagent sees nothing "
+                    "else of your conversation).",
+                    min_length=1,
+                    max_length=MAX_MESSAGE_CHARS,
+                    form=f"1 to {MAX_MESSAGE_CHARS} characters",
+                    content=True,
+                ),
+            ],
+            handler=impl.send_input,
+            annotations=hints(
+                read_only=False, destructive=False, idempotent=False, open_world=False
+            ),
+            engine_timeout=engine.get("send_input"),
             content_limit=limits.truncate_chars,
         ),
     ]

@@ -296,6 +296,11 @@ _ANSWERS: Final[dict[str, dict[str, JSONValue]]] = {
         "One receipt per recipient (state, how it was delivered, why it failed); with "
         "await_reply_ms, the reply or why none came.",
     ),
+    "send_input": _object(
+        {"message_id": _STR, "receipt": _RECEIPT},
+        ["message_id", "receipt"],
+        "The input's receipt (queued for the subagent, or failed: ended, full).",
+    ),
     "read_messages": _object(
         {
             "messages": {"type": "array", "items": _MESSAGE},

@@ -117,7 +117,12 @@ async def test_messaging_adds_send_message_and_read_messages(mode: str) -> None:
         toolset = build_tools(manager, "root", messaging=True)
         sent = await client.call_tool("send_message", {"to": "*", "message": "hello"})
         read = await client.call_tool("read_messages", {})
-    assert [tool.name for tool in listed.tools] == [*HINTS, "send_message", "read_messages"]
+    assert [tool.name for tool in listed.tools] == [
+        *HINTS,
+        "send_message",
+        "read_messages",
+        "send_input",
+    ]
     for tool in listed.tools[len(HINTS) :]:
         Draft202012Validator.check_schema(tool.input_schema)
         # The same fields (the descriptions name the wait ceilings, set by the server).

@@ -18,6 +18,8 @@ from subagents import (
     UnknownPeer,
 )
 from subagents._messages import MessageIds
+from subagents._messages import advance as advance_receipt
+from subagents._messages import fail as fail_receipt
 from tests.messaging.support import Gate, echo_replier, spec
 
 pytestmark = pytest.mark.anyio
@@ -32,15 +34,15 @@ def test_message_ids_are_unique_and_sort_by_creation() -> None:
 
 def test_a_receipt_never_moves_backwards_nor_out_of_failed() -> None:
     receipt = Receipt("m1", "t1")
-    assert receipt.advance("read", "injected")
-    assert not receipt.advance("delivered", "woken")
+    assert advance_receipt(receipt, "read", "injected")
+    assert not advance_receipt(receipt, "delivered", "woken")
     assert receipt.state == "read"
     assert receipt.delivery == "injected"
-    assert not receipt.fail("ended")  # past queued: it keeps what happened
-    assert receipt.advance("replied")
+    assert not fail_receipt(receipt, "ended")  # past queued: it keeps what happened
+    assert advance_receipt(receipt, "replied")
     failed = Receipt("m2", "t1")
-    assert failed.fail("full", "no room")
-    assert not failed.advance("delivered")
+    assert fail_receipt(failed, "full", "no room")
+    assert not advance_receipt(failed, "delivered")
     assert failed.state == "failed"
     assert failed.reason == "full"
 

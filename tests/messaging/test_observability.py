@@ -3,6 +3,7 @@ tool span links to the span of the agent whose message it answers."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from subagents import Event, Request, RunContext, SubagentConfig, SubagentManager
@@ -89,6 +90,34 @@ async def test_a_python_api_reply_links_the_repliers_span_to_the_askers(otel: Ot
     attributes = dict(link.attributes or {})
     assert attributes["subagents.reply_to"] == question_id
     assert attributes["subagents.task_id"] == asking.task_id
+
+
+async def test_a_reply_sent_to_a_third_agent_links_no_span(otel: Otel) -> None:
+    """The link goes to the question's asker: a message with ``reply_to`` sent to someone
+    else links the replier's span to nobody's (not to that third agent's)."""
+    gate = anyio.Event()
+
+    async def replier(request: Request, ctx: RunContext) -> str:
+        message = await ctx.recv(timeout=10)
+        assert message is not None
+        ctx.send("/root/bystander", "42", reply_to=message.id)
+        return "sent"
+
+    async def bystander(request: Request, ctx: RunContext) -> str:
+        await gate.wait()
+        return "done"
+
+    agents = [spec("replier", replier), spec("bystander", bystander)]
+    manager = otel.install(SubagentManager(agents))
+    async with manager:
+        answering = manager.spawn("replier")
+        watching = manager.spawn("bystander")
+        manager.send(answering.task_id, "the answer?")
+        await answering.wait()
+        gate.set()
+        await watching.wait()
+    spans = {s.name: s for s in otel.finished()}
+    assert spans["invoke_agent replier"].links == ()
 
 
 async def test_a_revived_runs_span_links_to_the_run_it_revives(otel: Otel) -> None:

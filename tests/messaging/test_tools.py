@@ -1,4 +1,5 @@
-"""send_message, read_messages and list_agents' unread counts, as a model uses them."""
+"""send_message, read_messages, send_input and list_agents' unread counts, as a model uses
+them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import anyio
 import pytest
 from jsonschema import Draft202012Validator
 
-from subagents import Request, RunContext, SubagentManager
+from subagents import ConfigError, Request, RunContext, SubagentManager
 from subagents.testing import ModelTurn, ScriptedModel, ToolCall, Transcript, run_tool_loop
 from subagents.tools import build_tools
 from tests.helpers import clock_backends, on_mock_clock
@@ -40,8 +41,8 @@ class Gated:
 async def test_the_tools_schemas_are_valid_in_every_export_shape() -> None:
     async with SubagentManager() as manager:
         tools = build_tools(manager, "root", messaging=True)
-        assert {"send_message", "read_messages"} <= set(tools.names)
-        for tool in (tools["send_message"], tools["read_messages"]):
+        assert {"send_message", "read_messages", "send_input"} <= set(tools.names)
+        for tool in (tools["send_message"], tools["read_messages"], tools["send_input"]):
             Draft202012Validator.check_schema(tool.input_schema)
             Draft202012Validator.check_schema(tool.output_schema)
             assert tool.to_openai_chat(strict=True)["function"]["strict"] is True  # type: ignore[index]
@@ -232,3 +233,58 @@ async def test_read_messages_marks_read_only_what_it_showed_whole() -> None:
         assert "shortened from 3000 characters" in long.content
         rest = await tools.call("read_messages", {})
         assert [m["body"] for m in rest.details["messages"]] == ["short two"]  # type: ignore[index, union-attr]
+
+
+async def test_send_input_gives_a_subagent_follow_up_input_and_never_revives_it() -> None:
+    """A running subagent of the session reads the input; an ended one (even resumable)
+    is not started again: the receipt fails ``ended``; a task of another session, or an
+    empty input, is an error as data naming the field."""
+    got: list[str] = []
+
+    async def reader(request: Request, ctx: RunContext) -> str:
+        message = await ctx.recv()
+        got.append("" if message is None else message.body)
+        return "read"
+
+    async with SubagentManager([spec("reader", reader, resumable=True)]) as manager:
+        child = manager.spawn("reader")
+        other = manager.spawn("reader", session_id="elsewhere")
+        tools = build_tools(manager, "root", messaging=True)
+        sent = await tools.call("send_input", {"task_id": child.task_id, "message": "also X"})
+        assert not sent.is_error
+        assert sent.details["receipt"]["to"] == child.task_id  # type: ignore[index, call-overload]
+        await child.wait()
+        assert got == ["also X"]
+        ended = await tools.call("send_input", {"task_id": child.task_id, "message": "more"})
+        assert ended.is_error
+        assert ended.details["receipt"]["reason"] == "ended"  # type: ignore[index, call-overload]
+        assert len(manager.tasks()) == 1  # never revived
+        foreign = await tools.call("send_input", {"task_id": other.task_id, "message": "hi"})
+        assert foreign.is_error
+        assert foreign.details["error"] == "unknown_task"
+        empty = await tools.call("send_input", {"task_id": child.task_id, "message": ""})
+        assert empty.details["field"] == "message"
+        manager.cancel(other.task_id)
+
+
+async def test_an_own_loop_takes_exactly_the_messages_it_showed() -> None:
+    """Peek before the model call, take by id after it: a message that came meanwhile
+    stays unread for the next step."""
+
+    async def two(request: Request, ctx: RunContext) -> str:
+        ctx.send("/root", f"from {request.input}")
+        return "ok"
+
+    async with SubagentManager([spec("two", two)]) as manager:
+        first = manager.spawn("two", "a")
+        await first.wait()
+        shown = manager.inbox(peek=True)
+        second = manager.spawn("two", "b")  # arrives during the "model call"
+        await second.wait()
+        taken = manager.inbox(ids=[m.id for m in shown])
+        assert [m.body for m in taken] == ["from a"]
+        assert [m.body for m in manager.inbox(peek=True)] == ["from b"]
+        assert manager.inbox(ids=[m.id for m in shown]) == []  # each is handed out once
+        with pytest.raises(ConfigError) as error:
+            manager.inbox(ids="m1")
+        assert error.value.field == "ids"
