@@ -30,20 +30,28 @@ def dumps(value: object) -> bytes:
     an integer beyond 64 bits exactly, where orjson refuses it)."""
     try:
         return orjson.dumps(value, default=_default)
-    except orjson.JSONEncodeError:
-        if not _holds_big_int(value):
-            raise
-    return _stdlib_dumps(value).encode()
+    except orjson.JSONEncodeError as refused:
+        return _exactly(value, refused)
 
 
 def dumps_str(value: object) -> str:
     """Like :func:`dumps` but returns ``str``."""
+    return dumps(value).decode()
+
+
+def _exactly(value: object, refused: orjson.JSONEncodeError) -> bytes:
+    """``value`` written by the stdlib, which writes the integers orjson refuses; for
+    any other refusal (a lone surrogate, a key that is not text, a circle) orjson's
+    error stands, so the fallback accepts nothing orjson would not but those integers."""
+    if not _holds_big_int(value):
+        raise refused
     try:
-        return orjson.dumps(value, default=_default).decode()
-    except orjson.JSONEncodeError:
-        if not _holds_big_int(value):
-            raise
-    return _stdlib_dumps(value)
+        text = json.dumps(
+            value, default=_default, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        )
+        return text.encode()  # strict UTF-8: a lone surrogate is refused, as orjson does
+    except (TypeError, ValueError, RecursionError):
+        raise refused from None
 
 
 _INT64: Final = range(-(2**63), 2**64)
@@ -58,18 +66,13 @@ def _holds_big_int(value: object, depth: int = 0) -> bool:
         return value not in _INT64
     if depth > 255:
         return False
-    if isinstance(value, dict):
-        return any(_holds_big_int(v, depth + 1) for v in value.values())
+    if isinstance(value, dict):  # a key that is not text orjson refuses for itself
+        return all(type(k) is str for k in value) and any(
+            _holds_big_int(v, depth + 1) for v in value.values()
+        )
     if isinstance(value, list | tuple):
         return any(_holds_big_int(v, depth + 1) for v in value)
     return False
-
-
-def _stdlib_dumps(value: object) -> str:
-    # Only for the integers orjson cannot write; NaN is refused rather than written.
-    return json.dumps(
-        value, default=_default, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-    )
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> JSONValue:

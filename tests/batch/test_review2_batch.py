@@ -169,3 +169,7 @@ def test_json_writes_an_integer_beyond_64_bits_exactly_and_refuses_what_it_refus
     assert dumps(-(2**63) - 1) == b"-9223372036854775809"
     with pytest.raises(TypeError):
         dumps_str({1: 2})
+    with pytest.raises(TypeError):  # a lone surrogate beside a big integer: still refused
+        dumps_str([2**70, "\ud800"])
+    with pytest.raises(TypeError):
+        dumps_str({1: 2**70})
