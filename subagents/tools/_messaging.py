@@ -20,7 +20,7 @@ from .._tool_tracing import ToolSpan
 from ._handlers import hints
 from ._output import output_schema
 from ._schema import Param, ms
-from ._tool import Tool, ToolLimits, ToolResult, make_tool
+from ._tool import Handler, Tool, ToolLimits, ToolResult, make_tool
 
 if TYPE_CHECKING:
     from .._manager import SubagentManager
@@ -215,10 +215,29 @@ def build_message_tools(
     impl = MessageTools(manager, address, limits, ceilings)
     engine = limits.engine_timeouts
     send_max, read_max = ms(ceilings["send_message"]), ms(ceilings["read_messages"])
+
+    def tool(
+        name: str, *, title: str, description: str, params: list[Param], handler: Handler
+    ) -> Tool:
+        # What the three share: each writes (a receipt, a read mark), none is idempotent,
+        # each has its own host timeout, and all answer within the same content limit.
+        return make_tool(
+            name=name,
+            output_schema=output_schema(name),
+            annotations=hints(
+                read_only=False, destructive=False, idempotent=False, open_world=False
+            ),
+            engine_timeout=engine.get(name),
+            content_limit=limits.truncate_chars,
+            title=title,
+            description=description,
+            params=params,
+            handler=handler,
+        )
+
     return [
-        make_tool(
-            name="send_message",
-            output_schema=output_schema("send_message"),
+        tool(
+            "send_message",
             title="Send message",
             description=(
                 "Send a short message to another live agent (a task id or agent path from "
@@ -276,15 +295,9 @@ def build_message_tools(
                 ),
             ],
             handler=impl.send,
-            annotations=hints(
-                read_only=False, destructive=False, idempotent=False, open_world=False
-            ),
-            engine_timeout=engine.get("send_message"),
-            content_limit=limits.truncate_chars,
         ),
-        make_tool(
-            name="read_messages",
-            output_schema=output_schema("read_messages"),
+        tool(
+            "read_messages",
             title="Read messages",
             description=(
                 "Read the messages other agents sent you, oldest first (each is handed out "
@@ -316,15 +329,9 @@ def build_message_tools(
                 ),
             ],
             handler=impl.read,
-            annotations=hints(
-                read_only=False, destructive=False, idempotent=False, open_world=False
-            ),
-            engine_timeout=engine.get("read_messages"),
-            content_limit=limits.truncate_chars,
         ),
-        make_tool(
-            name="send_input",
-            output_schema=output_schema("send_input"),
+        tool(
+            "send_input",
             title="Send input",
             description=(
                 "Give one of your own subagents (by task id) follow-up input: a running one "
@@ -355,10 +362,5 @@ def build_message_tools(
                 ),
             ],
             handler=impl.send_input,
-            annotations=hints(
-                read_only=False, destructive=False, idempotent=False, open_world=False
-            ),
-            engine_timeout=engine.get("send_input"),
-            content_limit=limits.truncate_chars,
         ),
     ]
