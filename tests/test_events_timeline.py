@@ -23,6 +23,7 @@ import pytest
 from subagents._cli import main
 from subagents._event_runs import RunLog, TaskRun, read_run
 from subagents._event_timeline import CSP, render_timeline
+from subagents._events import COMPLETED, SPAWNED, Event
 from subagents._jsonl import read_events
 from tests import event_logs
 
@@ -301,3 +302,51 @@ def test_a_bar_is_linked_by_its_task_id_when_that_can_be_an_id() -> None:
     page = render_timeline(run, title="run.jsonl")
     assert 'id="task-a1b2-c3"' in page
     assert 'id="row-2" data-task="a b"' in page
+
+
+class Ids(HTMLParser):
+    """Every ``id`` attribute of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.ids.extend(value or "" for name, value in attrs if name == "id")
+
+
+def test_bar_ids_are_valid_html_ids_for_any_task_id() -> None:
+    """The page stays valid HTML whatever the log's task ids are: an id attribute must be
+    non-empty and hold no ASCII whitespace."""
+    events = []
+    for seq, task in enumerate(["a b", "a\tb", "a\nb"]):
+        events.append(
+            Event(
+                type=SPAWNED,
+                seq=2 * seq,
+                timestamp_ms=1000,
+                session_id="root",
+                task_id=task,
+                agent_path=f"/root/x{seq}",
+                data={"agent": "x"},
+            )
+        )
+        events.append(
+            Event(
+                type=COMPLETED,
+                seq=2 * seq + 1,
+                timestamp_ms=2000,
+                session_id="root",
+                task_id=task,
+                agent_path=f"/root/x{seq}",
+                data={"status": "completed", "duration_ms": 1000},
+            )
+        )
+    page = render_timeline(read_run(events), title="events.jsonl")
+    parser = Ids()
+    parser.feed(page)
+    assert len(parser.ids) == 3
+    assert len(set(parser.ids)) == 3  # unique
+    for value in parser.ids:
+        assert value
+        assert not re.search(r"[ \t\n\f\r]", value), repr(value)

@@ -293,6 +293,29 @@ def test_a_bad_conversation_id_is_refused_by_name(bad: object) -> None:
         SubagentConfig(conversation_id=bad)  # type: ignore[arg-type]
 
 
+async def test_a_host_tool_call_carries_the_run_conversation_id(otel: Otel) -> None:
+    """The host's own tool calls (the root spans of a run's traces) belong to the run's
+    conversation as much as its agents do."""
+    async with otel.install(SubagentManager(SPECS)) as manager:
+        tools = build_tools(manager, "root")
+        result = await tools.call("spawn_agent", {"agent": "echo", "input": "x"})
+        assert not result.is_error
+        await tools.call("wait_agent", {"task_ids": [], "timeout_ms": 0})
+        conversation = telemetry_of(manager).conversation_id
+    spans = otel.finished()
+    tool_spans = [span for span in spans if span.name.startswith("execute_tool ")]
+    assert tool_spans
+    agent_spans = [span for span in spans if span.name.startswith("invoke_agent ")]
+    assert {dict(s.attributes or {})["gen_ai.conversation.id"] for s in agent_spans} == {
+        conversation
+    }
+    for span in tool_spans:
+        attrs = dict(span.attributes or {})
+        # GenAI: Conditionally Required when available; Phoenix: the session of the span.
+        assert attrs.get("gen_ai.conversation.id") == conversation, span.name
+        assert attrs.get(SpanAttributes.SESSION_ID) == conversation, span.name
+
+
 # ------------------------------------------------------------------ usage spans
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from subagents import ConfigError, Request, Result, Ruleset, SpawnRejected, Usage
 from subagents._envelope import describe_exception
-from subagents._progress import Report
+from subagents._progress import MAX_OUTPUT_CHARS, Report
 from subagents.backends._ray_wire import (
     Exported,
     RemoteContext,
@@ -105,6 +105,18 @@ def test_a_snapshot_says_whether_a_report_replaced_the_output() -> None:
     assert not snapshot.replaced
     snapshot.apply(Report(output="fresh"))
     assert snapshot.replaced
+
+
+def test_the_remote_snapshot_keeps_no_more_output_than_an_envelope_holds() -> None:
+    # Locally, output past MAX_OUTPUT_CHARS is counted, not kept, and each append costs
+    # what it appends; a remote snapshot that concatenated everything would copy all
+    # before it at each append and ship it all back in the reply.
+    ctx = RemoteContext(shipped(remaining=None), Sink())  # no deadline: no event loop needed
+    chunk = "x" * 100_000
+    for _ in range(3 * MAX_OUTPUT_CHARS // len(chunk)):
+        ctx.report(append=chunk)
+    assert ctx.progress is not None
+    assert len(pickle.dumps(ctx.progress)) < 2 * MAX_OUTPUT_CHARS
 
 
 async def test_the_remote_context_has_the_runs_identity_and_deadline() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import anyio
+import attrs
 
 from subagents import AgentSpec, Request, Result, RunContext, Usage
 from subagents._json import loads
@@ -50,3 +51,7 @@ async def _prompted(request: Request, ctx: RunContext) -> str:
 ECHO = AgentSpec(name="echo", runner=_echo)
 NOOP = AgentSpec(name="noop", runner=_noop)
 TWO = [ECHO, AgentSpec(name="shout", runner=_prompted)]
+
+
+SHORT = attrs.evolve(ECHO, name="short", timeout=0.2)
+"""``--agent tests.batch.agents:SHORT``: echo with a watchdog of its own."""

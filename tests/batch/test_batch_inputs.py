@@ -1,10 +1,14 @@
-"""``subagents batch run --input``: JSONL, CSV and stdin; ids, duplicates, malformed lines."""
+"""``subagents batch run --input``: JSONL, CSV and stdin; ids, duplicates, malformed lines,
+line ends and line numbers, huge cells and integers beyond 64 bits."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from subagents._cli_batch_inputs import read_items
+from subagents._json import dumps, dumps_str
 from tests.batch.support import batch, by_id, write_jsonl
 
 AGENT = "tests.batch.agents:ECHO"
@@ -140,3 +144,118 @@ def test_a_missing_input_file_is_a_usage_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "--input missing.jsonl" in done.stderr
+
+
+def test_a_csv_cell_over_128_kib_is_no_traceback(tmp_path: Path) -> None:
+    (tmp_path / "items.csv").write_text("id,text\na," + "x" * 200_000 + "\nb,short\n")
+    done = batch(
+        "run", "--input", "items.csv", "--out", "out.jsonl", "--id-field", "id",
+        "--agent", AGENT, "--progress", "none", cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "b" in by_id(tmp_path / "out.jsonl"), "the other rows run"
+
+
+def _ids_and_lines(
+    path: Path, id_field: str | None = "id"
+) -> tuple[list[tuple[str, int]], list[int]]:
+    found = read_items(str(path), id_field=id_field, fmt=None, rename_duplicates=False)
+    return [(i.id, i.line) for i in found.items], [line for line, _ in found.malformed]
+
+
+def test_a_jsonl_string_holding_u2028_or_nel_is_one_item_on_its_own_line(
+    tmp_path: Path,
+) -> None:
+    # JSON allows U+2028, U+2029 and U+0085 unescaped inside a string (json.dumps with
+    # ensure_ascii=False writes them so); only "\n" (and "\r") end a JSONL line.
+    path = tmp_path / "items.jsonl"
+    path.write_text(
+        '{"id": "a", "text": "x\u2028y"}\n{"id": "b", "text": "x\x85y"}\n{"id": "c"}\n',
+        encoding="utf-8",
+    )
+    assert _ids_and_lines(path) == ([("a", 1), ("b", 2), ("c", 3)], [])
+
+
+def test_a_csv_cell_over_128_kib_is_read_not_raised_as_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "items.csv"
+    path.write_text("id,text\na," + "x" * 200_000 + "\nb,short\n")
+    items, malformed = _ids_and_lines(path)  # csv.Error: field larger than field limit (131072)
+    assert ("b", 3) in items
+    assert [i for i, _ in items] == ["a", "b"] or malformed == [2]
+
+
+def test_a_line_that_is_not_utf8_is_malformed_with_its_number_and_the_others_run(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "items.jsonl"
+    path.write_bytes(b'{"id": "a"}\n{"id": "caf\xe9"}\n{"id": "c"}\n')
+    # One bad line is one malformed item, not a refusal of the whole input.
+    assert _ids_and_lines(path) == ([("a", 1), ("c", 3)], [2])
+
+
+def test_blank_lines_before_a_csv_header_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "items.csv"
+    path.write_text("\nid,text\na,1\nb,2\n")
+    # Taken as the header, the blank line has no columns, and every row is "2 fields
+    # where the header has 0".
+    assert _ids_and_lines(path) == ([("a", 3), ("b", 4)], [])
+
+
+def test_a_multiline_csv_record_is_numbered_by_the_line_it_starts_on(tmp_path: Path) -> None:
+    path = tmp_path / "items.csv"
+    path.write_text('text,n\n"two\nlines",1\nplain,2\n')
+    # An editor shows the first record on line 2; csv's line_num is the line it ends on.
+    assert _ids_and_lines(path, id_field=None) == ([("2", 2), ("4", 4)], [])
+
+
+def _items(path: Path, id_field: str | None = None) -> list[tuple[str, int, dict[str, object]]]:
+    found = read_items(str(path), id_field=id_field, fmt=None, rename_duplicates=False)
+    assert found.malformed == []
+    return [(i.id, i.line, i.fields) for i in found.items]
+
+
+def test_a_csv_with_cr_line_endings_is_read_not_raised(tmp_path: Path) -> None:
+    # Classic Mac line endings (Excel's "CSV (Macintosh)"): the csv module reads them,
+    # and so must the unterminated-quote check, which counting only "\n" would raise
+    # ValueError.
+    path = tmp_path / "items.csv"
+    path.write_bytes(b"id,v\r1,a\r2,b\r")
+    assert [(i, f) for i, _, f in _items(path, "id")] == [
+        ("1", {"id": "1", "v": "a"}),
+        ("2", {"id": "2", "v": "b"}),
+    ]
+
+
+def test_a_quoted_cr_in_a_csv_cell_shifts_no_later_line_number(tmp_path: Path) -> None:
+    # A bare "\r" inside a quoted cell is no line end for an editor (nor for the JSONL
+    # reader, which ends lines at "\n" only), but reader.line_num counts it as one: read
+    # so, every later record is numbered one too high, and its default id changes.
+    path = tmp_path / "items.csv"
+    path.write_bytes(b'id,v\n1,"a\rb"\n2,c\n')
+    assert [(i, line) for i, line, _ in _items(path)] == [("2", 2), ("3", 3)]
+
+
+def test_a_jsonl_integer_beyond_64_bits_is_kept_exact(tmp_path: Path) -> None:
+    # orjson reads an integer over 64 bits as a float: 18446744073709551616 would become
+    # 1.8446744073709552e+19, filled into {n} and sent on stdin so, and as an --id-field
+    # no usable id at all.
+    path = tmp_path / "items.jsonl"
+    path.write_text('{"id": 18446744073709551616, "n": 123456789012345678901234567890}\n')
+    [(item_id, _, fields)] = _items(path, "id")
+    assert item_id == "18446744073709551616"
+    assert fields["n"] == 123456789012345678901234567890
+
+
+def test_json_writes_an_integer_beyond_64_bits_exactly_and_refuses_what_it_refused() -> None:
+    """The fallback to the stdlib is for orjson's refused integers only: a value orjson
+    refuses for another reason (a key that is not text) is still refused."""
+    assert dumps_str({"n": [2**70, -(2**63), 2**64 - 1]}) == (
+        '{"n":[1180591620717411303424,-9223372036854775808,18446744073709551615]}'
+    )
+    assert dumps(-(2**63) - 1) == b"-9223372036854775809"
+    with pytest.raises(TypeError):
+        dumps_str({1: 2})
+    with pytest.raises(TypeError):  # a lone surrogate beside a big integer: still refused
+        dumps_str([2**70, "\ud800"])
+    with pytest.raises(TypeError):
+        dumps_str({1: 2**70})

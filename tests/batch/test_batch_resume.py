@@ -147,3 +147,41 @@ def test_a_signal_during_the_retry_failed_rewrite_leaves_no_temporary_file(
     assert retried.returncode != 0, retried.stderr
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out.")) == ["out.jsonl"]
     assert [line["id"] for line in results(tmp_path / "out.jsonl")] == ["ok"]
+
+
+def test_resume_without_a_journal_for_the_results_reruns_nothing_the_file_holds(
+    tmp_path: Path,
+) -> None:
+    write_jsonl(tmp_path / "items.jsonl", [{"id": "a"}, {"id": "b"}])
+    runs = tmp_path / "runs"
+    args = (
+        "run", "--input", "items.jsonl", "--out", "out.jsonl", "--id-field", "id",
+        "--agent", AGENT, "--progress", "none",
+    )  # fmt: skip
+    first = batch(*args, cwd=tmp_path, runs=runs)
+    assert first.returncode == 0, first.stderr
+    kept = (tmp_path / "out.jsonl").read_bytes()
+    # The store is elsewhere now (a --store forgotten, a cleaned .subagents, a results
+    # file reached through a symlink): --resume finds no journal of this batch, and must
+    # neither empty the results file nor run every item again without a word.
+    resumed = batch(*args, "--resume", "--store", "elsewhere.db", cwd=tmp_path, runs=runs)
+    assert runs_of(runs) == ["a", "b"], "finished items ran again: " + resumed.stderr
+    assert (tmp_path / "out.jsonl").read_bytes().startswith(kept), "the results were discarded"
+
+
+def test_retry_failed_writes_every_id_once_when_a_failure_is_not_the_last_line(
+    tmp_path: Path,
+) -> None:
+    # reconcile must report every id the rewrite kept, also those after the first line
+    # it drops; one it missed, _plan would append again beside the copy kept.
+    args = (
+        "run", "--input", "items.jsonl", "--out", "out.jsonl", "--id-field", "id",
+        "--agent", AGENT, "--progress", "none",
+    )  # fmt: skip
+    write_jsonl(tmp_path / "items.jsonl", [{"id": "bad", "fail": "x"}, {"id": "ok"}])
+    first = batch(*args, "-j", "1", cwd=tmp_path)
+    assert first.returncode == 1, first.stderr
+    write_jsonl(tmp_path / "items.jsonl", [{"id": "bad"}, {"id": "ok"}])
+    retried = batch(*args, "--retry-failed", cwd=tmp_path)
+    assert retried.returncode == 0, retried.stderr
+    assert sorted(by_id(tmp_path / "out.jsonl")) == ["bad", "ok"]  # by_id: no id twice

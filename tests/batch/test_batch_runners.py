@@ -134,3 +134,44 @@ def test_a_bad_agent_reference_is_a_usage_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "'MISSING' not found" in done.stderr
+
+
+def test_an_unbalanced_quote_in_command_is_a_usage_error_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    write_jsonl(tmp_path / "items.jsonl", [{"id": "a"}])
+    done = batch(
+        "run", "--input", "items.jsonl", "--out", "out.jsonl", "--command", "echo 'oops",
+        "--progress", "none", cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2
+    assert "--command" in done.stderr
+
+
+def test_an_error_names_the_batch_command_not_the_value_of_its_command_option(
+    tmp_path: Path,
+) -> None:
+    # batch run's --command shares its name with the dest of the top-level subcommand
+    # ("command"): main()'s OSError net must not print "subagents true: ..." (or
+    # "subagents None: ..." with --agent) for a missing --input.
+    for runner in (("--command", "true"), ("--agent", AGENT)):
+        done = batch(
+            "run", "--input", "missing.jsonl", "--out", "out.jsonl", *runner,
+            "--progress", "none", cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode in (1, 2)
+        assert done.stderr.startswith("subagents batch"), done.stderr
+
+
+def test_an_agents_own_timeout_holds_when_timeout_is_not_given(tmp_path: Path) -> None:
+    # A spawn's timeout overrides the spec's own (the library's order: the spawn's, the
+    # agent's, the config's), so --timeout left out must pass none; as --retries left out
+    # keeps the spec's retry policy, --timeout left out keeps its timeout.
+    write_jsonl(tmp_path / "items.jsonl", [{"id": "slow", "sleep": 3}])
+    done = batch(
+        "run", "--input", "items.jsonl", "--out", "out.jsonl", "--id-field", "id",
+        "--agent", "tests.batch.agents:SHORT", "--progress", "none",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert by_id(tmp_path / "out.jsonl")["slow"]["status"] == "timeout", done.stderr

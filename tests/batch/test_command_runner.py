@@ -122,3 +122,54 @@ async def test_an_exit_whose_stdout_stays_open_past_the_bound_is_an_error_keepin
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
     assert (result.status.value, result.output) == ("error", "hi\n")
     assert "stdout was still open" in result.error
+
+
+async def test_a_command_that_exits_leaving_a_child_on_its_stdout_returns_at_its_exit(
+    tmp_path: Path,
+) -> None:
+    # The module promises that after a normal exit the group is signalled, "which ends
+    # the background processes the command left"; a run that drained stdout to EOF first
+    # would hang while the background child holds it open (or the watchdog would turn a
+    # command that exited 0 into a timeout).
+    pid_file = tmp_path / "pid"
+    runner = CommandRunner(["sh", "-c", f"sleep 30 & echo $! > {pid_file}; echo hi"], grace=0.1)
+    with anyio.fail_after(5):  # a bound on a hang only: the run returns at once
+        output, code, _ = await runner.run(runner.argv({}), b"")
+    assert (output, code) == ("hi\n", 0)
+    await anyio.to_thread.run_sync(wait_ended, [int(pid_file.read_text())])
+
+
+def test_an_unbalanced_quote_in_a_template_is_a_config_error_naming_command() -> None:
+    # Not shlex's bare ValueError("No closing quotation"), which the CLI would print as
+    # a traceback for --command "echo 'oops".
+    with pytest.raises(ConfigError, match="command"):
+        CommandRunner("echo 'oops")
+
+
+def test_a_negative_retries_is_a_config_error_naming_retries() -> None:
+    # Not RetryPolicy's "attempts", a parameter the caller never passed.
+    with pytest.raises(ConfigError, match="retries"):
+        command_agent("true", retries=-1)
+
+
+def test_a_float_field_is_filled_as_json_not_as_the_digits_of_its_integer() -> None:
+    # "anything else as JSON": 1e300 is "1e300", not a 301-digit integer nobody wrote.
+    filled = fill_template("{x}", {"x": 1e300})
+    assert float(filled) == 1e300
+    assert len(filled) < 30, filled[:40]
+
+
+async def test_a_stderr_tail_of_zero_keeps_no_stderr() -> None:
+    # keep = 0 is a trap of slicing: `del into[:-0]` deletes nothing and `text[-0:]` is
+    # the whole text, which would keep all of stderr, unbounded.
+    runner = CommandRunner("sh -c 'echo noisy >&2; exit 3'", stderr_tail=0)
+    _, code, tail = await runner.run(runner.argv({}), b"")
+    assert (code, tail) == (3, "")
+
+
+def test_nested_closing_braces_of_a_template_that_holds_no_field_stay_as_written() -> None:
+    # Single braces around anything but a name are kept (``awk '{print $1}'``), so a jq
+    # filter or a JSON literal reads as written; two adjacent closing braces too, which
+    # collapsed into one would silently turn valid jq or JSON into a syntax error.
+    assert fill_template("{a: {b: .x}}", {}) == "{a: {b: .x}}"
+    assert fill_template('{"a":{"b":1}}', {}) == '{"a":{"b":1}}'

@@ -1,6 +1,7 @@
 """max_children and max_agents hold on every spawn path, like max_depth: a manager's
 spawn and execute, the tools, and a runner's nested ctx.spawn and ctx.execute. The tools
-turn each refusal (and an exhausted budget) into a result a model can act on."""
+turn each refusal (and an exhausted budget) into a result a model can act on, and answer
+with the budget left as a bounded JSON integer however large the budget."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from subagents import (
     Usage,
 )
 from subagents.tools import build_tools
+from subagents.tools._schema import MAX_INT
 from tests.helpers import spec
 
 pytestmark = pytest.mark.anyio
@@ -225,6 +227,37 @@ async def test_delegate_and_wait_answer_a_huge_time_as_a_bounded_json_integer() 
         assert answer.details["budget"] == {"time_ms": 2**53 - 1}
         orjson.dumps(answer.details)
     assert delegated.details["timeout_ms"] == 2**53 - 1
+
+
+def manager() -> SubagentManager:
+    return SubagentManager([spec("idle", idle)], config=SubagentConfig(spawn_timeout=None))
+
+
+async def test_spawn_agent_under_a_huge_seconds_budget_answers_with_the_spawned_task() -> None:
+    """A Budget takes any finite number of seconds, so the tools' answers under a large
+    (valid) one must still be a success."""
+    async with manager() as m:
+        m.open_session("conv", budget=Budget(seconds=1.7e308))
+        answer = await build_tools(m, "conv").call("spawn_agent", {"agent": "idle", "input": "x"})
+        spawned = m.statistics().spawned
+    # The child was spawned; an answer saying the call failed invites a second spawn.
+    assert spawned == 1
+    assert not answer.is_error, answer.content
+
+
+async def test_the_budget_left_in_an_answer_is_a_bounded_json_integer() -> None:
+    """What the answer reports must stay a JSON integer the tools' other fields stay
+    within (2**53 - 1)."""
+    async with manager() as m:
+        m.open_session("conv", budget=Budget(seconds=1e300))
+        answer = await build_tools(m, "conv").call("spawn_agent", {"agent": "idle", "input": "x"})
+    assert not answer.is_error
+    left = answer.details["budget"]
+    assert isinstance(left, dict)
+    time_ms = left["time_ms"]
+    assert isinstance(time_ms, int)
+    assert time_ms <= MAX_INT
+    orjson.dumps(answer.details)  # JSON integers stop at 64 bits
 
 
 async def test_openai_strict_mode_lists_every_budget_field_as_required() -> None:

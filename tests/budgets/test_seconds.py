@@ -130,3 +130,17 @@ async def test_a_sessions_time_ends_each_of_its_queued_children_and_nothing_else
         assert envelope.error == "budget of 5 s of session 'conv' ran out"
     assert blocker.result is not None
     assert blocker.result.ok
+
+
+async def test_a_queued_child_of_a_session_ends_when_the_sessions_time_is_up() -> None:
+    """A session's seconds budget counts from its opening, so the tree is over when it
+    runs out, even for a child still waiting in the queue for a slot."""
+    async with manager(max_concurrent_spawns=1, spawn_timeout=None) as m:
+        start = anyio.current_time()
+        m.spawn("sleep", "100", session_id="other")  # holds the one slot for 100 s
+        m.open_session("conv", budget=Budget(seconds=5))
+        envelope = await m.spawn("sleep", "1", session_id="conv").wait()
+        ended = anyio.current_time() - start
+    assert envelope.status is Status.TIMEOUT
+    assert envelope.error_type == "BudgetExceeded"
+    assert ended == pytest.approx(5)  # not when the slot frees, 95 s past the budget

@@ -6,10 +6,13 @@ the ``structuredContent`` of each successful one against the tool's ``outputSche
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from subagents import SubagentConfig
 from tests.mcp.support import MODES, Gates, connected, spawn, structured, text
 
 pytestmark = pytest.mark.anyio
@@ -105,6 +108,24 @@ async def test_bad_arguments_are_an_error_result_naming_the_field(
     assert structured(result) == {"error": "invalid_arguments", "field": field}
     assert text(result).startswith("invalid arguments: ")
     assert field in text(result)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_refused_task_id_is_never_looked_up_in_the_store(
+    mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``wait_agent`` call whose arguments the toolset refuses does nothing else first:
+    the server's progress reporter looks its ids up only once the toolset has validated
+    them."""
+    config = SubagentConfig(store_path=tmp_path / "runs.db")
+    async with connected(mode, config=config) as (_, client):
+        with caplog.at_level(logging.WARNING, logger="subagents"):
+            result = await client.call_tool("wait_agent", {"task_ids": "\ud800"})
+    assert result.is_error is True
+    assert structured(result) == {"error": "invalid_arguments", "field": "task_ids"}
+    # A lookup by the reporter would log a store failure for an argument the toolset
+    # refused, which never was the store's business.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @pytest.mark.parametrize("mode", MODES)

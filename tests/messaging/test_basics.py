@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import anyio.lowlevel
 import pytest
@@ -12,11 +14,14 @@ from subagents import (
     ConfigError,
     Message,
     Receipt,
+    Request,
+    RunContext,
     SpawnRejected,
     SubagentConfig,
     SubagentManager,
     UnknownPeer,
 )
+from subagents._manager import messaging_of
 from subagents._messages import MessageIds
 from subagents._messages import advance as advance_receipt
 from subagents._messages import fail as fail_receipt
@@ -196,3 +201,115 @@ def test_a_receipt_is_read_only_to_its_holder() -> None:
 def test_the_message_bounds_are_public() -> None:
     assert subagents.MAX_MESSAGE_CHARS == 16_000
     assert subagents.DEFAULT_INBOX_CAPACITY == SubagentConfig().inbox_capacity == 100
+
+
+async def test_a_reply_sent_to_a_third_agent_does_not_mark_the_question_replied() -> None:
+    """`replied` means the asker got an answer: a message with `reply_to` the question's id
+    sent to somebody else is not one (a receipt never says more than happened)."""
+    gate = Gate()
+    took = anyio.Event()
+
+    async def reader(request: Request, ctx: RunContext) -> str:
+        message = await ctx.recv()
+        assert message is not None
+        took.set()
+        await gate.open.wait()
+        return "read"
+
+    async with SubagentManager([spec("p", gate.parked("p")), spec("r", reader)]) as manager:
+        asker = manager.spawn("p")
+        replier = manager.spawn("r")
+        await gate.started_event("p").wait()
+        receipt = messaging_of(manager).send(asker.task_id, replier.task_id, "question")
+        await took.wait()
+        assert receipt.state == "read"
+        messaging_of(manager).send(
+            replier.task_id, "root", "aside to the host", reply_to=receipt.message_id
+        )
+        assert receipt.state == "read"  # the asker got nothing back
+        gate.open.set()
+
+
+async def test_a_reply_refused_by_a_full_inbox_does_not_mark_the_question_replied() -> None:
+    gate = Gate()
+    took = anyio.Event()
+
+    async def reader(request: Request, ctx: RunContext) -> str:
+        message = await ctx.recv()
+        assert message is not None
+        took.set()
+        await gate.open.wait()
+        return "read"
+
+    config = SubagentConfig(inbox_capacity=1)
+    async with SubagentManager([spec("r", reader)], config=config) as manager:
+        child = manager.spawn("r")
+        question = manager.send(child.task_id, "question")
+        await took.wait()
+        messaging_of(manager).send(child.task_id, "root", "fills the host's inbox")
+        reply = messaging_of(manager).send(
+            child.task_id, "root", "the answer", reply_to=question.message_id
+        )
+        assert reply.reason == "full"
+        assert question.state == "read"  # the answer never reached the host
+        gate.open.set()
+
+
+async def test_a_host_session_cannot_message_another_sessions_agents() -> None:
+    """Sessions are isolated everywhere else (wait_result, wait_agent, peers() list only
+    the sender's tree); a send by task id or session id must not cross into another tree."""
+    gate = Gate()
+    async with SubagentManager([spec("p", gate.parked("p"))]) as manager:
+        theirs = manager.spawn("p", session_id="b")
+        await gate.started_event("p").wait()
+        assert manager.peers(session_id="a") == []
+        with pytest.raises(UnknownPeer):
+            manager.send(theirs.task_id, "injected into another tree", session_id="a")
+        gate.open.set()
+
+
+@pytest.mark.parametrize("reply_to", ["   ", "\n"])
+async def test_a_blank_reply_to_is_an_error_naming_the_field(reply_to: str) -> None:
+    gate = Gate()
+    async with SubagentManager([spec("p", gate.parked("p"))]) as manager:
+        child = manager.spawn("p")
+        await gate.started_event("p").wait()
+        with pytest.raises(ConfigError) as caught:
+            manager.send(child.task_id, "hello", reply_to=reply_to)
+        assert caught.value.field == "reply_to"
+        gate.open.set()
+
+
+async def test_a_receipt_cannot_be_moved_by_the_caller_holding_it() -> None:
+    """Receipt is read-only to its holder: a caller cannot make the manager's receipt
+    say ``replied`` (or ``failed``) when that did not happen."""
+    gate = Gate()
+    async with SubagentManager([spec("p", gate.parked("p"))]) as manager:
+        child = manager.spawn("p")
+        await gate.started_event("p").wait()
+        receipt = manager.send(child.task_id, "hello")
+        with contextlib.suppress(AttributeError, TypeError):
+            receipt.advance("replied")  # a caller's mistake the receipt must not take
+        assert receipt.state == "queued"
+        with contextlib.suppress(AttributeError, TypeError):
+            receipt.fail("full", "made up by the caller")
+        assert receipt.state == "queued"
+        gate.open.set()
+        await child.wait()
+
+
+async def test_a_broadcast_to_a_tree_past_max_peers_says_whom_it_left_out() -> None:
+    """1,001 live agents (queued behind one slot): past ``max_peers`` the broadcast gives
+    999 of them a receipt, and must say how many it left out rather than drop them
+    silently."""
+    gate = Gate()
+    config = SubagentConfig(max_concurrent_spawns=1)
+    async with SubagentManager([spec("p", gate.parked("p"))], config=config) as manager:
+        handles = [manager.spawn("p") for _ in range(1001)]
+        receipt = manager.send("*", "everyone")
+        missing = {h.task_id for h in handles} - {r.to for r in receipt.recipients}
+        for handle in handles:
+            manager.cancel(handle.task_id)
+        assert not missing or str(len(missing)) in receipt.detail, (
+            f"{len(missing)} live agents got no receipt and the broadcast's says nothing"
+        )

@@ -9,7 +9,7 @@ import pytest
 from subagents import Event, Request, RunContext, SubagentConfig, SubagentManager
 from subagents._events import MESSAGE
 from subagents.tools import build_tools
-from tests.messaging.support import spec
+from tests.messaging.support import Gate, spec
 from tests.otel_support import Otel
 
 pytestmark = pytest.mark.anyio
@@ -137,3 +137,20 @@ async def test_a_revived_runs_span_links_to_the_run_it_revives(otel: Otel) -> No
     [link] = new.links
     assert link.context.span_id == old.context.span_id  # type: ignore[union-attr]
     assert dict(link.attributes or {})["subagents.task_id"] == first.task_id
+
+
+async def test_a_body_stays_out_of_the_tool_span_without_capture_content(otel: Otel) -> None:
+    gate = Gate()
+    manager = otel.install(SubagentManager([spec("p", gate.parked("p"))]))
+    async with manager:
+        child = manager.spawn("p")
+        await gate.started_event("p").wait()
+        tools = build_tools(manager, "root", messaging=True)
+        body = "SECRET-" + "x" * 16_000  # one character too many
+        result = await tools.call("send_message", {"to": child.task_id, "message": body})
+        assert result.is_error
+        gate.open.set()
+    for span in otel.finished():
+        texts = [str(span.attributes), str(span.status.description)]
+        texts += [str(e.attributes) for e in span.events]
+        assert not any("SECRET" in t for t in texts), span.name

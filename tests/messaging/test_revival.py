@@ -1,14 +1,13 @@
-"""Ended resumable agents revived by a message; busy agents answering on the side."""
+"""Ended resumable agents revived by a message: one follow-up run, messages forwarded to it,
+replies threaded, cancelled agents left ended."""
 
 from __future__ import annotations
 
 import anyio
-import anyio.lowlevel
 import pytest
 
-from subagents import Message, Reply, Request, RunContext, SubagentConfig, SubagentManager
+from subagents import Receipt, Reply, Request, RunContext, SubagentManager
 from subagents._manager import messaging_of
-from tests.helpers import clock_backends, on_mock_clock
 from tests.messaging.support import Gate, spec
 
 pytestmark = pytest.mark.anyio
@@ -108,126 +107,6 @@ async def test_follow_up_input_to_an_ended_resumable_child_fails_ended() -> None
         assert len(manager.tasks()) == 1
 
 
-@pytest.mark.parametrize("anyio_backend", clock_backends())
-async def test_a_busy_recipients_responder_answers_before_the_senders_timeout(
-    anyio_backend: object,
-) -> None:
-    gate = Gate()
-
-    async def busy(request: Request, ctx: RunContext) -> str:
-        gate.started_event("busy").set()
-        await gate.open.wait()  # blocked: it never reaches a delivery point meanwhile
-        return f"asides: {[(m.body, r.body if r else None) for m, r in ctx.asides()]}"
-
-    async def responder(message: Message, ctx: RunContext) -> str:
-        return f"busy right now; got {message.body!r}"
-
-    async with SubagentManager([spec("busy", busy, on_message=responder)]) as manager:
-        child = manager.spawn("busy")
-        await gate.started_event("busy").wait()
-        started = anyio.current_time()
-        reply = await manager.ask(child.task_id, "status?", timeout=30)
-        assert reply.outcome == "replied"
-        assert reply.message is not None
-        assert reply.message.body == "busy right now; got 'status?'"
-        assert reply.receipt.state == "replied"
-        if on_mock_clock(anyio_backend):
-            assert anyio.current_time() - started < 1
-        gate.open.set()
-        out = (await child.wait()).output
-        assert out == "asides: [('status?', \"busy right now; got 'status?'\")]"
-
-
-async def test_a_responder_leaves_unawaited_messages_to_the_runner() -> None:
-    calls: list[str] = []
-
-    async def reader(request: Request, ctx: RunContext) -> str:
-        message = await ctx.recv(timeout=10)
-        return "none" if message is None else message.body
-
-    async def responder(message: Message, ctx: RunContext) -> str:
-        calls.append(message.body)
-        return "auto"
-
-    async with SubagentManager([spec("r", reader, on_message=responder)]) as manager:
-        child = manager.spawn("r")
-        manager.send(child.task_id, "plain")
-        assert (await child.wait()).output == "plain"
-        assert calls == []
-
-
-@pytest.mark.parametrize("anyio_backend", clock_backends())
-async def test_a_responder_that_answers_nothing_leaves_the_asker_to_its_timeout(
-    anyio_backend: object,
-) -> None:
-    gate = Gate()
-
-    async def busy(request: Request, ctx: RunContext) -> str:
-        gate.started_event("busy").set()
-        await gate.open.wait()
-        return repr([(m.body, r) for m, r in ctx.asides()])
-
-    async def silent(message: Message, ctx: RunContext) -> None:
-        return None
-
-    async with SubagentManager([spec("busy", busy, on_message=silent)]) as manager:
-        child = manager.spawn("busy")
-        await gate.started_event("busy").wait()
-        reply = await manager.ask(child.task_id, "anyone?", timeout=0.2)
-        assert reply.outcome == "timeout"
-        assert reply.receipt.state == "read"  # the responder read it, and said nothing
-        gate.open.set()
-        assert (await child.wait()).output == "[('anyone?', None)]"
-
-
-async def test_an_awaited_message_to_a_recipient_waiting_in_recv_reaches_its_runner() -> None:
-    calls: list[str] = []
-
-    async def reader(request: Request, ctx: RunContext) -> str:
-        message = await ctx.recv(timeout=10)
-        assert message is not None
-        ctx.send(message.from_, "from the runner", reply_to=message.id)
-        return message.body
-
-    async def responder(message: Message, ctx: RunContext) -> str:
-        calls.append(message.body)
-        return "from the responder"
-
-    async with SubagentManager([spec("r", reader, on_message=responder)]) as manager:
-        child = manager.spawn("r")
-        while not messaging_of(manager).postbox.reading(child.task_id, "root"):
-            await anyio.lowlevel.checkpoint()  # until the runner waits in recv
-        reply = await manager.ask(child.task_id, "question", timeout=10)
-        assert reply.message is not None
-        assert reply.message.body == "from the runner"
-        assert calls == []
-
-
-async def test_two_agents_asking_each_other_are_answered_by_their_responders() -> None:
-    """Each is blocked in its own ask, which waits for its reply only: neither runner can
-    read the other's question, so each one's responder answers it."""
-    running: list[str] = []
-    both = anyio.Event()
-
-    async def asker(request: Request, ctx: RunContext) -> str:
-        running.append(ctx.task_id)
-        if len(running) == 2:
-            both.set()
-        await both.wait()
-        peer = next(p.id for p in ctx.peers() if p.agent == "asker")
-        reply = await ctx.ask(peer, f"hi from {ctx.task_id}", timeout=10)
-        return reply.message.body if reply.message else reply.outcome
-
-    async def responder(message: Message, ctx: RunContext) -> str:
-        return "busy asking you"
-
-    async with SubagentManager([spec("asker", asker, on_message=responder)]) as manager:
-        first = manager.spawn("asker")
-        second = manager.spawn("asker")
-        outputs = [(await first.wait()).output, (await second.wait()).output]
-        assert outputs == ["busy asking you", "busy asking you"]
-
-
 async def test_an_ask_to_an_ended_resumable_agent_is_answered_by_its_follow_up() -> None:
     """The follow-up run's context names the messages that revived it, so it can thread
     its answer: the asker's ``ask`` gets it and the receipt says ``replied``."""
@@ -281,32 +160,134 @@ async def test_unread_messages_of_a_resumable_agent_that_ends_revive_it_once() -
         assert len(manager.tasks()) == 3  # the two first runs and exactly one follow-up
 
 
-async def test_an_awaited_message_to_a_queued_recipient_goes_to_its_responder_at_start() -> None:
-    gate, busy = Gate(), Gate()
+async def test_a_revived_runs_reply_marks_the_message_that_revived_it_replied() -> None:
+    gate = anyio.Event()
+    reviving: list[Receipt] = []
 
-    async def responder(message: Message, ctx: RunContext) -> str:
-        return f"busy; got {message.body}"
+    async def memo(request: Request, ctx: RunContext) -> str:
+        if ctx.previous is not None:
+            await gate.wait()
+            ctx.send("/root", "the answer", reply_to=reviving[0].message_id)
+        return "done"
 
-    config = SubagentConfig(max_concurrent_spawns=1)
-    agents = [
-        spec("hog", gate.parked("hog")),
-        spec("busy", busy.parked("busy"), on_message=responder),
-    ]
-    async with SubagentManager(agents, config=config) as manager:
-        manager.spawn("hog")
-        await gate.started_event("hog").wait()
-        queued = manager.spawn("busy")  # waits for the hog's slot
+    async with SubagentManager([spec("memo", memo, resumable=True)]) as manager:
+        first = manager.spawn("memo")
+        await first.wait()
+        receipt = manager.send(first.task_id, "a follow-up")
+        assert receipt.delivery == "revived"
+        assert receipt.task_id is not None
+        reviving.append(receipt)
+        gate.set()
+        await manager.handle(receipt.task_id).wait()
+        [reply] = manager.inbox()
+        assert reply.reply_to == receipt.message_id
+        assert receipt.state == "replied"
+
+
+async def test_forgetting_a_revived_agents_runs_leaves_no_forwarding_behind() -> None:
+    async def memo(request: Request, ctx: RunContext) -> str:
+        return "done"
+
+    async with SubagentManager([spec("memo", memo, resumable=True)]) as manager:
+        first = manager.spawn("memo")
+        await first.wait()
+        receipt = manager.send(first.task_id, "again")
+        assert receipt.task_id is not None
+        await manager.handle(receipt.task_id).wait()
+        manager.forget(receipt.task_id)
+        manager.forget(first.task_id)
+        assert messaging_of(manager)._forward == {}
+
+
+async def test_a_message_to_a_long_revived_agent_reaches_its_live_run_not_a_duplicate() -> None:
+    """Messages to the first run's id follow the chain of follow-up runs; past 1,000
+    revivals the walk stops at an ended run and revives it again beside the live one."""
+    gate = anyio.Event()
+    park = False
+
+    async def memo(request: Request, ctx: RunContext) -> str:
+        if park:
+            await gate.wait()
+        return "ok"
+
+    async with SubagentManager([spec("memo", memo, resumable=True)]) as manager:
+        first = manager.spawn("memo")
+        await first.wait()
+        for n in range(1001):
+            receipt = manager.send(first.task_id, f"again {n}")
+            assert receipt.task_id is not None
+            await manager.handle(receipt.task_id).wait()
+        park = True
+        live = manager.send(first.task_id, "the live run")
+        assert live.delivery == "revived"
+        later = manager.send(first.task_id, "for the live run")
+        assert (later.state, later.to) == ("queued", live.task_id)
+        gate.set()
+
+
+async def test_an_ask_that_revives_an_ending_agent_waits_for_the_follow_ups_answer() -> None:
+    """The ask was unread when its resumable recipient ended: the message revives it
+    (receipt ``revived``), so the ask must not return ``ended`` at once; it gets the
+    follow-up run's answer."""
+    gate = Gate()
+
+    async def memo(request: Request, ctx: RunContext) -> str:
+        if ctx.previous is None:
+            gate.started_event("memo").set()
+            await gate.open.wait()
+            return "first"
+        for message in ctx.revived_by:
+            ctx.send(message.from_, f"answer to {message.body}", reply_to=message.id)
+        return "follow-up"
+
+    async with SubagentManager([spec("memo", memo, resumable=True)]) as manager:
+        first = manager.spawn("memo")
+        await gate.started_event("memo").wait()
+        replies: list[Reply] = []
         async with anyio.create_task_group() as tg:
-            replies: list[Reply] = []
 
             async def ask() -> None:
-                replies.append(await manager.ask(queued.task_id, "status?", timeout=10))
+                replies.append(await manager.ask(first.task_id, "status?", timeout=10))
 
             tg.start_soon(ask)
             await anyio.wait_all_tasks_blocked()
-            gate.open.set()  # the hog ends; the busy one starts, parked
+            gate.open.set()
         [reply] = replies
+        assert reply.receipt.delivery == "revived"
         assert reply.outcome == "replied"
         assert reply.message is not None
-        assert reply.message.body == "busy; got status?"
-        busy.open.set()
+        assert reply.message.body == "answer to status?"
+
+
+async def test_a_cancelled_resumable_agent_is_not_revived_by_its_unread_messages() -> None:
+    """Cancelling an agent stops it: the messages it had not read fail ``ended`` (naming
+    it) rather than starting a new run the caller did not ask for."""
+    gate = Gate()
+    async with SubagentManager([spec("memo", gate.parked("memo"), resumable=True)]) as manager:
+        first = manager.spawn("memo")
+        await gate.started_event("memo").wait()
+        receipt = manager.send(first.task_id, "please also check the tests")
+        manager.cancel(first.task_id)
+        await first.wait()
+        assert len(manager.tasks()) == 1  # no follow-up run
+        assert (receipt.state, receipt.reason) == ("failed", "ended")
+
+
+async def test_recv_from_a_revived_agent_takes_what_its_follow_up_run_sent() -> None:
+    """A message to the agent's first id reaches its follow-up run (forwarded); a recv
+    from that id must likewise take what the follow-up sends back, not wait past it."""
+
+    async def memo(request: Request, ctx: RunContext) -> str:
+        if ctx.previous is not None:
+            ctx.send("root", f"follow-up says: {request.input}")
+        return "done"
+
+    async with SubagentManager([spec("memo", memo, resumable=True)]) as manager:
+        first = manager.spawn("memo")
+        await first.wait()
+        receipt = manager.send(first.task_id, "more")
+        assert receipt.task_id is not None
+        await manager.handle(receipt.task_id).wait()
+        message = await manager.recv(from_=first.task_id, timeout=0)
+        assert message is not None
+        assert message.body == "follow-up says: more"

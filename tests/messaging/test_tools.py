@@ -9,7 +9,7 @@ import anyio
 import pytest
 from jsonschema import Draft202012Validator
 
-from subagents import ConfigError, Request, RunContext, SubagentManager
+from subagents import ConfigError, Receipt, Request, RunContext, SubagentManager
 from subagents.testing import ModelTurn, ScriptedModel, ToolCall, Transcript, run_tool_loop
 from subagents.tools import build_tools
 from tests.helpers import clock_backends, on_mock_clock
@@ -288,3 +288,90 @@ async def test_an_own_loop_takes_exactly_the_messages_it_showed() -> None:
         with pytest.raises(ConfigError) as error:
             manager.inbox(ids="m1")
         assert error.value.field == "ids"
+
+
+async def test_a_message_handed_to_a_model_call_that_fails_is_not_read() -> None:
+    """run_tool_loop takes the waiting messages before the model call; when that call
+    raises, the model never saw them, so their receipts must not say ``read``."""
+    gate = Gate()
+    sent: list[Receipt] = []
+
+    async def sender(request: Request, ctx: RunContext) -> str:
+        sent.append(ctx.send("/root", "please look"))
+        gate.started_event("sender").set()
+        await gate.open.wait()
+        return "sent"
+
+    async def failing_model(transcript: Transcript, tools: Sequence[str] = ()) -> ModelTurn:
+        raise RuntimeError("the provider is down")
+
+    async with SubagentManager([spec("sender", sender)]) as manager:
+        manager.spawn("sender")
+        await gate.started_event("sender").wait()
+        toolset = build_tools(manager, "root", messaging=True)
+        with pytest.raises(RuntimeError):
+            await run_tool_loop(failing_model, toolset)
+        assert sent[0].state != "read"
+        gate.open.set()
+
+
+async def test_send_message_awaiting_a_reply_keeps_its_reply_to() -> None:
+    """A model answering a question and asking back in one call (reply_to with
+    await_reply_ms): the answer must still thread to the question."""
+    gate = Gate()
+    question: list[Receipt] = []
+    asked = anyio.Event()
+
+    async def asker(request: Request, ctx: RunContext) -> str:
+        question.append(ctx.send("/root", "what next?"))
+        asked.set()
+        message = await ctx.recv()
+        assert message is not None
+        await gate.open.wait()
+        return message.reply_to or "no reply_to"
+
+    async with SubagentManager([spec("asker", asker)]) as manager:
+        child = manager.spawn("asker")
+        await asked.wait()
+        tools = build_tools(manager, "root", messaging=True)
+        args = {
+            "to": child.task_id,
+            "message": "do B; which file?",
+            "reply_to": question[0].message_id,
+            "await_reply_ms": 0,
+        }
+        result = await tools.call("send_message", args)
+        assert not result.is_error
+        gate.open.set()
+        assert (await child.wait()).output == question[0].message_id
+
+
+async def test_send_message_with_wake_false_never_revives_even_when_awaiting() -> None:
+    async def memo(request: Request, ctx: RunContext) -> str:
+        return "done"
+
+    async with SubagentManager([spec("memo", memo, resumable=True)]) as manager:
+        first = manager.spawn("memo")
+        await first.wait()
+        tools = build_tools(manager, "root", messaging=True)
+        args = {"to": first.task_id, "message": "quiet", "wake": False, "await_reply_ms": 0}
+        result = await tools.call("send_message", args)
+        assert result.details["receipts"][0]["state"] == "failed"  # type: ignore[index]
+        assert len(manager.tasks()) == 1  # nothing revived
+
+
+async def test_read_messages_peeking_everything_says_nothing_more_is_waiting() -> None:
+    async def two(request: Request, ctx: RunContext) -> str:
+        ctx.send("/root", f"from {request.input}")
+        return "ok"
+
+    async with SubagentManager([spec("two", two)]) as manager:
+        a, b = manager.spawn("two", "a"), manager.spawn("two", "b")
+        await a.wait()
+        await b.wait()
+        tools = build_tools(manager, "root", messaging=True)
+        peeked = await tools.call("read_messages", {"peek": True})
+        assert [m["body"] for m in peeked.details["messages"]] == ["from a", "from b"]  # type: ignore[index, union-attr]
+        # Both were shown: none is waiting beyond them.
+        assert peeked.details["left"] == 0
+        assert "more message(s)" not in peeked.content

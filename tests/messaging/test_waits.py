@@ -6,7 +6,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from subagents import Receipt, Request, RunContext, SubagentConfig, SubagentManager
+from subagents import Receipt, Reply, Request, RunContext, SubagentConfig, SubagentManager
 from subagents._manager import messaging_of
 from tests.helpers import clock_backends, on_mock_clock
 from tests.messaging.support import Gate, echo_replier, spec
@@ -258,3 +258,54 @@ async def test_an_arbitrary_session_id_opens_no_host_inbox() -> None:
         assert not await manager.activity("nobody")
         assert await manager.recv(session_id="nobody") is None  # at once: nobody can send
         assert not messaging_of(manager).postbox.is_open("nobody")
+
+
+async def test_an_ask_that_fails_at_once_leaves_nothing_waiting_for_a_reply() -> None:
+    """Each failed ask (here: a full inbox) must not leave its expectation behind: the
+    maps grow by one entry per failed ask otherwise."""
+    gate = Gate()
+    config = SubagentConfig(inbox_capacity=1)
+    async with SubagentManager([spec("p", gate.parked("p"))], config=config) as manager:
+        child = manager.spawn("p")
+        await gate.started_event("p").wait()
+        manager.send(child.task_id, "fills the inbox")
+        for n in range(3):
+            reply = await manager.ask(child.task_id, f"question {n}", timeout=5)
+            assert reply.outcome == "full"
+        messaging = messaging_of(manager)
+        assert messaging._expecting == {}
+        assert messaging._awaited == {}
+        gate.open.set()
+
+
+async def test_a_cancelled_asks_reply_is_read_before_the_peers_later_message() -> None:
+    """FIFO per (sender, recipient): an ask cancelled while it takes its slot back leaves
+    the reply that came to the inbox in its place, ahead of the peer's later message."""
+    gate = Gate()
+    scopes: list[anyio.CancelScope] = []
+    answers: list[Reply] = []
+
+    async def asker(request: Request, ctx: RunContext) -> str:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            answers.append(await ctx.ask("/root", "q"))
+        return ",".join(m.body for m in ctx.inbox())
+
+    config = SubagentConfig(max_concurrent_spawns=1)
+    agents = [spec("a", asker), spec("hog", gate.parked("hog"))]
+    async with SubagentManager(agents, config=config) as manager:
+        child = manager.spawn("a")
+        question = await manager.recv()
+        assert question is not None
+        manager.spawn("hog")  # runs on the slot the asker lends
+        await gate.started_event("hog").wait()
+        manager.send(child.task_id, "answer", reply_to=question.id)
+        manager.send(child.task_id, "later")
+        await anyio.wait_all_tasks_blocked()  # the asker waits to take a slot back
+        scopes[0].cancel()
+        out = (await child.wait()).output
+        if answers:
+            assert out == "later"
+        else:
+            assert out == "answer,later"
+        gate.open.set()

@@ -17,6 +17,9 @@ from subagents._json import dumps_str, loads
 
 WORKER = Path(__file__).with_name("worker.py")
 
+NO_SUCH_PID = 2**22 + 7
+"""Above the kernel's pid_max: no process has it."""
+
 
 def open_files(under: Path) -> list[str]:
     """The files under ``under`` this process holds open (Linux: ``/proc/self/fd``)."""

@@ -55,3 +55,25 @@ def test_failures_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert err.startswith("subagents room send: unknown member id")
     assert a in err
     assert err.count("\n") == 1
+
+
+def test_the_cli_leases_of_a_member_reads_only(tmp_path: Path) -> None:
+    """The command's docstring: ``who``, ``history`` and ``leases`` only read. Listing a
+    ``notify`` member's leases must not move its stored message to ``accepted``."""
+    store = tmp_path / "s.db"
+
+    async def prepare() -> tuple[str, str]:
+        async with Room(store) as room:
+            sender = (await room.join("r")).member_id
+            quiet = (await room.join("r", autonomy="notify")).member_id
+            await room.send(sender, quiet, "x")
+            return sender, quiet
+
+    async def state(sender: str, quiet: str) -> str:
+        async with Room(store) as room:
+            (mine,) = await room.sent(sender)
+            return mine.states[quiet]
+
+    sender, quiet = anyio.run(prepare)
+    assert main(["room", "leases", "--store", str(store), "--member", quiet]) == 0
+    assert anyio.run(state, sender, quiet) == "stored"

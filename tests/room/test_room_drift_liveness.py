@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from subagents.room import Room
-from tests.room.support import FakeClock, room_worker
+from tests.room.support import NO_SUCH_PID, FakeClock, room_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -137,3 +137,76 @@ async def test_prune_removes_only_members_silent_and_gone(tmp_path: Path) -> Non
         assert left == {silent_unknown, silent_alive, recent_gone}
         assert (await room.check("/tmp/held-by-the-gone")).free
         assert await room.prune(silent_for=50) == ()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_harness_key_in_upper_case_in_a_running_environment_is_alive(
+    tmp_path: Path,
+) -> None:
+    """join accepts the key in either case (and stores it lower-cased); the process that
+    keeps it in its environment keeps it as the harness wrote it. Found there, the member
+    is alive, and prune must not remove it."""
+    path = tmp_path / "s.db"
+    key = str(uuid.uuid4()).upper()
+    clock = FakeClock()
+    async with Room(path, clock=clock) as room, room_worker(path, env={"HARNESS_SESSION": key}):
+        member = (await room.join("r", harness_key=key, pid=NO_SUCH_PID)).member_id
+        assert [(m.member_id, m.liveness) for m in await room.who("r")] == [(member, "alive")]
+        clock.advance(100)
+        assert await room.prune(silent_for=10) == ()
+
+
+async def test_a_drift_check_through_a_retargeted_symlink_sees_the_change(
+    tmp_path: Path,
+) -> None:
+    """A member reads ``current.py`` (``note_read``); the link is pointed at another file,
+    so what ``current.py`` opens changed. The check must not answer SAFE "no baseline": the
+    member has one, taken through the very path it checks."""
+    (tmp_path / "v1.py").write_text("1")
+    (tmp_path / "v2.py").write_text("2")
+    link = tmp_path / "current.py"
+    os.symlink(tmp_path / "v1.py", link)
+    async with Room(tmp_path / "s.db") as room:
+        member = (await room.join("r", cwd=str(tmp_path))).member_id
+        await room.note_read(member, "current.py")
+        link.unlink()
+        os.symlink(tmp_path / "v2.py", link)
+        drift = await room.drift_check(member, "current.py")
+        assert drift.changed
+        assert drift.severity != "SAFE"
+
+
+async def test_a_change_under_a_lease_that_expired_unreleased_is_critical(
+    tmp_path: Path,
+) -> None:
+    """Another member claims the file after my read, changes it, and its lease runs out
+    (nobody releases it, nobody claims the path again): the change was made under its
+    lease, so the check is CRITICAL, as it is after a release."""
+    clock = FakeClock()
+    target = tmp_path / "f.txt"
+    target.write_text("one")
+    async with Room(tmp_path / "s.db", clock=clock) as room:
+        reader = (await room.join("r", cwd=str(tmp_path))).member_id
+        writer = (await room.join("r", cwd=str(tmp_path))).member_id
+        await room.note_read(reader, "f.txt")
+        clock.advance(1)
+        assert (await room.claim(writer, "f.txt", ttl=10)).ok
+        target.write_text("two")
+        clock.advance(20)  # the lease expired; its row was never removed
+        drift = await room.drift_check(reader, "f.txt")
+        assert drift.severity == "CRITICAL"
+        assert drift.holder == writer
+
+
+async def test_note_read_hashes_the_file_its_path_names(tmp_path: Path) -> None:
+    """``sub/../z.txt`` where ``sub`` is a symlink to ``other/sub`` names ``other/z.txt``
+    (what ``open`` reads); folding ``..`` as text hashes ``./z.txt``, another file."""
+    (tmp_path / "other" / "sub").mkdir(parents=True)
+    os.symlink(tmp_path / "other" / "sub", tmp_path / "sub")
+    (tmp_path / "other" / "z.txt").write_text("the file the path names")
+    (tmp_path / "z.txt").write_text("another file")
+    async with Room(tmp_path / "s.db") as room:
+        member = (await room.join("r", cwd=str(tmp_path))).member_id
+        digest = await room.note_read(member, "sub/../z.txt")
+    named = hashlib.sha256((tmp_path / "sub" / ".." / "z.txt").read_bytes()).hexdigest()
+    assert digest == named

@@ -1,5 +1,6 @@
-"""File leases: the claim rules, paths made absolute, renew, release, check, expiry, and
-contention from several processes at once."""
+"""File leases: the claim rules, paths made absolute, names of one file (symlinks, a leading
+``//``), renew, release, check, expiry, listings that only read, and contention from
+several processes at once."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from subagents import ConfigError
 from subagents.room import LeaseNotHeld, Room, UnknownMember
-from tests.room.support import FakeClock, room_worker
+from tests.room.support import NO_SUCH_PID, FakeClock, room_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -174,3 +175,72 @@ async def test_a_symlinked_file_is_leased_under_the_name_claimed(tmp_path: Path)
         assert (await room.claim(b, "v1.py")).ok
         assert [lease.path for lease in await room.leases(a)] == [claimed.path]
         assert (await room.check("sub/..", member=a)).path == real
+
+
+async def test_listing_a_members_leases_is_not_that_members_activity(tmp_path: Path) -> None:
+    """An operator (or the CLI's ``leases --member``) looking at a member's leases reads:
+    it must not refresh the member's ``seen_at`` (which keeps a gone member from prune) nor
+    move its ``stored`` deliveries to ``accepted`` (a turn that does not run)."""
+    clock = FakeClock()
+    async with Room(tmp_path / "s.db", clock=clock) as room:
+        sender = (await room.join("r")).member_id
+        quiet = (await room.join("r", autonomy="notify", pid=NO_SUCH_PID)).member_id
+        await room.send(sender, quiet, "x")
+        clock.advance(100)
+        await room.leases(quiet)
+        await room.check("/tmp/somewhere", member=quiet)
+        (mine,) = await room.sent(sender)
+        assert mine.states[quiet] == "stored"
+        assert await room.prune(silent_for=50) == (quiet,)
+
+
+async def test_a_lease_claimed_through_a_symlink_is_released_by_the_same_path(
+    tmp_path: Path,
+) -> None:
+    """A member claims ``current.py`` (a symlink) and later releases ``current.py``; the
+    link was pointed at another file meanwhile (as a deploy does). The release finds the
+    lease by the name claimed: resolving the link at each call would miss it and leave the
+    lease held until its TTL."""
+    (tmp_path / "v1.py").write_text("1")
+    (tmp_path / "v2.py").write_text("2")
+    link = tmp_path / "current.py"
+    os.symlink(tmp_path / "v1.py", link)
+    async with Room(tmp_path / "s.db") as room:
+        member = (await room.join("r", cwd=str(tmp_path))).member_id
+        assert (await room.claim(member, "current.py")).ok
+        link.unlink()
+        os.symlink(tmp_path / "v2.py", link)
+        assert await room.release(member, "current.py") is True
+        assert await room.leases(member) == ()
+
+
+async def test_a_double_slash_path_and_its_single_slash_form_contend_for_one_lease(
+    tmp_path: Path,
+) -> None:
+    """``//tmp/x`` and ``/tmp/x`` are one file on Linux; ``normpath`` keeps a leading
+    ``//``, so the lease's path must fold it, or two members each hold an exclusive lease
+    on the one file."""
+    full = str(tmp_path / "x.py")
+    async with Room(tmp_path / "s.db") as room:
+        a = (await room.join("r")).member_id
+        b = (await room.join("r")).member_id
+        assert (await room.claim(a, full)).ok
+        second = await room.claim(b, "/" + full)
+        assert not second.ok
+        assert second.holder is not None
+        assert second.holder.member_id == a
+
+
+async def test_a_path_through_a_symlinked_directory_contends_with_the_real_path(
+    tmp_path: Path,
+) -> None:
+    """Two names of one file (a repository reached through a symlink) must not give two
+    exclusive holders: the lease is on the file."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "x.py").write_text("x")
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    async with Room(tmp_path / "s.db") as room:
+        a = (await room.join("r", cwd=str(tmp_path / "real"))).member_id
+        b = (await room.join("r", cwd=str(tmp_path / "link"))).member_id
+        assert (await room.claim(a, "x.py")).ok
+        assert not (await room.claim(b, "x.py")).ok

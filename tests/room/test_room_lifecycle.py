@@ -5,6 +5,7 @@ and closes that race."""
 
 from __future__ import annotations
 
+import gc
 import sqlite3
 import threading
 import time
@@ -17,16 +18,14 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from subagents import ConfigError
 from subagents._cli import main
 from subagents.room import Room, _lifecycle, room_tools
 from subagents.room._opening import open_read_write
 from subagents.store import StoreError
-from tests.room.support import FakeClock, open_files
+from tests.room.support import NO_SUCH_PID, FakeClock, open_files
 
 pytestmark = pytest.mark.anyio
-
-NO_SUCH_PID = 2**22 + 7
-"""Above the kernel's pid_max: no process has it."""
 
 
 async def test_a_room_is_entered_once_at_a_time(tmp_path: Path) -> None:
@@ -355,3 +354,82 @@ async def test_a_receive_with_a_tiny_timeout_still_takes_what_waits(tmp_path: Pa
         await room.send(sender, member, "here")
         got = await room.receive(member, timeout=1e-9)
         assert [m.body for m in got.messages] == ["here"]
+
+
+async def test_a_bad_synchronous_mode_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    """SqliteStore refuses anything but FULL and NORMAL; the room's file must not be opened
+    with ``OFF`` (or a typo SQLite reads as some level) without a word."""
+    for bad in ("OFF", "bogus"):
+        with pytest.raises(ConfigError, match=r"^synchronous"):
+            Room(tmp_path / "s.db", synchronous=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_timed_receive_returns_by_its_deadline_while_another_process_holds_the_lock(
+    tmp_path: Path,
+) -> None:
+    """``receive(timeout=...)`` "returns by its deadline". Its first take waits for the
+    write lock only for the time left, not ``busy_timeout`` (here 30 s), so a lock held by
+    another connection does not keep it past its deadline."""
+    path = tmp_path / "s.db"
+    async with Room(path, busy_timeout=30) as room:
+        member = (await room.join("r")).member_id
+        held, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                held.set()
+                done.wait(1.8)  # released at once when receive returns
+                conn.execute("ROLLBACK")
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            await anyio.to_thread.run_sync(held.wait)
+            start = anyio.current_time()
+            await room.receive(member, timeout=0.1)
+            took = anyio.current_time() - start
+        finally:
+            done.set()
+            await anyio.to_thread.run_sync(holder.join)
+        # The lock is held 1.8 s; a receive that keeps its 0.1 s deadline is back long before.
+        assert took < 1.5, f"receive(timeout=0.1) returned after {took:.2f} s"
+
+
+async def test_a_room_entered_twice_at_once_is_refused_once(tmp_path: Path) -> None:
+    """Entering an open Room again is refused, and so is entering it while the first entry
+    is still opening: two tasks entering at once would both open, the second's connections
+    replacing the first's, which are never closed."""
+    room = Room(tmp_path / "s.db")
+    outcomes: list[str] = []
+
+    async def enter() -> None:
+        try:
+            await room.__aenter__()
+        except RuntimeError:
+            outcomes.append("refused")
+        else:
+            outcomes.append("entered")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(enter)
+        tg.start_soon(enter)
+    await room.aclose()
+    assert sorted(outcomes) == ["entered", "refused"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # asyncio's GC happens to free it
+async def test_a_room_closed_in_a_cancelled_scope_closes_its_connection(
+    tmp_path: Path,
+) -> None:
+    """``aclose`` under cancellation raises at its first thread hop (the watcher's join);
+    the writer connection and its files must be closed all the same."""
+    room = Room(tmp_path / "s.db")
+    with anyio.CancelScope() as scope:
+        async with room:
+            await room.join("r")
+            scope.cancel()
+            await anyio.lowlevel.checkpoint()
+    gc.collect()
+    assert open_files(tmp_path) == []

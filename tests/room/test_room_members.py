@@ -151,3 +151,41 @@ async def test_an_id_of_neither_shape_says_what_each_looks_like(tmp_path: Path) 
             with pytest.raises(UnknownMember, match="16 lower-case hex") as caught:
                 await room.unread(given)  # type: ignore[arg-type]
             assert caught.value.reason == "malformed"
+
+
+async def test_a_rejoin_into_a_capped_room_is_held_to_that_rooms_cap(tmp_path: Path) -> None:
+    """design/room.md: the cap "caps every later join and raise"; a member that comes back
+    (same harness key) into a room whose operator capped it at ``hold`` must not stay at
+    ``wake`` there."""
+    key = str(uuid.uuid4())
+    async with Room(tmp_path / "s.db") as room:
+        await room.set_autonomy_cap("quiet", "hold")
+        assert (await room.join("open", harness_key=key)).autonomy == "wake"
+        again = await room.join("quiet", harness_key=key)
+        assert again.autonomy == "hold"
+        # Nor does naming its current level keep it above the cap.
+        other = str(uuid.uuid4())
+        await room.join("open", harness_key=other)
+        assert (await room.join("quiet", harness_key=other, autonomy="wake")).autonomy == "hold"
+
+
+async def test_a_bad_pid_given_to_join_is_a_config_error_naming_pid(tmp_path: Path) -> None:
+    """A pid that is not a positive int is refused at join; "abc" must not be stored, where
+    it makes every later ``who`` of the room raise ValueError."""
+    async with Room(tmp_path / "s.db") as room:
+        for bad in ("abc", 2**70, True, -3):
+            with pytest.raises(ConfigError, match=r"^pid"):
+                await room.join("r", pid=bad)  # type: ignore[arg-type]
+        await room.who("r")  # nothing stored that breaks the listing
+
+
+async def test_bad_cwd_and_extra_rooms_given_to_join_are_config_errors_naming_them(
+    tmp_path: Path,
+) -> None:
+    async with Room(tmp_path / "s.db") as room:
+        with pytest.raises(ConfigError, match=r"^cwd"):
+            await room.join("r", cwd=5)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"^cwd"):
+            await room.join("r", cwd="/tmp/a\0b")
+        with pytest.raises(ConfigError, match=r"^extra_rooms"):
+            await room.join("r", extra_rooms=None)  # type: ignore[arg-type]

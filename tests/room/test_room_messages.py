@@ -3,8 +3,11 @@ wake signals, and receives that wait for a send from another process."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
+import uuid
+from contextlib import closing
 from pathlib import Path
 
 import anyio
@@ -13,7 +16,7 @@ import pytest
 from subagents import ConfigError
 from subagents.room import Room
 from subagents.store._schema import MIGRATIONS
-from tests.room.support import FakeClock, room_worker
+from tests.room.support import NO_SUCH_PID, FakeClock, room_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -281,3 +284,107 @@ async def test_a_receive_waiting_in_another_process_wakes_on_a_send(
             await in_process.wait()
             await proc.call("send", member=member, to=sender, body="back")
         assert [m.body for m in result[0].messages] == ["back"]  # type: ignore[attr-defined]
+
+
+def signals_of(path: Path, recipient: str) -> int:
+    """How many wake signals the recipient's one delivery had (read from the file)."""
+    with closing(sqlite3.connect(path)) as conn:
+        (signals,) = conn.execute(
+            "SELECT signals FROM room_deliveries WHERE recipient = ?", (recipient,)
+        ).fetchone()
+    return int(signals)
+
+
+async def test_wake_signals_are_not_repeated_to_a_member_the_operator_lowered_to_hold(
+    tmp_path: Path,
+) -> None:
+    """``hold`` gets no signal; lowering is the operator's way to stop a member being woken.
+    A delivery ``offered`` before the cap must not keep being re-signalled after it."""
+    clock = FakeClock()
+    async with Room(tmp_path / "s.db", clock=clock, retry_window=10) as room:
+        sender = (await room.join("r")).member_id
+        woken = (await room.join("r")).member_id
+        await room.send(sender, woken, "x")
+        assert await room.set_autonomy_cap("r", "hold") == 2
+        clock.advance(60)
+        await room.sent(sender)  # any member's activity repeats due signals (unread is a look)
+        assert signals_of(tmp_path / "s.db", woken) == 1
+
+
+async def test_wake_signals_are_not_repeated_to_a_pruned_member(tmp_path: Path) -> None:
+    """A pruned member has no process and no row: repeating its signal every retry window
+    is a commit that wakes every waiter of the file, for ever."""
+    clock = FakeClock()
+    async with Room(tmp_path / "s.db", clock=clock, retry_window=10) as room:
+        sender = (await room.join("r")).member_id
+        key = str(uuid.uuid4())
+        doomed = (await room.join("r", harness_key=key, pid=None)).member_id
+        await room.send(sender, doomed, "x")  # offered: no pid says it cannot be woken
+        await room.join("r", harness_key=key, pid=NO_SUCH_PID)  # its process ended since
+        clock.advance(100)
+        assert await room.prune(silent_for=50) == (doomed,)
+        clock.advance(60)
+        await room.sent(sender)
+        assert signals_of(tmp_path / "s.db", doomed) == 1
+
+
+async def test_ack_takes_an_integer_message_id_only(tmp_path: Path) -> None:
+    """A message id given as text is bad input: a ConfigError naming message_id, never a
+    silent ack of message 1."""
+    async with Room(tmp_path / "s.db") as room:
+        a = (await room.join("r")).member_id
+        b = (await room.join("r")).member_id
+        sent = await room.send(a, b, "x")
+        with pytest.raises(ConfigError, match=r"^message_id"):
+            await room.ack(b, str(sent.message_id))  # type: ignore[arg-type]
+        (mine,) = await room.sent(a)
+        assert mine.states[b] != "acked"
+
+
+async def test_a_delivery_past_its_ttl_stays_expired_and_cannot_be_acked(tmp_path: Path) -> None:
+    """``sent`` reports a delivery past its TTL ``expired`` (final); an ``ack`` after that
+    must answer False and leave it expired, not move the sender's view from expired to
+    acked."""
+    clock = FakeClock()
+    async with Room(tmp_path / "s.db", clock=clock) as room:
+        a = (await room.join("r")).member_id
+        b = (await room.join("r")).member_id
+        sent = await room.send(a, b, "soon stale", ttl=10)
+        clock.advance(20)
+        (before,) = await room.sent(a)
+        assert before.states[b] == "expired"
+        assert await room.ack(b, sent.message_id) is False
+        (after,) = await room.sent(a)
+        assert after.states[b] == "expired"
+
+
+async def test_a_rejoin_held_to_a_cap_stops_the_signals_offered_before(tmp_path: Path) -> None:
+    """A wake member that re-joins into a room capped at ``hold`` is held there; like a
+    member lowered by ``set_autonomy_cap``, it can no longer be woken, so a delivery offered
+    before must not be re-signalled every retry window."""
+    clock = FakeClock()
+    key = str(uuid.uuid4())
+    async with Room(tmp_path / "s.db", clock=clock, retry_window=10) as room:
+        await room.set_autonomy_cap("quiet", "hold")
+        sender = (await room.join("open")).member_id
+        woken = (await room.join("open", harness_key=key)).member_id
+        await room.send(sender, woken, "x")  # offered: one signal
+        assert (await room.join("quiet", harness_key=key)).autonomy == "hold"
+        clock.advance(60)
+        await room.sent(sender)  # any member's activity repeats due signals
+        assert signals_of(tmp_path / "s.db", woken) == 1
+
+
+async def test_a_file_selector_finds_a_holder_by_the_name_it_claimed(tmp_path: Path) -> None:
+    """``file:<glob>`` matches a live lease by full path, path relative to the holder's
+    directory, or bare file name; a member that claimed ``config.py`` (a symlink into a
+    shared directory) is reached by ``file:config.py``."""
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "config-prod.py").write_text("x")
+    os.symlink(tmp_path / "shared" / "config-prod.py", tmp_path / "config.py")
+    async with Room(tmp_path / "s.db") as room:
+        holder = (await room.join("r", cwd=str(tmp_path))).member_id
+        sender = (await room.join("r", cwd=str(tmp_path))).member_id
+        assert (await room.claim(holder, "config.py")).ok
+        sent = await room.send(sender, "file:config.py", "are you editing it?")
+        assert sent.recipients == (holder,)

@@ -8,6 +8,7 @@ import pytest
 
 from subagents.room import Room, room_tools
 from subagents.room._messages import UNREAD_CAP
+from subagents.store import StoreError
 from subagents.tools import Tool
 
 pytestmark = pytest.mark.anyio
@@ -124,3 +125,40 @@ async def test_the_unread_rider_says_when_the_count_stopped_at_its_cap(
     assert text in result.content
     assert result.details["unread"] == count
     assert result.details["unread_capped"] is capped
+
+
+async def test_note_read_and_drift_check_of_a_directory_say_so_and_not_internal(
+    tmp_path: Path,
+) -> None:
+    """A directory is the model's mistake: an error about the path it can correct, not an
+    ``internal`` failure saying "this is not caused by your arguments. Try again"."""
+    async with Room(tmp_path / "s.db") as room:
+        member = (await room.join("r", cwd=str(tmp_path))).member_id
+        tools = {tool.name: tool for tool in room_tools(room, member)}
+        for name in ("note_read", "drift_check"):
+            result = await tools[name].execute({"path": "."})
+            assert result.is_error
+            assert result.details["error"] != "internal", result.content
+            assert "not caused by your arguments" not in result.content
+
+
+class _RiderFails(Room):
+    """A room whose ``unread`` (the rider every tool result carries) fails: the store was
+    locked for longer than ``busy_timeout`` just after the tool's own call committed."""
+
+    async def unread(self, member: str) -> int:
+        raise StoreError(self.path, "locked", "held by another process")
+
+
+async def test_a_sent_message_is_reported_sent_when_the_unread_rider_fails(
+    tmp_path: Path,
+) -> None:
+    """The send committed: answering it as an error makes the model send it again (a
+    duplicate the recipients read twice)."""
+    async with _RiderFails(tmp_path / "s.db") as room:
+        a = (await room.join("r")).member_id
+        b = (await room.join("r")).member_id
+        send = next(tool for tool in room_tools(room, a) if tool.name == "room_send")
+        result = await send.execute({"to": b, "body": "once"})
+        assert not result.is_error, result.content
+        assert result.details["message_id"] == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -159,3 +160,13 @@ def foreign_wal_database(path: Path) -> Iterator[sqlite3.Connection]:
         yield conn
     finally:
         conn.close()
+
+
+def block_the_loop_until_committed(path: Path, envelopes: int) -> None:
+    """Keep the calling thread (the event loop's, on purpose) until another connection
+    sees ``envelopes`` envelope rows committed."""
+    deadline = time.monotonic() + 60
+    with sqlite(path) as conn:
+        while conn.execute("SELECT count(*) FROM envelopes").fetchone()[0] < envelopes:
+            assert time.monotonic() < deadline, "the writer waited for the event loop"
+            time.sleep(0.001)

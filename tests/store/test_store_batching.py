@@ -1,6 +1,7 @@
-"""How the store batches: the writer's reordering of a batch by class, its hand-off that
-never waits for the event loop, whole lists in one statement, new ids checked 64 at a
-time, the mailbox's capacity tally, and takes that hand on the envelopes put."""
+"""How the store batches: the writer's reordering of a batch by class, whole lists in one
+statement (every byte kept, NULs too, a batch never failing where its rows alone would
+be written), and its hand-off that never waits for the event loop, nor for one that has
+ended. What the mailbox keeps in memory is ``test_store_mailbox_memory.py``."""
 
 from __future__ import annotations
 
@@ -15,14 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from subagents import AgentSpec, Request, RunContext, SubagentConfig, SubagentManager
+from subagents import AgentSpec, ConfigError, Request, RunContext, SubagentConfig, SubagentManager
 from subagents._journal import SpawnEntry
 from subagents.store import SqliteStore
 from subagents.store._journal import _TAKEN
 from subagents.store._journal_writes import _END_LINKED, _START_TASKS
-from subagents.store._sqlite import Connection
 from subagents.store._writer import Write, _runs
-from tests.store.support import env, query_plan, sqlite
+from tests.store.support import block_the_loop_until_committed, env, query_plan, sqlite
 
 pytestmark = pytest.mark.anyio
 
@@ -181,17 +181,82 @@ def test_bodies_and_requests_written_as_lists_keep_every_byte(
     assert bytes(request) == dumps({"input": prompt})
 
 
-# ---------------------------------------------------------------- the hand-off
+# The whole-list statements read their rows with ``json_each``. SQLite's ``json_extract``
+# ends a string at an escaped NUL (``"a\u0000b"`` gives ``'a'``) where a bound parameter
+# keeps every character; and one JSON parameter for a whole batch meets
+# ``SQLITE_LIMIT_LENGTH`` (default 1e9 bytes) at the batch's total size, where each row
+# alone meets it at its own body's.
 
 
-def _block_the_loop_until_committed(path: Path, envelopes: int) -> None:
-    """Keep the calling thread (the event loop's, on purpose) until another connection
-    sees ``envelopes`` envelope rows committed."""
-    deadline = time.monotonic() + 60
+async def test_a_session_id_with_a_nul_keeps_its_rows(tmp_path: Path) -> None:
+    """A session id is any ``str``; another object of the same session finds the put."""
+    path = tmp_path / "s.db"
+    async with SqliteStore(path) as store:
+        box = store.mailbox("team\x00a")
+        box.put("t", env("t"))
+        await box.wait_committed()
+        other = store.mailbox("team\x00a")
+        assert [e.task_id for e in other.drain_all()] == ["t"]
     with sqlite(path) as conn:
-        while conn.execute("SELECT count(*) FROM envelopes").fetchone()[0] < envelopes:
-            assert time.monotonic() < deadline, "the writer waited for the event loop"
-            time.sleep(0.001)
+        assert conn.execute("SELECT session FROM deliveries").fetchall() == [("team\x00a",)]
+
+
+async def test_two_sessions_that_differ_after_a_nul_stay_apart(tmp_path: Path) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        a = store.mailbox("team\x00a")
+        b = store.mailbox("team\x00b")
+        a.put("t", env("t", "for a"))
+        b.put("t", env("t", "for b"))
+        await store.wait_committed()
+        reader_a = store.mailbox("team\x00a")
+        reader_b = store.mailbox("team\x00b")
+        assert [e.output for e in reader_a.drain_all()] == ["for a"]
+        assert [e.output for e in reader_b.drain_all()] == ["for b"]
+
+
+async def test_a_task_id_with_a_nul_is_found_by_another_object(tmp_path: Path) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("root")
+        box.put("x\x00y", env("x\x00y"))
+        await box.wait_committed()
+        other = store.mailbox("root")
+        found = other.peek("x\x00y")
+        assert found is not None
+
+
+async def test_a_batch_of_bodies_each_below_the_length_limit_commits(tmp_path: Path) -> None:
+    """Each body is far below SQLITE_LIMIT_LENGTH (lowered here to 100 kB so that the
+    test stays small: at the default 1e9 bytes, 1,024 puts of ~1 MB, or 256 of ~4 MB,
+    in one batch do the same); their batch together is above it. The store must not
+    fail (a failure fails every later write too)."""
+    path = tmp_path / "s.db"
+    async with SqliteStore(path) as store:
+        store._writer._raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100_000)
+        box = store.mailbox("root", capacity=64)
+        store._writer.gate.acquire()  # every put below lands in one batch
+        try:
+            for i in range(8):
+                box.put(f"t{i}", env(f"t{i}", "x" * 20_000))
+        finally:
+            store._writer.gate.release()
+        await box.wait_committed()
+    with sqlite(path) as conn:
+        assert conn.execute("SELECT count(*) FROM envelopes").fetchone()[0] == 8
+
+
+async def test_a_task_id_with_a_lone_surrogate_is_refused_by_the_put(tmp_path: Path) -> None:
+    """A task id SQLite cannot encode is refused by the put (as a ``ConfigError`` naming
+    the field), the store left working: reaching the writer thread, it would crash it, and
+    the store would take no more writes."""
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("root")
+        with pytest.raises(ConfigError, match="task_id"):
+            box.put("x\ud800", env("t"))
+        box.put("ok", env("ok"))
+        await box.wait_committed()
+
+
+# ---------------------------------------------------------------- the hand-off
 
 
 async def test_the_writer_commits_while_the_event_loop_is_busy(tmp_path: Path) -> None:
@@ -210,7 +275,7 @@ async def test_the_writer_commits_while_the_event_loop_is_busy(tmp_path: Path) -
         # connection sees every one of 2,000 puts committed, in batches of at most 1,024.
         for i in range(2_000):
             box.put(f"t{i}", env(f"t{i}"))
-        _block_the_loop_until_committed(path, 2_001)
+        block_the_loop_until_committed(path, 2_001)
         assert order == []  # no callback ran: the loop was busy all along
         await box.wait_committed()
         assert store.statistics().batches >= 3
@@ -245,99 +310,6 @@ async def test_journaled_children_run_back_to_back_yield_to_the_event_loop(
     assert any(0 < count < 64 for count in seen), seen
 
 
-# ---------------------------------------------------------------- reads on the loop
-
-
-def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    reads: list[int] = []
-    original = Connection.read
-
-    def read(self: Connection, query):  # type: ignore[no-untyped-def]
-        reads.append(1)
-        return original(self, query)
-
-    monkeypatch.setattr(Connection, "read", read)
-    return reads
-
-
-async def test_new_ids_are_checked_against_the_store_64_at_a_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async def noop(request: Request, ctx: RunContext) -> str:
-        return "ok"
-
-    config = SubagentConfig(store_path=tmp_path / "s.db", mailbox_capacity=1_000)
-    async with SubagentManager([AgentSpec(name="noop", runner=noop)], config=config) as m:
-        reads = _counting_reads(monkeypatch)
-        ids = [m.spawn("noop", "").task_id for _ in range(640)]
-    assert len(set(ids)) == 640
-    assert 10 <= len(reads) <= 12  # 10 checks of 64 ids (and the names read, once)
-
-
-async def test_puts_far_below_capacity_read_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A put counts the live entries only once its mailbox's tally (the last count plus
-    the puts since) reaches capacity; the count then is exact, so capacity still holds."""
-    async with SqliteStore(tmp_path / "s.db") as store:
-        box = store.mailbox("root", capacity=100)
-        reads = _counting_reads(monkeypatch)
-        for i in range(99):
-            box.put(f"t{i}", env(f"t{i}"))
-        assert len(reads) == 1  # the first put's count (nothing was counted before)
-        box.put("t99", env("t99"))
-        from subagents import MailboxFull
-
-        with pytest.raises(MailboxFull):
-            box.put("t100", env("t100"))
-        assert len(box.drain_all()) == 100
-        reads.clear()
-        box.put("again", env("again"))  # counted once more: the tally had reached capacity
-        box.put("again2", env("again2"))
-        assert len(reads) == 1
-
-
-async def test_a_take_hands_on_the_envelope_put_not_a_decoded_copy(tmp_path: Path) -> None:
-    """Envelopes this mailbox put are taken from the database (exactly once, with other
-    processes) but handed on from memory; one another mailbox object put is decoded."""
-    async with SqliteStore(tmp_path / "s.db") as store:
-        box = store.mailbox("root", capacity=64)
-        other = store.mailbox("root", capacity=64)
-        mine, durable, theirs = env("mine"), env("durable"), env("theirs")
-        box.put("mine", mine)
-        box.put_durable("durable", durable)
-        other.put("theirs", theirs)
-        await store.wait_committed()
-        got = {e.task_id: e for e in box.drain_all()}
-    assert got["mine"] is mine
-    assert got["durable"] is durable
-    assert got["theirs"] == theirs
-    assert got["theirs"] is not theirs
-
-
-async def test_a_durable_put_taken_before_its_commit_is_reported_is_taken_once(
-    tmp_path: Path,
-) -> None:
-    """The writer committed it; the take (through the gate) finds the row before the
-    batch's callback reveals it: it is handed on once, and its late report adds nothing
-    readable."""
-    async with SqliteStore(tmp_path / "s.db") as store:
-        box = store.mailbox("root", capacity=64)
-        reported: list[str] = []
-        box.committed = lambda envelope: reported.append(envelope.task_id)
-        sent = env("d")
-        box.put_durable("d", sent)
-        # Wait for the commit from another connection, without letting the loop run.
-        _block_the_loop_until_committed(tmp_path / "s.db", 1)
-        assert reported == []
-        (got,) = box.drain_all()
-        assert got is sent
-        await store.wait_committed()
-        assert reported == ["d"]
-        assert box.drain_all() == []
-        assert box.peek("d") is None
-
-
 def test_the_courier_drops_calls_once_the_event_loop_has_ended(tmp_path: Path) -> None:
     """A store never closed: the put still commits after the event loop has ended, and
     the writer and courier threads end when stopped, with nobody left to tell."""
@@ -363,3 +335,44 @@ def test_the_courier_drops_calls_once_the_event_loop_has_ended(tmp_path: Path) -
         store._conn.close()
     with sqlite(tmp_path / "s.db") as conn:
         assert conn.execute("SELECT task_id FROM envelopes").fetchall() == [("a",)]
+
+
+def _envelopes(path: Path) -> int:
+    with sqlite(path) as conn:
+        return int(conn.execute("SELECT count(*) FROM envelopes").fetchone()[0])
+
+
+def test_every_put_commits_after_the_event_loop_has_ended(tmp_path: Path) -> None:
+    """A store never closed, more puts queued than one batch: the writer opens a
+    transaction with fewer than ``eager_batch`` writes queued only once every committed
+    batch's callback has run, and the courier drops the callbacks once the loop has
+    ended; the rest of the queue must commit all the same."""
+    path = tmp_path / "s.db"
+    stores: list[SqliteStore] = []
+
+    async def main() -> None:
+        store = SqliteStore(path)
+        await store.__aenter__()
+        stores.append(store)
+        store._writer.gate.acquire()  # nothing commits before the loop has ended
+        box = store.mailbox("root", capacity=2_000)
+        for i in range(1_100):  # one batch of 1,024 (max_batch), then 76
+            box.put(f"t{i}", env(f"t{i}"))
+
+    anyio.run(main)
+    (store,) = stores
+    store._writer.gate.release()
+    try:
+        deadline = time.monotonic() + 30
+        while _envelopes(path) < 1_100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _envelopes(path) == 1_100, "queued puts never committed"
+    finally:
+        store._writer.stop()
+        store._watcher.stop()
+        store._writer.join(30)
+        courier = getattr(store._writer, "_courier", None)
+        if courier is not None:
+            courier.join(30)
+        store._watcher.join(30)
+        store._conn.close()

@@ -254,3 +254,64 @@ def test_the_deletes_read_by_index_never_by_scan(tmp_path: Path) -> None:
         plan = query_plan(tmp_path / "s.db", statement, params)
         assert plan
         assert not [step for step in plan if step.startswith("SCAN")], plan
+
+
+async def test_a_forgotten_id_is_not_restored_from_its_own_store(tmp_path: Path) -> None:
+    config = SubagentConfig(store_path=tmp_path / "s.db")
+    async with SubagentManager(AGENTS, config=config) as m:
+        h = m.spawn("echo", "x")
+        await h.wait()
+        assert m.forget(h.task_id) is not None
+        await m.store.wait_committed()  # type: ignore[union-attr]
+        with pytest.raises(UnknownTask):
+            m.result(h.task_id)  # the documented contract of forget
+
+
+async def test_an_evicted_id_is_not_restored_from_its_own_store(tmp_path: Path) -> None:
+    config = SubagentConfig(store_path=tmp_path / "s.db", retain_collected=0)
+    async with SubagentManager(AGENTS, config=config) as m:
+        h = m.spawn("echo", "x")
+        await h.wait()  # collected -> evicted at once
+        await m.store.wait_committed()  # type: ignore[union-attr]
+        with pytest.raises(UnknownTask):
+            m.result(h.task_id)
+
+
+async def test_forgetting_a_restored_id_consumes_its_unread_envelope(tmp_path: Path) -> None:
+    config = SubagentConfig(store_path=tmp_path / "s.db")
+    async with SubagentManager(AGENTS, config=config) as m:
+        h = m.spawn("echo", "x", session_id="s")
+        await h.done.wait()  # unread
+    async with SubagentManager(AGENTS, config=config) as m:
+        assert m.forget(h.task_id) is not None
+        # forget: "If the envelope is still in its session's mailbox it is consumed from
+        # there first": the store's mailbox, for a restored record
+        assert m.mailbox("s").drain_all() == []
+
+
+async def test_a_restored_id_forgotten_stays_unknown_now_and_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    config = SubagentConfig(store_path=tmp_path / "s.db")
+    async with SubagentManager(AGENTS, config=config) as m:
+        h = m.spawn("echo", "x")
+        await h.wait()
+    async with SubagentManager(AGENTS, config=config) as m:
+        m.forget(h.task_id)
+        with pytest.raises(UnknownTask):
+            m.forget(h.task_id)
+    async with SubagentManager(AGENTS, config=config) as m:
+        with pytest.raises(UnknownTask):  # the store forgot it too
+            m.result(h.task_id)
+
+
+async def test_forget_on_a_closed_store_still_forgets_and_returns_the_envelope(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    async with store, SubagentManager(AGENTS, store=store) as manager:
+        handle = manager.spawn("echo", "x")
+        envelope = await handle.wait()
+        await store.aclose()  # the store goes away under the running manager
+        assert manager.forget(handle.task_id) == envelope  # not the store's error
+        assert manager.tasks() == []

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-LAST = "test_review_ray_shutdown.py"
+LAST = "test_ray_shutdown.py"
 """The module whose test shuts the shared cluster down."""
 
 

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
+import attrs
 import ray
 from opentelemetry import baggage
 from opentelemetry.sdk.trace import TracerProvider
 
-from subagents import Request, RunContext
+from subagents import Request, RunContext, TransientError, Usage
+from subagents.backends._ray_bridge import settled
 
 
 class Latch:
@@ -84,3 +88,80 @@ async def reads_context(request: Request, ctx: RunContext) -> str:
         f"remaining={remaining is not None and 0 < remaining <= 30} "
         f"read={ctx.allows('read_file')} write={ctx.allows('write_file')}"
     )
+
+
+async def reports_many_files(request: Request, ctx: RunContext) -> str:
+    ctx.report(files_changed=[f"src/f{n}.py" for n in range(1500)])
+    return "done"
+
+
+async def spends_then_hangs(request: Request, ctx: RunContext) -> str:
+    ctx.report(usage=Usage(input_tokens=100, output_tokens=0))
+    _started(request)
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+def a_runner_raising_a_class_of_its_own() -> Any:
+    class QuotaError(Exception):
+        pass
+
+    async def raises(request: Request, ctx: RunContext) -> str:
+        raise QuotaError("over quota")
+
+    return raises
+
+
+async def reports_once_let_go(request: Request, ctx: RunContext) -> str:
+    """Sets the latch named first in the input, waits for the one named second, then
+    reports and returns."""
+    started, go = request.input.split()
+    ray.get_actor(started).set.remote(0)
+    await _await(ray.get_actor(go).wait.remote())
+    ctx.report(output="reported late", iterations=1)
+    return "done"
+
+
+async def _await(ref: Any) -> object:
+    return await settled(ref.future())
+
+
+async def reports_then_raises_a_worker_only_error(request: Request, ctx: RunContext) -> str:
+    """Raises an exception of a module only the workers have (as a GPU library installed
+    on the GPU nodes alone), after reporting progress."""
+    import importlib
+
+    ctx.report(output="before the failure", iterations=1)
+    module = importlib.import_module(request.input)
+    raise module.GpuError("out of device memory")
+
+
+async def reports_its_attempt_file_then_fails(request: Request, ctx: RunContext) -> str:
+    """Each attempt reports a path of its own, then fails transiently."""
+    ctx.report(files_changed=[f"attempt{ctx.attempt}.py"])
+    raise TransientError(f"attempt {ctx.attempt} failed")
+
+
+async def reads_its_inbox(request: Request, ctx: RunContext) -> str:
+    """A peer-messaging runner's step boundary: take the messages sent to it."""
+    return f"{len(ctx.inbox())} messages"
+
+
+@attrs.define
+class Greeter:
+    """A runner object (an async ``__call__``, which AgentSpec accepts); attrs makes it
+    compare by value, and so unhashable, as a dataclass with ``eq`` is."""
+
+    greeting: str
+
+    async def __call__(self, request: Request, ctx: RunContext) -> str:
+        return f"{self.greeting}, {request.input}"
+
+
+def closure_runner(reply: str) -> Callable[[Request, RunContext], Awaitable[str]]:
+    """A runner made per configuration, as programs build one spec per job."""
+
+    async def runner(request: Request, ctx: RunContext) -> str:
+        return reply
+
+    return runner

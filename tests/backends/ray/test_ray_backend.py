@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -271,3 +273,46 @@ def test_a_bad_argument_is_a_config_error_naming_it(kwargs: dict[str, Any], fiel
     with pytest.raises(ConfigError) as info:
         RayBackend(**kwargs)
     assert info.value.field == field
+
+
+def test_the_progress_sink_holds_none_of_the_resources_each_child_needs() -> None:
+    """``resources`` is what *each* actor or task needs (README: ``{"agent_slot": 1}``, a
+    slot per child). The sink is one more actor that lives as long as the backend; given
+    the same custom resources it would hold a slot for ever, and on a cluster started
+    with ``resources={"agent_slot": 1}`` every task-mode child would wait for it, ending
+    in ``timeout`` (without a watchdog, never). It gets the workers' ``runtime_env`` (and
+    at most a node-placement hint), no amounts of theirs."""
+    backend = RayBackend(mode="task", resources={"agent_slot": 1, "CPU": 1})
+    held = backend._sink_options.get("resources", {})
+    assert "agent_slot" not in held, f"the sink is created with resources={held!r}"
+
+
+# ---------------------------------------------------------------------- starting Ray
+
+
+async def test_initialising_ray_on_first_use_leaves_the_event_loop_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a cluster, ``ray.init`` on first use takes seconds: it must not stop the
+    driver's event loop, where every other child, watchdog and cancel waits."""
+    entered = threading.Event()
+    released = threading.Event()
+    seen: list[str] = []
+
+    def init(**kwargs: Any) -> None:
+        entered.set()
+        # Another task of the driver's loop sets ``released`` while init runs, unless init
+        # holds the loop.
+        seen.append("loop ran" if released.wait(timeout=5) else "loop blocked")
+        raise RuntimeError("no cluster in this test")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    spec = AgentSpec(name="noop", runner=runners.noop)
+    async with SubagentManager([spec], backend=RayBackend()) as m:
+        handle = m.spawn("noop")
+        await anyio.to_thread.run_sync(entered.wait)
+        released.set()
+        envelope = await handle.wait()
+    assert envelope.status is Status.ERROR
+    assert seen == ["loop ran"]

@@ -1,4 +1,4 @@
-"""Review of RayBackend when Ray goes away under a running child (``ray.shutdown()``, as
+"""RayBackend when Ray goes away under a running child (``ray.shutdown()``, as
 when the driver loses its cluster): the child must end in an envelope, and stopping it must
 not start a new local cluster. It shuts the suite's shared cluster down, so it runs last
 (tests/backends/ray/conftest.py)."""
@@ -35,7 +35,7 @@ async def test_a_child_running_when_ray_shuts_down_ends_without_a_new_cluster(
             handle = m.spawn("hangs", name)
             await settled(latch.wait.remote().future())
             ray.shutdown()
-            with anyio.move_on_after(5):  # a hang: Ray never completes the call's future
+            with anyio.move_on_after(5):  # a hang: Ray may never complete the call's future
                 envelope = await handle.wait()
         restarted = ray.is_initialized()  # the stop's ray.cancel/ray.kill auto-init Ray
         assert envelope is not None, "no envelope 5 s after ray.shutdown()"

@@ -1,6 +1,6 @@
-"""Review of ``subagents mcp serve``: every failure of the command is one line on stderr
-and a non-zero status, never a traceback, and an option the user gave is never dropped
-silently. Each case runs the command in a real subprocess with stdin closed, so a server
+"""``subagents mcp serve`` failing in a real subprocess: every failure of the command is
+one line on stderr and a non-zero status, never a traceback, and an option the user gave
+is never dropped silently. Each case runs the command with stdin closed, so a server
 that did start would end at once (status 0)."""
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def _assert_one_line_failure(run: subprocess.CompletedProcess[str], *naming: str
 
 
 def test_an_empty_session_is_a_one_line_error_naming_it() -> None:
-    # build_server's ConfigError is raised inside the command's task group, so it reaches
-    # main() wrapped in an ExceptionGroup that `except SubagentsError` does not catch.
+    # build_server's ConfigError is raised inside the command's task group: it reaches
+    # main() wrapped in an ExceptionGroup, which `except SubagentsError` alone misses.
     _assert_one_line_failure(_serve(*AGENTS, "--session", ""), "session")
 
 
@@ -69,9 +69,9 @@ def test_a_port_in_use_is_a_one_line_error() -> None:
 
 
 def test_an_empty_store_path_is_refused_not_dropped() -> None:
-    # SubagentConfig(store_path="") is a ConfigError; the command's `if args.store` turns
-    # it into "no store" instead, so a host config whose store path came out empty runs
-    # without durability and says nothing.
+    # SubagentConfig(store_path="") is a ConfigError; a command that reads an empty
+    # `--store` as "no store" runs a host config whose store path came out empty without
+    # durability, and says nothing.
     _assert_one_line_failure(_serve(*AGENTS, "--store", ""), "store")
 
 
@@ -82,5 +82,6 @@ def test_an_async_factory_is_a_one_line_error(tmp_path: Path) -> None:
         "    return [echo_agent()]\n"
     )
     # The factory's coroutine is never awaited: its RuntimeWarning (an error under
-    # PYTHONWARNINGS=error, as in this project) prints a traceback after the error line.
+    # PYTHONWARNINGS=error, as in this project) must not print a traceback after the
+    # error line.
     _assert_one_line_failure(_serve("--agents", "asyncagents:make", cwd=tmp_path), "make")
