@@ -346,7 +346,9 @@ async def test_wait_wakes_early_when_the_session_closes(anyio_backend: object) -
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", clock_backends())
+# Trio's mock clock only: the 50 ms margin of a 0.5 s host timeout is a duration claim a
+# loaded machine's real clock breaks; the real-time race of tests/reliability covers asyncio.
+@pytest.mark.parametrize("anyio_backend", clock_backends()[1:])
 @pytest.mark.parametrize(
     ("engine", "overrides", "wait"),
     [(0.5, None, 0.2), (60.0, {"wait_agent": 0.5}, 0.3)],
