@@ -89,8 +89,8 @@ class _Route:
         # Room id -> (local id, local sender) of what this member sent; local id -> room id.
         self._sent: OrderedDict[int, tuple[str, str]] = OrderedDict()
         self._room_ids: dict[str, int] = {}
-        # (local recipient, local id) -> room id of what was handed on and not read yet.
-        self._handed: dict[tuple[str, str], int] = {}
+        # (local recipient, local id) -> what was handed on and not read yet.
+        self._handed: dict[tuple[str, str], RoomMessage] = {}
         self._seen: OrderedDict[int, None] = OrderedDict()
         self._reads: list[int] = []
         self._reading = anyio.Event()
@@ -116,11 +116,23 @@ class _Route:
         self._sending.set()
 
     def changed(self, receipt: Receipt) -> None:
-        room_id = self._handed.pop((receipt.to, receipt.message_id), None)
-        if room_id is not None and receipt.state in ("read", "replied"):
-            self._reads.append(room_id)
+        handed = self._handed.pop((receipt.to, receipt.message_id), None)
+        if handed is not None and receipt.state in ("read", "replied"):
+            self._reads.append(handed.message_id)
             self._reading.set()
+        elif handed is not None and receipt.failed and not self._again(handed, receipt):
+            logger.info(
+                "room message %d stays unread in the room: %s", handed.message_id, receipt.detail
+            )
         self._drained.set()  # a full inbox may have room again
+
+    def _again(self, handed: RoomMessage, receipt: Receipt) -> bool:
+        """The child a message was handed to ended before reading it: the session gets it
+        instead (the child's inbox is closed by now, so it is the target). Whether it
+        took it."""
+        if receipt.to == self._session or self.closed:
+            return False
+        return self._hand_on(handed, again=True)
 
     # ------------------------------------------------------------------ the tasks
 
@@ -222,15 +234,18 @@ class _Route:
             if held:
                 await self._drained.wait()  # a receipt of that inbox moved: try again
 
-    def _hand_on(self, message: RoomMessage) -> bool:
+    def _hand_on(self, message: RoomMessage, *, again: bool = False) -> bool:
         """Put a room message into its local inbox; ``False`` when that is full (it stays
-        in the room, tried again once the inbox moves). Raises ``ClosedResourceError``
-        when the session is closed."""
+        in the room, tried again once the inbox moves; ``again``: handed on before, to a
+        child that ended, and refused now). Raises ``ClosedResourceError`` when the
+        session is closed (not ``again``)."""
         to, reply_to = self._target(message.reply_to)
         local = f"r{message.message_id}"
         receipt = self._messaging.arrive(
             to, local, message.sender, message.body, reply_to, self._wake
         )
+        if again and receipt.failed:
+            return False
         if receipt.reason == "full":
             self._drained = anyio.Event()
             self._remotes.hold(to, self)
@@ -239,7 +254,7 @@ class _Route:
             raise anyio.ClosedResourceError(
                 f"session {self._session!r} takes no messages: {receipt.detail}"
             )
-        self._handed[to, local] = message.message_id
+        self._handed[to, local] = message
         self._remotes.brought(receipt, self)
         self._seen[message.message_id] = None
         if len(self._seen) > SEEN:

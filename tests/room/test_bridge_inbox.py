@@ -9,9 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from subagents import ConfigError, SubagentManager
+from subagents import ConfigError, SubagentManager, UnknownPeer
 from subagents.room import Room, bridge
-from tests.room.bridge_support import bridged, room_ids, state_of
+from tests.room.bridge_support import bridged, failed, room_ids, state_of
 
 pytestmark = pytest.mark.anyio
 
@@ -85,3 +85,26 @@ async def test_an_ask_waiting_on_a_remote_member_ends_closed_when_the_bridge_exi
             with anyio.fail_after(30):
                 await done.wait()  # at the bridge's exit, not at the ask's timeout
         assert outcome == ["closed"]
+
+
+async def test_a_room_closed_under_the_bridge_ends_it_quietly(tmp_path: Path) -> None:
+    async with bridged(tmp_path / "s.db") as a:
+        await a.room.aclose()
+        receipt = a.manager.send("0123456789abcdef", "anyone?")
+        await failed(a.manager, receipt)
+        assert receipt.reason == "closed"
+        later = a.manager.send("0123456789abcdef", "still?")  # the route stays, refusing
+        assert later.reason == "closed"
+    # leaving raised nothing: the bridge's tasks ended, logged
+
+
+async def test_a_cancelled_bridge_leaves_cleanly_and_detaches(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    async with Room(path) as room, SubagentManager() as manager:
+        with anyio.CancelScope() as scope:
+            async with bridge(room, manager):
+                scope.cancel()
+                await anyio.sleep_forever()
+        assert scope.cancelled_caught
+        with pytest.raises(UnknownPeer):
+            manager.send("0123456789abcdef", "after")

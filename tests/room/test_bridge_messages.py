@@ -10,7 +10,7 @@ import pytest
 from subagents import Request, RunContext, UnknownPeer
 from subagents.room import Room, bridge
 from tests.helpers import spec
-from tests.room.bridge_support import bridged, failed, state_of
+from tests.room.bridge_support import bridged, failed, room_ids, state_of
 
 pytestmark = pytest.mark.anyio
 
@@ -132,3 +132,32 @@ async def test_leaving_the_bridge_detaches_the_route(tmp_path: Path) -> None:
                 manager.send(b.link.member_id, "while bridged")
             with pytest.raises(UnknownPeer, match="looks like a room member"):
                 manager.send(b.link.member_id, "after")
+
+
+async def test_a_reply_for_a_child_that_ends_unread_goes_to_the_session(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    member: list[str] = []
+    asked: list[str] = []
+    release = anyio.Event()
+
+    async def leaves(request: Request, ctx: RunContext) -> str:
+        asked.append(ctx.send(member[0], "tell me later").message_id)
+        await release.wait()
+        return "left without reading"
+
+    async with bridged(path, [spec("leaves", leaves)]) as a, bridged(path) as b:
+        member.append(b.link.member_id)
+        child = a.manager.spawn("leaves", "go")
+        with anyio.fail_after(30):
+            question = await b.manager.recv(timeout=None)
+        assert question is not None
+        b.manager.send(question.from_, "later is now", reply_to=question.id)
+        (reply_id,) = await room_ids(b, 1)
+        await state_of(b, reply_id, a.link.member_id, "accepted")  # in the child's inbox
+        release.set()
+        await child.wait()
+        with anyio.fail_after(30):
+            got = await a.manager.recv(timeout=None)
+        assert got is not None
+        assert (got.body, got.reply_to) == ("later is now", asked[0])
+        await state_of(b, reply_id, a.link.member_id, "read")
