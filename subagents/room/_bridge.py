@@ -146,8 +146,8 @@ class _Route:
     async def _guarded(self, task: Callable[[], Awaitable[None]]) -> None:
         try:
             await task()
-        except anyio.ClosedResourceError:
-            logger.info("the room closed under the bridge of session %r", self._session)
+        except anyio.ClosedResourceError as exc:  # the room, or the session, closed
+            logger.info("the bridge of session %r stops: %s", self._session, exc)
         except Exception:
             logger.exception("the bridge of session %r stopped", self._session)
         self.stop("the bridge to the room has stopped")

@@ -14,15 +14,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import anyio
-import anyio.to_thread
 
 from subagents import Message, SubagentManager
-from subagents._json import JSONValue, dumps_str, loads
+from subagents._json import JSONValue
 from subagents.room import Room, RoomLink, bridge
+from tests.room.worker import answer_lines
 
 
 def shown(message: Message | None) -> JSONValue:
@@ -67,19 +68,11 @@ async def main(path: str, harness_key: str | None) -> None:
         SubagentManager() as manager,
         bridge(room, manager, harness_key=harness_key) as link,
     ):
-        print("ready", flush=True)
-        while True:
-            line = await anyio.to_thread.run_sync(sys.stdin.buffer.readline)
-            if not line:
-                return
-            request = loads(line)
-            assert isinstance(request, dict)
-            op = str(request.pop("op"))
-            try:
-                answer: JSONValue = {"ok": await call(manager, link, op, request)}
-            except Exception as exc:
-                answer = {"error": type(exc).__name__, "message": str(exc)}
-            print(dumps_str(answer), flush=True)
+
+        async def answer(op: str, request: dict[str, Any]) -> object:
+            return await call(manager, link, op, request)
+
+        await answer_lines(answer)
 
 
 if __name__ == "__main__":
