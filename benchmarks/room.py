@@ -12,6 +12,11 @@ Figures:
   ``--messages`` samples, one at a time (each sent 5 to 15 ms after the receiver answered
   the last, so it is parked in its wait), p50 and p99. The receiver wakes by polling
   ``PRAGMA data_version`` every 5 ms, so the figure includes half a poll on average.
+- ``bridged latency``: the same through ``subagents.room.bridge`` in both processes, in
+  the same run: ``manager.send(member, ...)`` here to ``manager.recv()`` in the other
+  (its bridge waits in ``Room.peek``, hands the message to the session's inbox, and marks
+  it accepted; the local read marks it read after the figure is taken). The difference
+  from ``message latency`` is the bridge's own cost: the send's task, the hand-over.
 - ``claims/s``: 4 processes, each ``--claims`` times claiming one of 4 paths exclusively
   (TTL 1 s) and releasing it when it got it; every claim is one ``BEGIN IMMEDIATE``
   transaction; total claims (granted or refused) / wall time from the first start to the
@@ -34,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import anyio
 import anyio.to_thread
 
+from subagents import SubagentManager
 from subagents._json import dumps_str, loads
-from subagents.room import Room
+from subagents.room import Room, bridge
 
 
 def _reply(line: str) -> None:
@@ -51,6 +57,33 @@ async def _receiver(path: str, member: str, n: int) -> None:
             now = time.monotonic()
             (message,) = got.messages
             _reply(f"{(now - float(message.body)) * 1000:.4f}")
+
+
+async def _bridged_receiver(path: str, member: str, n: int) -> None:
+    """As :func:`_receiver`, through a bridge: ``manager.recv`` of the bridged session."""
+    del member
+    async with Room(path) as room, SubagentManager() as manager, bridge(room, manager) as link:
+        _reply(link.member_id)
+        for _ in range(n):
+            message = await manager.recv(timeout=30)
+            now = time.monotonic()
+            assert message is not None
+            _reply(f"{(now - float(message.body)) * 1000:.4f}")
+
+
+async def _bridged_latency(path: str, n: int, backend: str) -> list[float]:
+    child = _child("bridged", path, "-", n, backend)
+    assert child.stdout is not None
+    receiver = child.stdout.readline().strip()
+    samples = []
+    async with Room(path) as room, SubagentManager() as manager, bridge(room, manager):
+        for i in range(n):
+            await anyio.sleep(0.005 + 0.01 * ((i * 7919) % 100) / 100)
+            manager.send(receiver, repr(time.monotonic()))
+            line = await anyio.to_thread.run_sync(child.stdout.readline)
+            samples.append(float(line))
+    child.wait(timeout=60)
+    return samples
 
 
 async def _claimer(path: str, member: str, n: int) -> None:
@@ -135,18 +168,24 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         kind, path, member, n = args.child
-        runner = _receiver if kind == "receiver" else _claimer
+        runners = {"receiver": _receiver, "bridged": _bridged_receiver, "claimer": _claimer}
+        runner = runners[kind]
         anyio.run(runner, path, member, int(n), backend=args.backend)
         return
     messages, claims = (20, 50) if args.quick else (args.messages, args.claims)
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "room.db")
         samples = anyio.run(_latency, path, messages, args.backend, backend=args.backend)
+        bridged = anyio.run(_bridged_latency, path, messages, args.backend, backend=args.backend)
         rate, granted = _contention(path, claims, args.backend)
     print(f"room benchmark ({args.backend}, {os.cpu_count()} cores)")
     print(
         f"message latency   p50 {statistics.median(samples):.2f} ms   "
         f"p99 {_percentile(samples, 0.99):.2f} ms   ({messages} messages)"
+    )
+    print(
+        f"bridged latency   p50 {statistics.median(bridged):.2f} ms   "
+        f"p99 {_percentile(bridged, 0.99):.2f} ms   (manager.send -> manager.recv)"
     )
     print(f"claims/s          {rate:,.0f}   ({granted:.0%} granted, 4 processes x {claims})")
 

@@ -3,7 +3,9 @@
 The manager is opened before the server starts and closed after it stops (when the client
 closes stdin, or the process is interrupted), so the children belong to the process, never
 to a request. With ``--store PATH`` the manager runs on a durable store: a restarted
-server still answers ``wait_agent`` for the tasks of an earlier one.
+server still answers ``wait_agent`` for the tasks of an earlier one. With ``--messaging
+--room PATH`` the session is bridged to a room of that store file (``subagents.room.bridge``):
+the messaging tools reach the members of other processes.
 
 The SDK (``subagents[mcp]``) is imported only once the command runs, so every other
 command works without it.
@@ -26,6 +28,7 @@ from ._cli_specs import SpecsError, load_specs, specs_reference
 from ._errors import SubagentsError
 from ._manager import DEFAULT_SESSION, SubagentManager
 from ._spec import AgentSpec, SubagentConfig
+from .room import Room, bridge
 
 __all__ = ["register"]
 
@@ -88,6 +91,21 @@ def register(commands: Any) -> None:
         help="also offer send_message, read_messages and send_input (the client is the "
         "session's host)",
     )
+    serve.add_argument(
+        "--room",
+        metavar="PATH",
+        help="with --messaging: bridge the session to a room of this store file, so "
+        "send_message and read_messages reach members of other processes",
+    )
+    serve.add_argument(
+        "--room-name", default="default", metavar="NAME", help="the room joined (default default)"
+    )
+    serve.add_argument(
+        "--harness-key",
+        metavar="UUID",
+        help="join the room as the member that joined with this key (after a restart: what "
+        "was handed on and not read comes again); default a new one, printed on stderr",
+    )
     serve.set_defaults(func=_run_serve)
 
 
@@ -123,6 +141,8 @@ def _seconds_between(low: float, high: float | None) -> Callable[[str], float]:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    if args.room is not None and not args.messaging:
+        return _fail("--room needs --messaging (the room is reached by the messaging tools)")
     try:
         specs = load_specs(args.agents)
     except SpecsError as exc:
@@ -163,7 +183,7 @@ async def _serve(
     stopped_by: int | None = None
     async with anyio.create_task_group() as group:
         try:
-            manager = await group.start(_open_manager, specs, config, stop, closed)
+            manager = await group.start(_open_manager, specs, config, stop, closed, args)
         except SubagentsError as exc:  # a store that cannot be opened
             refused = exc
         else:
@@ -231,16 +251,35 @@ async def _open_manager(
     config: SubagentConfig,
     stop: anyio.Event,
     closed: anyio.Event,
+    args: argparse.Namespace,
     *,
     task_status: anyio.abc.TaskStatus[SubagentManager],
 ) -> None:
-    """Enter the manager, hand it over, and close it once ``stop`` is set: in a task of its
-    own, since a manager is closed by the task that entered it and the serving task may be
-    stuck in the SDK's stdin read."""
+    """Enter the manager (bridged to ``--room``, if given), hand it over, and close it once
+    ``stop`` is set: in a task of its own, since a manager is closed by the task that
+    entered it and the serving task may be stuck in the SDK's stdin read."""
     try:
         async with SubagentManager(specs, config=config) as manager:
-            task_status.started(manager)
-            await stop.wait()
+            if args.room is None:
+                task_status.started(manager)
+                await stop.wait()
+                return
+            async with (
+                Room(args.room) as room,
+                bridge(
+                    room, manager, args.session, room_name=args.room_name,
+                    harness_key=args.harness_key,
+                ) as link,
+            ):  # fmt: skip
+                print(
+                    f"subagents mcp serve: session {args.session!r} is member "
+                    f"{link.member_id} of room {link.room!r} in {args.room} "
+                    f"(harness key {link.harness_key})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                task_status.started(manager)
+                await stop.wait()
     finally:
         closed.set()
 

@@ -41,6 +41,9 @@ class HostInbox(Protocol):
     def waking(self) -> bool: ...
     def watch(self) -> anyio.Event: ...
     def unwatch(self, event: anyio.Event) -> None: ...
+    def remote(self) -> bool:
+        """Whether messages can come from outside (the session has a remote route)."""
+        ...
 
 
 async def wait_handles(
@@ -188,12 +191,14 @@ class Completions:
     async def activity(self, inbox: HostInbox, timeout: float | None) -> Activity:
         """What :meth:`SubagentManager.activity` waits for: an ended child not collected
         yet, or a message in the session's inbox (both peeked); empty when neither can
-        come (no unfinished child and no message, or the session closed) or on timeout."""
+        come (no unfinished child and no message, nor a remote route that could bring
+        one, or the session closed) or on timeout."""
         await anyio.lowlevel.checkpoint()
         with anyio.move_on_after(math.inf if timeout is None else timeout):
             while True:
                 ready, live = self._ready(), self._live()
-                if ready or inbox.waking() or not live or self._closed():
+                idle = not live and not inbox.remote()
+                if ready or inbox.waking() or idle or self._closed():
                     return Activity(results=ready, messages=inbox.peek())
                 arrival = inbox.watch()
                 try:

@@ -182,16 +182,20 @@ class UnknownPeer(SubagentsError, LookupError):
     Attributes:
         address: the address that was given.
         suggestions: the addresses (task ids, agent paths) probably meant, best first.
+        hint: what the address looks like when it is not of this tree (a room member's
+            id with no room bridged), added to the message.
     """
 
-    def __init__(self, address: str, suggestions: Sequence[str] = ()) -> None:
+    def __init__(self, address: str, suggestions: Sequence[str] = (), hint: str = "") -> None:
         self.address = address
         self.suggestions = tuple(suggestions)
         message = f"no agent at address {_shown(address)}"
         if self.suggestions:
             message += "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?"
-        else:
+        elif not hint:
             message += " (an address is a task id, an agent path, or '*' for every live peer)"
+        if hint:
+            message += f"; {hint}"
         super().__init__(message)
 
 

@@ -17,7 +17,7 @@ import anyio
 import anyio.lowlevel
 
 from ._envelope import plain_str
-from ._errors import ConfigError
+from ._errors import ConfigError, UnknownPeer
 from ._messages import Message, Reply
 from ._validators import seconds
 
@@ -36,8 +36,15 @@ def _sender(messaging: Messaging, address: str, from_: object) -> str | None:
     given = plain_str(from_)
     if not given:
         raise ConfigError("from_", "None or a task id or agent path", from_)
+    me = messaging.peers.of(address)
+    try:
+        peer = messaging.peers.resolve(me, given)
+    except UnknownPeer as exc:
+        # A sender in another process, reached through the session's route: its address.
+        if messaging.remotes.accepting(me.root, given) is None:
+            raise messaging.remotes.unknown(exc) from None
+        return given.removeprefix("room:")
     # A revived agent's newest run: what its follow-up sends matches its first id too.
-    peer = messaging.peers.resolve(messaging.peers.of(address), given)
     return messaging.newest(peer).address
 
 

@@ -1,21 +1,22 @@
-"""Peer messaging: sending (direct, broadcast, follow-up input), revival of resumable
-agents, ``on_message`` responders, and the ``subagent.message`` events.
+"""Peer messaging: sending (direct, broadcast, follow-up input, to another process
+through a session's remote route), revival of resumable agents, and the
+``subagent.message`` events.
 
 The waits (``recv``, ``ask``, ``activity``) are in :mod:`._message_waits`; the inboxes in
-a :class:`~subagents._router.Postbox`; address resolution in :mod:`._peers`. Every send
-is synchronous: it never blocks the sender. See design/messaging.md.
+a :class:`~subagents._router.Postbox`; address resolution in :mod:`._peers`; the
+``on_message`` responders in :mod:`._responders`; the remote routes in :mod:`._remote`.
+Every send is synchronous: it never blocks the sender. See design/messaging.md.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._envelope import Status, plain_str
-from ._errors import ConfigError, SpawnRejected
+from ._envelope import Status, now_ms, plain_str
+from ._errors import ConfigError, SpawnRejected, UnknownPeer
 from ._events import MESSAGE, EventBus
 from ._messages import (
     BROADCAST,
@@ -32,6 +33,8 @@ from ._messages import revived as revived_receipt
 from ._messages import summary as summary_receipt
 from ._peers import MAX_PEERS, Peer, Peers
 from ._record import SETTLED, ChildRecord
+from ._remote import MEMBER_ID, RemoteRoute, Remotes
+from ._responders import Responders, StartTask
 from ._router import MemoryPostbox, Postbox
 
 if TYPE_CHECKING:
@@ -39,11 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Messaging", "Revival"]
 
-logger = logging.getLogger("subagents.messages")
-
 SpawnFollowUp = Callable[[ChildRecord, str], ChildRecord]
 """``spawn(ended_record, text)``: start the follow-up run of a resumable agent."""
-StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
 LinkReply = Callable[[ChildRecord | None, ChildRecord | None, str, str], None]
 """``link(replier, asker, reply_id, question_id)``: the reply's span links to the asker's."""
 LinkRevival = Callable[[ChildRecord, ChildRecord], None]
@@ -88,23 +88,19 @@ class Messaging:
         self._events = events
         self._capture = capture_content
         self._spawn_follow_up = spawn_follow_up
-        self._start_task = start_task
         self.postbox: Postbox = (
             postbox if postbox is not None else MemoryPostbox(capacity, self._changed)
         )
         self.peers = Peers(sessions, self.postbox)
+        self.remotes = Remotes(self._changed)
         self._ids = MessageIds()
-        # The RunContext of each running child, for its responder (typed loosely: the
-        # context module sits above this one).
-        self._contexts: dict[str, Any] = {}
         self._forward: dict[str, Chain] = {}  # each run of a revived agent -> its chain
         self._revivals: dict[str, Revival] = {}  # follow-up run's id -> what started it
         # Asked message ids -> the asker's deadline and the address asked.
         self._awaited: dict[str, tuple[float, str]] = {}
         self._watched: set[str] = set()  # host sessions with an open inbox
         self._expecting: dict[str, anyio.Event] = {}  # asked message id -> its reply's event
-        # Running responders: address -> asked message id -> the responder's scope.
-        self._responding: dict[str, dict[str, anyio.CancelScope]] = {}
+        self._responders = Responders(self.postbox, self._awaited, start_task, self._answer)
 
     # ------------------------------------------------------------------ lifecycle hooks
 
@@ -118,11 +114,11 @@ class Messaging:
                 for message, receipt in revival.messages:
                     self.postbox.read(message, receipt, "revived", task_id)
         if record.spec.on_message is not None:
-            self._contexts[task_id] = ctx  # for its responder
+            self._responders.contexts[task_id] = ctx
             peer = Peer(task_id, record, record.root_session)
             for message in self.postbox.peek(task_id, None):  # asked while it was queued
                 if message.id in self._awaited:
-                    self._maybe_respond(peer, message)
+                    self._responders.maybe_respond(peer, message)
 
     def revival(self, task_id: str) -> Revival | None:
         """What started follow-up run ``task_id`` (while it runs), or ``None``."""
@@ -137,13 +133,9 @@ class Messaging:
         """``record`` has its envelope: its inbox closes, what waits in it fails
         ``ended`` naming it, and askers waiting on it return at once."""
         task_id = record.task_id
-        if self._contexts:
-            self._contexts.pop(task_id, None)
+        self._responders.ended(task_id)
         if self._revivals:
             self._revivals.pop(task_id, None)
-        if self._responding:
-            for scope in self._responding.pop(task_id, {}).values():
-                scope.cancel()  # nobody can use what its responder would answer
         if not self.postbox.is_open(task_id):
             return  # most children: never messaged, no inbox
         # A cancelled run stays stopped: its caller asked for that, not for a new run.
@@ -237,10 +229,70 @@ class Messaging:
             if awaited is not None:
                 raise ConfigError("to", "one agent's address: a broadcast cannot await a reply", to)
             return self._broadcast(me, text, answers, wake)
-        peer = self.peers.resolve(me, address.strip())
+        try:
+            peer = self.peers.resolve(me, address.strip())
+        except UnknownPeer as exc:
+            route = self.remotes.accepting(me.root, address.strip())
+            if route is None:
+                raise self.remotes.unknown(exc) from None
+            return self._remote(me, route, address.strip(), text, answers, wake, awaited)
         if peer.address == me.address:
             raise ConfigError("to", "another agent's address, not the sender's own", to)
         return self._direct(me, peer, text, answers, wake, awaited, revive)
+
+    def _remote(
+        self,
+        me: Peer,
+        route: RemoteRoute,
+        to: str,
+        text: str,
+        reply_to: str | None,
+        wake: bool,
+        awaited: float | None,
+    ) -> Receipt:
+        # To another process: queued now, the route carries it (and fails it if it cannot).
+        message = self._message(me, to, text, reply_to)
+        receipt = Receipt(message.id, to)
+        if awaited is not None:
+            member = to.removeprefix("room:")
+            if not MEMBER_ID.fullmatch(member):
+                raise ConfigError("to", "one member's id: a selector cannot await a reply", to)
+            self.remotes.asked.setdefault(me.root, set()).add(member)
+            self.postbox.open(member)  # what the ask waits on, closed when the route goes
+            self._expect(me, member, message, awaited)
+        route.send(message, receipt, wake)
+        if reply_to is not None and self._mark_replied(me.address, message, (to,)):
+            self._link_reply(me.record, None, message.id, reply_to)
+        self._publish("send", me, message, receipt)
+        return receipt
+
+    def attach_remote(self, session_id: str, route: RemoteRoute) -> None:
+        """Messages of host session ``session_id``'s tree to addresses it does not know
+        that ``route`` accepts go to ``route``; the session's inbox opens (it takes what
+        comes from outside). Raises :class:`SpawnRejected` for a closed session."""
+        if self._sessions.is_closed(session_id):
+            raise SpawnRejected("session_closed", f"session {session_id!r} is closed")
+        self.remotes.attach(session_id, route)
+        self._watched.add(session_id)
+        self.postbox.open(session_id)
+
+    def detach_remote(self, session_id: str) -> None:
+        """``session_id``'s route is gone: its addresses are unknown again, and an ``ask``
+        waiting on one of them ends (``closed``)."""
+        for member in self.remotes.detach(session_id):
+            self.postbox.close(member, "closed", f"the route to {member} was closed", None)
+
+    def arrive(
+        self, to: str, message_id: str, from_: str, body: str, reply_to: str | None, wake: bool
+    ) -> Receipt:
+        """A message from another process (``from_``: its sender there) into the inbox of
+        ``to`` (a live address of this manager), through the postbox like any other:
+        ``queued``, or failed (``full``, ``ended``, ``closed``)."""
+        peer = self.peers.of(to)
+        message = Message(
+            id=message_id, from_=from_, to=to, body=body, reply_to=reply_to, created_ms=now_ms()
+        )
+        return self._deliver(Peer(from_, None, peer.root), peer, message, wake, None, revive=False)
 
     def _broadcast(self, me: Peer, text: str, reply_to: str | None, wake: bool) -> Receipt:
         receipts: list[Receipt] = []
@@ -344,7 +396,7 @@ class Messaging:
             if awaited is not None and receipt.failed:
                 self.postbox.settle(me.address, message.id)
             elif awaited is not None and not reading and receipt.state == "queued":
-                self._maybe_respond(peer, message)
+                self._responders.maybe_respond(peer, message)
         # The span link goes to the question's asker: only a reply that reached it.
         to = (addressed or peer.address, peer.address)
         if (
@@ -407,77 +459,25 @@ class Messaging:
         """Follow-up input from ``record``'s parent session; never revives."""
         return self.send(record.session_id, record.task_id, text, revive=False)
 
-    # ------------------------------------------------------------------ responders
-
-    def _maybe_respond(self, peer: Peer, message: Message) -> None:
-        record = peer.record
-        if record is None or record.spec.on_message is None:
-            return
-        ctx = self._contexts.get(peer.address)
-        if ctx is None:
-            return  # still queued: its runner reads it once it starts
-        taken = self.postbox.take_one(peer.address, message.id)
-        if taken is None:
-            return
-        self.postbox.read(*taken, "injected")  # the responder reads it, on the side
-        responder = record.spec.on_message
-        deadline = self._awaited.get(message.id, (float("inf"), ""))[0]
-
-        async def respond() -> None:
-            await self._respond(peer.address, responder, message, ctx, deadline)
-
-        self._start_task(respond)
-
-    async def _respond(
-        self,
-        address: str,
-        responder: Callable[[Message, Any], Awaitable[str | None]],
-        message: Message,
-        ctx: object,
-        deadline: float,
-    ) -> None:
-        answer: object = None
-        if message.id not in self._awaited or address not in self._contexts:
-            return  # its asker, or its agent, is gone already: nobody would read an answer
-        # Cancelled when its asker stops waiting or its agent ends, and at the deadline.
-        scope = anyio.CancelScope(deadline=deadline)
-        running = self._responding.setdefault(address, {})
-        running[message.id] = scope
-        try:
-            with scope:
-                try:
-                    answer = await responder(message, ctx)
-                except Exception:
-                    logger.exception("the on_message responder of %s raised; no reply", address)
-        finally:
-            running.pop(message.id, None)
-            if not running and self._responding.get(address) is running:
-                del self._responding[address]
-        reply = None
-        text = plain_str(answer) if answer is not None else None
-        if text and text.strip() and address in self._contexts:
-            try:
-                body = message_body(text)
-            except ConfigError as exc:
-                logger.warning("the on_message responder of %s answered badly: %s", address, exc)
-            else:
-                me = self.peers.of(address)
-                reply = self._message(me, message.from_, body, message.id)
-                self._deliver(me, self.peers.of(message.from_), reply, True, None, revive=False)
-        self.postbox.aside(address, message, reply)
+    def _answer(self, address: str, question: Message, body: str) -> Message:
+        # A responder's reply, sent as its agent.
+        me = self.peers.of(address)
+        reply = self._message(me, question.from_, body, question.id)
+        self._deliver(me, self.peers.of(question.from_), reply, True, None, revive=False)
+        return reply
 
     def awaited_done(self, message_id: str) -> None:
         """The asker of ``message_id`` stopped waiting: its responder, if any, stops."""
         awaited = self._awaited.pop(message_id, None)
         self._expecting.pop(message_id, None)
-        if awaited is not None and self._responding:
-            scope = self._responding.get(awaited[1], {}).get(message_id)
-            if scope is not None:
-                scope.cancel()
+        if awaited is not None:
+            self._responders.stop(awaited[1], message_id)
 
     # ------------------------------------------------------------------ events
 
     def _changed(self, receipt: Receipt) -> None:
+        if self.remotes.active:
+            self.remotes.changed(receipt)
         if self._events.active:
             peer = self.peers.of(receipt.to)
             self._emit("receipt", peer, None, receipt)

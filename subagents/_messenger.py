@@ -54,6 +54,9 @@ class _HostInbox:
     def unwatch(self, event: anyio.Event) -> None:
         self._messaging.postbox.unwatch(self._session, event)
 
+    def remote(self) -> bool:
+        return self._messaging.remotes.attached(self._session)
+
 
 class Messenger:
     """Send, receive and list peers for an address; the waits lend the caller's slot.

@@ -44,8 +44,8 @@ COMMAND = {"CommandFailed", "CommandRunner", "MissingField", "command_agent", "f
 ROOM = {
     "AUTONOMY", "DEFAULT_LEASE_TTL", "DELIVERY_STATES", "HARNESS_KEY", "MEMBER_ID", "Autonomy",
     "Claim", "DeliveryState", "Drift", "Inbox", "Joined", "Lease", "LeaseCheck", "LeaseNotHeld",
-    "Liveness", "Member", "Message", "Received", "Room", "Sent", "SentMessage", "Severity",
-    "UnknownMember", "room_tools",
+    "Liveness", "Member", "Message", "Received", "Room", "RoomLink", "Sent", "SentMessage",
+    "Severity", "UnknownMember", "bridge", "room_tools",
 }  # fmt: skip
 COMPAT = {"Tool", "ToolResult", "Toolset", "build_tools"}
 """Still importable from the top level, without a warning, though not in its __all__."""

@@ -9,6 +9,7 @@ watcher it uses): the core never imports it.
 
 from __future__ import annotations
 
+from ._bridge import RoomLink, bridge
 from ._ids import HARNESS_KEY, MEMBER_ID, UnknownMember
 from ._leases import LeaseNotHeld
 from ._records import (
@@ -53,10 +54,12 @@ __all__ = [
     "Message",
     "Received",
     "Room",
+    "RoomLink",
     "Sent",
     "SentMessage",
     "Severity",
     "UnknownMember",
+    "bridge",
     "room_tools",
 ]
 
@@ -72,9 +75,11 @@ for _obj in (
     Message,
     Received,
     Room,
+    RoomLink,
     Sent,
     SentMessage,
     UnknownMember,
+    bridge,
     room_tools,
 ):
     _obj.__module__ = __name__

@@ -65,6 +65,23 @@ def check_limit(value: object) -> int:
     return value
 
 
+MAX_IDS: Final = 1000
+"""Message ids one :meth:`Room.mark_read` or :meth:`Room.accept` call takes at most."""
+
+
+def check_ids(value: object) -> tuple[int, ...]:
+    """``value`` as message ids (a list of ints, at most :data:`MAX_IDS`)."""
+    expected = f"a list of at most {MAX_IDS} message ids (ints >= 1)"
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ConfigError("message_ids", expected, value)
+    if len(value) > MAX_IDS:
+        raise ConfigError("message_ids", expected + f" (it has {len(value)})", value)
+    ids = tuple(as_int(v) for v in value)
+    if any(i is None or i < 1 for i in ids):
+        raise ConfigError("message_ids", expected, value)
+    return tuple(i for i in ids if i is not None)
+
+
 def check_mode(value: object) -> LeaseMode:
     if value == "exclusive" or value == "shared":
         return value

@@ -29,6 +29,8 @@ __all__ = [
     "has_live",
     "history",
     "inbox",
+    "mark",
+    "peek",
     "receive",
     "resend_signals",
     "send",
@@ -224,6 +226,62 @@ def receive(conn: sqlite3.Connection, member: str, limit: int, now: float) -> li
         (len(rows), member),
     )
     return [_message(row[1:]) for row in rows]
+
+
+def peek(
+    conn: sqlite3.Connection, member: str, after: int | None, limit: int, now: float
+) -> list[Message]:
+    """Up to ``limit`` bodies not taken (nor past their TTL), in arrival order, after the
+    member's delivery of message ``after``; marks nothing. Reads only, by the inbox index.
+
+    Raises:
+        ConfigError: ``after`` is not a message delivered to the member.
+    """
+    start = 0
+    if after is not None:
+        row = conn.execute(
+            "SELECT id FROM room_deliveries WHERE message_id = ? AND recipient = ?",
+            (after, member),
+        ).fetchone()
+        if row is None:
+            raise ConfigError("after", f"the id of a message delivered to {member}", after)
+        start = int(row[0])
+    rows = conn.execute(
+        f"SELECT {_MESSAGE_COLUMNS} FROM room_deliveries d "
+        "JOIN room_messages m ON m.id = d.message_id "
+        f"WHERE d.recipient = ? AND d.state IN {LIVE} AND d.id > ? "
+        "AND (d.expires_at IS NULL OR d.expires_at > ?) ORDER BY d.id LIMIT ?",
+        (member, start, now, limit),
+    ).fetchall()
+    return [_message(row) for row in rows]
+
+
+_BEFORE: Final[dict[str, str]] = {
+    "accepted": "('stored', 'offered', 'undeliverable')",
+    "read": LIVE,
+}
+
+
+def mark(conn: sqlite3.Connection, member: str, ids: Sequence[int], state: str, now: float) -> int:
+    """Move the member's deliveries of messages ``ids`` to ``state`` (``accepted`` or
+    ``read``) where that is forward and their TTL has not passed; how many moved. Looked
+    up by (message, recipient); ids that are not the member's are skipped."""
+    if not ids:
+        return 0
+    marks = ", ".join("?" * len(ids))
+    cursor = conn.execute(
+        f"UPDATE room_deliveries SET state = ?, changed_at = ? WHERE message_id IN ({marks}) "
+        f"AND recipient = ? AND state IN {_BEFORE[state]} "
+        "AND (expires_at IS NULL OR expires_at > ?)",
+        (state, now, *ids, member, now),
+    )
+    moved = cursor.rowcount
+    if state == "read" and moved:
+        conn.execute(
+            "UPDATE room_members SET deliveries_read = deliveries_read + ? WHERE member_id = ?",
+            (moved, member),
+        )
+    return moved
 
 
 def inbox(conn: sqlite3.Connection, member: str) -> Inbox:

@@ -26,6 +26,7 @@ from ._checks import (
     absolute,
     check_body,
     check_cwd,
+    check_ids,
     check_limit,
     check_mode,
     check_path,
@@ -281,9 +282,57 @@ class Room(RoomBase):
             deadline,
         )
 
-    async def accept(self, member: str) -> int:
+    async def peek(
+        self,
+        member: str,
+        *,
+        after: int | None = None,
+        limit: int = 50,
+        timeout: float | None = 0.0,
+    ) -> tuple[Message, ...]:
+        """Up to ``limit`` messages waiting for ``member`` (not read, not past their TTL),
+        oldest first, after message ``after`` (one delivered to the member) if given,
+        marking nothing: a look, not the member's activity. With a ``timeout`` it waits
+        (``None``: without end) for one, woken as :meth:`receive` is; at the deadline,
+        empty. What a bridge hands on before the local recipient reads it
+        (:meth:`mark_read` once it has)."""
+        cap = check_limit(limit)
+        start = count("after", after, minimum=1, none_ok=True)
+        wait = seconds("timeout", timeout, none_ok=True, zero_ok=True)
+        deadline = None if wait is None else anyio.current_time() + wait
+
+        async def look(left: float | None) -> tuple[Message, ...] | None:
+            found = await self._db().look(
+                member,
+                lambda raw, who, now: _messages.peek(raw, who, start, cap, now),
+                timeout=left,
+            )
+            return tuple(found) or None
+
+        got = await look(None)
+        if got is not None or wait == 0:
+            return got or ()
+        return await self._waiters.until((), bool, look, deadline)
+
+    async def mark_read(self, member: str, message_ids: Sequence[int]) -> int:
+        """Mark ``member``'s deliveries of ``message_ids`` read (those not read yet, nor
+        past their TTL): their bodies were taken some other way than :meth:`receive` (a
+        bridge's local recipient read them). How many moved."""
+        ids = check_ids(message_ids)
+        return await self._db().act(
+            member, lambda raw, found, now: _messages.mark(raw, found, ids, "read", now)
+        )
+
+    async def accept(self, member: str, message_ids: Sequence[int] | None = None) -> int:
         """The member's harness took its wake signals and a turn runs: its ``offered``
-        deliveries become ``accepted`` (a signal is never repeated past that). How many."""
+        deliveries become ``accepted`` (a signal is never repeated past that). How many.
+        With ``message_ids``, only the deliveries of those messages not taken yet move
+        (``stored`` and ``undeliverable`` ones too): a bridge handed them on."""
+        if message_ids is not None:
+            ids = check_ids(message_ids)
+            return await self._db().act(
+                member, lambda raw, found, now: _messages.mark(raw, found, ids, "accepted", now)
+            )
         return await self._db().act(
             member, lambda raw, found, now: _messages.accept(raw, found, now)
         )

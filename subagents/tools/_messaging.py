@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 from .._envelope import bound_text, cut_middle
 from .._handle import handle_of
 from .._json import JSONValue
-from .._manager import messenger_of
+from .._manager import messaging_of, messenger_of
 from .._messages import MAX_MESSAGE_CHARS, Message, Receipt
 from .._tool_tracing import ToolSpan
 from ._handlers import hints
@@ -214,6 +214,16 @@ def build_message_tools(
     longest wait of each (seconds, below its host timeout)."""
     impl = MessageTools(manager, address, limits, ceilings)
     engine = limits.engine_timeouts
+    messaging = messaging_of(manager)
+    # A session bridged to a room (subagents.room.bridge) reaches other processes too.
+    room = messaging.remotes.attached(messaging.peers.of(address).root)
+    to_room = (
+        " In the bridged room, also a member id (16 hex characters), 'room:*' (every "
+        "member), 'file:<glob>' (members holding a lease on a matching file) or "
+        "'tag:<tag>'; one that reaches 0 members fails (unknown)."
+        if room
+        else ""
+    )
     send_max, read_max = ms(ceilings["send_message"]), ms(ceilings["read_messages"])
 
     def tool(
@@ -247,7 +257,7 @@ def build_message_tools(
                 "receipt says queued, delivered, read, replied or failed (why: ended, "
                 "full, closed). To get an answer in this call, set await_reply_ms (at "
                 f"most {send_max} ms); otherwise read the reply later with read_messages. "
-                "When answering a message, pass its id as reply_to."
+                "When answering a message, pass its id as reply_to." + to_room
             ),
             params=[
                 Param(
@@ -255,7 +265,7 @@ def build_message_tools(
                     kind="string",
                     required=True,
                     description="Recipient: a task id, an agent path (e.g. /root/coder), or "
-                    "'*' for every live agent of your tree.",
+                    "'*' for every live agent of your tree." + to_room,
                     min_length=1,
                     max_length=_ADDRESS_MAX,
                     form=f"1 to {_ADDRESS_MAX} characters",
@@ -309,7 +319,8 @@ def build_message_tools(
                 Param(
                     name="from",
                     kind="string",
-                    description="Only messages from this sender (task id or agent path).",
+                    description="Only messages from this sender (task id or agent path"
+                    + (", or a room member id)." if room else ")."),
                     min_length=1,
                     max_length=_ADDRESS_MAX,
                     form=f"1 to {_ADDRESS_MAX} characters",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from subagents._json import dumps_str, loads
 
 WORKER = Path(__file__).with_name("worker.py")
+BRIDGE_WORKER = Path(__file__).with_name("bridge_worker.py")
 
 NO_SUCH_PID = 2**22 + 7
 """Above the kernel's pid_max: no process has it."""
@@ -91,10 +92,15 @@ async def room_worker(
     clock: str = "wall",
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
+    script: Path = WORKER,
+    extra: Sequence[str] = (),
 ) -> AsyncIterator[RoomWorker]:
-    """Start a worker on ``path`` (in ``cwd``, with ``env`` added); its stdin is closed at
-    the end and it must exit cleanly, unless the test killed it."""
-    command = [sys.executable, str(WORKER), str(path), "--clock", clock, "--backend", backend]
+    """Start a worker on ``path`` (in ``cwd``, with ``env`` added; ``script``: which, with
+    ``extra`` arguments); its stdin is closed at the end and it must exit cleanly, unless
+    the test killed it."""
+    command = [sys.executable, str(script), str(path), "--backend", backend, *extra]
+    if script == WORKER:
+        command += ["--clock", clock]
     environment = {**os.environ, **(env or {})}
     async with await anyio.open_process(
         command,

@@ -26,6 +26,10 @@ async def test_no_statement_of_a_room_call_scans_a_table(tmp_path: Path) -> None
         assert (await room.claim(a, "x.py", mode="shared")).ok
         for selector in ("*", "tag:t", "file:x.py", b):
             await room.send(a, selector, "m", ttl=60)
+        await room.peek(b)
+        await room.peek(b, after=1, limit=2)
+        await room.accept(b, [1, 2])
+        await room.mark_read(b, [1])
         await room.receive(b)
         await room.receive(b)
         await room.ack(b, 1)

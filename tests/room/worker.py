@@ -14,7 +14,9 @@ import argparse
 import random
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -81,26 +83,34 @@ async def contend(
     return spans
 
 
+async def answer_lines(call: Callable[[str, dict[str, Any]], Awaitable[object]]) -> None:
+    """Print ``ready``, then answer each line of stdin with ``call(op, arguments)`` until
+    stdin ends (what another worker of the room tests runs too)."""
+    print("ready", flush=True)
+    while True:
+        line = await anyio.to_thread.run_sync(sys.stdin.buffer.readline)
+        if not line:
+            return
+        request = loads(line)
+        assert isinstance(request, dict)
+        op = str(request.pop("op"))
+        try:
+            answer = {"ok": plain(await call(op, request))}
+        except Exception as exc:
+            answer = {"error": type(exc).__name__, "message": str(exc)}
+        print(dumps_str(answer), flush=True)
+
+
 async def main(path: str, source: str) -> None:
     clock = Clock(source)
     async with Room(path, clock=clock) as room:
-        print("ready", flush=True)
-        while True:
-            line = await anyio.to_thread.run_sync(sys.stdin.buffer.readline)
-            if not line:
-                return
-            request = loads(line)
-            assert isinstance(request, dict)
-            op = str(request.pop("op"))
-            try:
-                if op == "contend":
-                    result: object = await contend(room, clock, **request)  # type: ignore[arg-type]
-                else:
-                    result = await getattr(room, op)(**request)
-                answer = {"ok": plain(result)}
-            except Exception as exc:
-                answer = {"error": type(exc).__name__, "message": str(exc)}
-            print(dumps_str(answer), flush=True)
+
+        async def call(op: str, request: dict[str, Any]) -> object:
+            if op == "contend":
+                return await contend(room, clock, **request)
+            return await getattr(room, op)(**request)
+
+        await answer_lines(call)
 
 
 if __name__ == "__main__":
