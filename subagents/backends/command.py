@@ -41,7 +41,7 @@ from .._json import dumps_str, loads
 from .._retry import RetryPolicy
 from .._spec import AgentSpec, Request, Result
 from .._validators import count, seconds
-from . import _warden
+from . import _spawn, _warden
 
 __all__ = ["CommandFailed", "CommandRunner", "MissingField", "command_agent", "fill_template"]
 
@@ -156,12 +156,7 @@ class CommandRunner:
 
     async def _run(self, argv: Sequence[str], stdin: bytes) -> tuple[str, int, str, bool]:
         """:meth:`run`, and whether stdout was cut by the bound (still open at it)."""
-        # Shielded: a cancellation while the process is being started would leave it
-        # running (or killed alone, its children not), with no handle here to end it by.
-        with anyio.CancelScope(shield=True):
-            process = await anyio.open_process(
-                list(argv), cwd=self.cwd, env=self.env, start_new_session=True
-            )
+        process = await _start(argv, self.cwd, self.env)
         _warden.started(process.pid)
         out = bytearray()
         err = bytearray()
@@ -274,6 +269,20 @@ def _as_word(value: object) -> str:
     return dumps_str(value)
 
 
+async def _start(
+    argv: Sequence[str], cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None
+) -> anyio.abc.Process:
+    """The command's process, leading a session of its own: ``posix_spawn`` and a pidfd
+    where they exist (Linux, no ``cwd``), else ``anyio.open_process``."""
+    if _spawn.AVAILABLE and cwd is None:
+        return _spawn.spawn(argv, env)  # synchronous: no cancellation mid-start
+    # Shielded: a cancellation while the process is being started would leave it
+    # running (or killed alone, its children not), with no handle here to end it by.
+    with anyio.CancelScope(shield=True):
+        process = await anyio.open_process(list(argv), cwd=cwd, env=env, start_new_session=True)
+    return process
+
+
 async def _feed(process: anyio.abc.Process, data: bytes) -> None:
     stream = process.stdin
     if stream is None:
@@ -333,11 +342,11 @@ async def _end_group(process: anyio.abc.Process, grace: float) -> None:
     _signal_group(pgid, signal.SIGKILL)
     with anyio.move_on_after(_REAP_TIMEOUT):
         await process.wait()
-    if process.returncode is not None:
-        await process.aclose()
+    if process.returncode is not None or isinstance(process, _spawn.SpawnedProcess):
+        await process.aclose()  # a SpawnedProcess's never waits: it closes and leaves
         return
     # Not reaped in time (uninterruptible sleep): close the pipes and leave it, since
-    # the process's own aclose would wait for it without a bound.
+    # anyio's own aclose would wait for it without a bound.
     for stream in (process.stdin, process.stdout, process.stderr):
         if stream is not None:
             await stream.aclose()

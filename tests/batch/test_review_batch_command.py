@@ -11,7 +11,7 @@ from subagents import ConfigError
 from subagents.backends.command import CommandRunner, command_agent, fill_template
 from tests.batch.support import wait_ended
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("process_start")]
 
 
 async def test_a_command_that_exits_leaving_a_child_on_its_stdout_returns_at_its_exit(
