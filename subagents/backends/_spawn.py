@@ -16,7 +16,7 @@ and stderr pipes to this process, ``SIGPIPE`` and ``SIGXFSZ`` back to their defa
 :class:`SpawnedProcess` is an :class:`anyio.abc.Process` over those descriptors, so the
 runner drives either kind the same way.
 
-``posix_spawn`` has no working-directory action before Python 3.14's, so a runner with a
+Python's ``posix_spawn`` has no working-directory action, so a runner with a
 ``cwd`` still goes through ``anyio.open_process``; so does any platform without
 ``posix_spawn`` or pidfds (:data:`AVAILABLE`).
 """
