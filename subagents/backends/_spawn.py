@@ -1,33 +1,34 @@
-"""The command runner's process on Linux: started by ``posix_spawn``, awaited through a pidfd.
+"""The command runner's process on Linux: started off the event loop, its exit read from a pidfd.
 
-``subprocess.Popen`` (under ``anyio.open_process``) forks this process, whose page tables
-grow with everything it has mapped, then waits for the child's ``exec``; on Python 3.11
-asyncio also starts a thread per child to wait for its exit. glibc's ``posix_spawn`` starts
-the child with ``clone(CLONE_VM | CLONE_VFORK)``, at a cost that does not depend on this
-process's size, and a pidfd (Linux 5.3) is a descriptor the event loop watches like a
-pipe: readable once the child has exited. So a command costs three pipes, a pidfd and
-the loop's waits on them, no fork of the parent and no thread.
+``anyio.open_process`` on asyncio forks in the event loop's thread and waits there for the
+child's ``exec``, then (Python 3.11) starts a thread per child to wait for its exit; on trio
+it starts the child in a worker thread and waits for the exit through a pidfd. Here, on
+either backend, :func:`spawn` starts the child with ``subprocess.Popen`` in a worker thread
+(the event loop runs on while the child reaches its ``exec``, and several children start
+at once), and the exit is awaited through a pidfd (Linux 5.3): a descriptor the loop
+watches like a pipe, readable once the child has exited; the pipes are this module's own,
+non-blocking, behind ``anyio.wait_readable`` and ``wait_writable``. No thread waits for a
+child, and no asyncio transport or protocol objects are built per command.
+
+``os.posix_spawn`` (``clone(CLONE_VM | CLONE_VFORK)``, cheaper in CPU) was measured here
+and not kept: it holds the GIL until the child has called ``exec``, so on a loaded machine,
+where the new child waits for a CPU, the whole process (event loop included) waits with it.
+``subprocess`` waits for the ``exec`` without the GIL.
 
 :func:`spawn` starts the child as the runner's ``anyio.open_process(...,
-start_new_session=True)`` did: in a session (and process group) of its own, stdin, stdout
-and stderr pipes to this process, ``SIGPIPE`` and ``SIGXFSZ`` back to their defaults
-(``subprocess``'s ``restore_signals``), no descriptor but the three inherited
-(``close_fds``), the executable found on the ``PATH`` of ``env`` as ``subprocess`` finds it.
-:class:`SpawnedProcess` is an :class:`anyio.abc.Process` over those descriptors, so the
-runner drives either kind the same way.
-
-Python's ``posix_spawn`` has no working-directory action, so a runner with a
-``cwd`` still goes through ``anyio.open_process``; so does any platform without
-``posix_spawn`` or pidfds (:data:`AVAILABLE`).
+start_new_session=True)`` did: ``subprocess``'s own semantics (its ``PATH`` search in
+``env``, ``close_fds``, ``restore_signals``, ``cwd``, its errors), in a session and process
+group of its own. :class:`SpawnedProcess` is an :class:`anyio.abc.Process` over its
+descriptors, so the runner drives either kind the same way. ``anyio.open_process`` stays
+the path where pidfds are missing (:data:`AVAILABLE`).
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import signal as signal_module  # send_signal's parameter is named ``signal``, as anyio's is
-import stat
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
@@ -35,15 +36,13 @@ from typing import Final
 
 import anyio
 import anyio.abc
-
-if sys.platform != "win32":
-    import fcntl
+import anyio.to_thread
 
 __all__ = ["AVAILABLE", "SpawnedProcess", "spawn"]
 
 
 def _pidfds_work() -> bool:
-    if sys.platform != "linux" or not hasattr(os, "posix_spawn"):
+    if sys.platform != "linux":
         return False
     if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
         return False
@@ -55,12 +54,7 @@ def _pidfds_work() -> bool:
 
 
 AVAILABLE: Final = _pidfds_work()
-"""Whether :func:`spawn` can run here (Linux, ``posix_spawn``, pidfds)."""
-_DEFAULT_SIGNALS: Final = tuple(
-    getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)
-)
-"""Signals this interpreter ignores that the child gets back at their default, as
-``subprocess``'s ``restore_signals`` does (an ignored signal stays ignored across exec)."""
+"""Whether :func:`spawn` can run here (Linux 5.3 or later, pidfds allowed)."""
 _READ_CHUNK: Final = 65536
 
 
@@ -72,8 +66,13 @@ class SpawnedProcess(anyio.abc.Process):
     not exited is left running (the runner ends its group before it closes the process).
     """
 
-    def __init__(self, pid: int, pidfd: int, stdin: int, stdout: int, stderr: int) -> None:
-        self._pid = pid
+    def __init__(
+        self, popen: subprocess.Popen[bytes], pidfd: int, stdin: int, stdout: int, stderr: int
+    ) -> None:
+        # Held until reaped: a Popen collected unreaped joins subprocess's list of
+        # children to reap, and another Popen could reap this one before its wait.
+        self._popen = popen
+        self._pid = popen.pid
         self._pidfd = pidfd
         self._returncode: int | None = None
         self._waiter: anyio.Event | None = None
@@ -130,6 +129,7 @@ class SpawnedProcess(anyio.abc.Process):
             self._returncode = 255
         else:
             self._returncode = os.waitstatus_to_exitcode(status)
+        self._popen.returncode = self._returncode  # reaped: subprocess must not wait for it
 
     def send_signal(self, signal: int) -> None:
         """Signal the child itself (through its pidfd: never another process with a
@@ -161,6 +161,7 @@ class SpawnedProcess(anyio.abc.Process):
                 pid, status = os.waitpid(self._pid, os.WNOHANG)
                 if pid:
                     self._returncode = os.waitstatus_to_exitcode(status)
+                    self._popen.returncode = self._returncode
 
 
 class _FdReceiveStream(anyio.abc.ByteReceiveStream):
@@ -223,47 +224,52 @@ def _close(stream: _FdReceiveStream | _FdSendStream) -> None:
         os.close(fd)
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SpawnedProcess:
+async def spawn(
+    argv: Sequence[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SpawnedProcess:
     """Start ``argv`` in a session of its own with pipes for stdin, stdout and stderr.
 
-    Does not block beyond the kernel's start of the child (the caller's thread waits for
-    the child's ``exec``, as ``subprocess`` does).
+    Blocks until the child has started (``exec`` called), in a worker thread. Shielded: a
+    cancellation waits for the start to finish, then hits the caller's next checkpoint,
+    with the process returned for the caller to end (cancelled mid-start, it would have
+    no owner to end it).
 
     Raises:
-        FileNotFoundError: no executable ``argv[0]`` on the ``PATH`` of ``env``.
-        OSError: the start failed (``posix_spawn``'s error, e.g. ``EACCES``, ``ENOEXEC``).
+        FileNotFoundError: no executable ``argv[0]`` (on the ``PATH`` of ``env``).
+        OSError: the start failed (as ``subprocess.Popen`` raises it).
     """
     if not AVAILABLE:
-        raise RuntimeError("posix_spawn with pidfds is not available on this platform")
-    executable = _executable(argv[0], env)
+        raise RuntimeError("pidfds are not available on this platform")
     opened: list[int] = []
     try:
         stdin_r, stdin_w = _pipe(opened)
         stdout_r, stdout_w = _pipe(opened)
         stderr_r, stderr_w = _pipe(opened)
-        actions: list[tuple[int, ...]] = [
-            (os.POSIX_SPAWN_DUP2, stdin_r, 0),
-            (os.POSIX_SPAWN_DUP2, stdout_w, 1),
-            (os.POSIX_SPAWN_DUP2, stderr_w, 2),
-        ]
-        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds(set(opened))]
-        pid = os.posix_spawn(
-            executable,
-            list(argv),
-            # A plain copy: the C side reads it faster than os.environ's mapping.
-            dict(os.environb) if env is None else env,
-            file_actions=actions,
-            setsid=True,
-            setsigdef=_DEFAULT_SIGNALS,
-        )
+
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                list(argv),
+                stdin=stdin_r,
+                stdout=stdout_w,
+                stderr=stderr_w,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+            )
+
+        with anyio.CancelScope(shield=True):
+            popen = await anyio.to_thread.run_sync(start)
         for fd in (stdin_r, stdout_w, stderr_w):
             opened.remove(fd)
             os.close(fd)
         try:
-            pidfd = os.pidfd_open(pid)
+            pidfd = os.pidfd_open(popen.pid)
         except OSError:  # out of descriptors: end the child rather than lose it
-            os.killpg(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
             raise
     except BaseException:
         for fd in opened:
@@ -271,57 +277,11 @@ def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SpawnedP
         raise
     for fd in (stdin_w, stdout_r, stderr_r):
         os.set_blocking(fd, False)
-    return SpawnedProcess(pid, pidfd, stdin_w, stdout_r, stderr_r)
+    return SpawnedProcess(popen, pidfd, stdin_w, stdout_r, stderr_r)
 
 
 def _pipe(opened: list[int]) -> tuple[int, int]:
-    """A close-on-exec pipe, neither end below 3: a ``dup2`` onto 0, 1 or 2 must not
-    overwrite another of the child's ends (this process may have closed its stdio)."""
-    ends: list[int] = []
-    for fd in os.pipe2(os.O_CLOEXEC):
-        opened.append(fd)
-        if fd < 3:
-            moved = _dup_above_stdio(fd)
-            opened.append(moved)
-            opened.remove(fd)
-            os.close(fd)
-            fd = moved
-        ends.append(fd)
-    return ends[0], ends[1]
-
-
-def _dup_above_stdio(fd: int) -> int:
-    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
-
-
-def _inheritable_fds(skip: set[int]) -> list[int]:
-    """This process's inheritable descriptors above stdio (``close_fds``: the child gets
-    none of them). Python opens every descriptor non-inheritable, so this is usually
-    empty: it lists those a caller made inheritable or that this process inherited."""
-    found = []
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd < 3 or fd in skip:
-            continue
-        try:
-            if os.get_inheritable(fd):
-                found.append(fd)
-        except OSError:  # the listing's own descriptor, closed by now
-            continue
-    return found
-
-
-def _executable(name: str, env: Mapping[str, str] | None) -> str:
-    """``name`` as ``exec`` would find it: a path as given, else the first executable
-    regular file of that name on the ``PATH`` of ``env`` (this process's if ``None``)."""
-    if os.path.dirname(name):
-        return name
-    for directory in os.get_exec_path(env):
-        candidate = os.path.join(directory, name)
-        try:
-            mode = os.stat(candidate).st_mode
-        except OSError:
-            continue
-        if stat.S_ISREG(mode) and os.access(candidate, os.X_OK):
-            return candidate
-    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    """A close-on-exec pipe (``subprocess`` makes the child's ends its stdio)."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    opened += (read_end, write_end)
+    return read_end, write_end

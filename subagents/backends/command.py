@@ -272,10 +272,10 @@ def _as_word(value: object) -> str:
 async def _start(
     argv: Sequence[str], cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None
 ) -> anyio.abc.Process:
-    """The command's process, leading a session of its own: ``posix_spawn`` and a pidfd
-    where they exist (Linux, no ``cwd``), else ``anyio.open_process``."""
-    if _spawn.AVAILABLE and cwd is None:
-        return _spawn.spawn(argv, env)  # synchronous: no cancellation mid-start
+    """The command's process, leading a session of its own: started off the event loop
+    and awaited through a pidfd where pidfds exist (Linux), else ``anyio.open_process``."""
+    if _spawn.AVAILABLE:
+        return await _spawn.spawn(argv, cwd=cwd, env=env)  # shielded as the start below is
     # Shielded: a cancellation while the process is being started would leave it
     # running (or killed alone, its children not), with no handle here to end it by.
     with anyio.CancelScope(shield=True):

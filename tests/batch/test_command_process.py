@@ -1,4 +1,4 @@
-"""The command runner's process, by ``posix_spawn`` and a pidfd and by ``anyio.open_process``:
+"""The command runner's process, through a pidfd and through ``anyio.open_process``:
 descriptors, a missing command, large pipes, signals, and which path runs when."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -106,23 +107,22 @@ async def test_a_group_ignoring_sigterm_is_killed_on_cancel_and_none_of_it_outli
     await anyio.to_thread.run_sync(wait_ended, [int(p) for p in pids.read_text().split()])
 
 
-async def test_the_path_is_posix_spawn_on_linux_and_open_process_with_a_cwd(
+async def test_the_path_is_the_pidfd_one_on_linux_with_or_without_a_cwd(
     process_start: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spawned: list[list[str]] = []
     real = _spawn.spawn
 
-    def spy(argv: list[str], env: dict[str, str] | None = None) -> _spawn.SpawnedProcess:
+    async def spy(argv: list[str], **options: Any) -> _spawn.SpawnedProcess:
         spawned.append(list(argv))
-        return real(argv, env)
+        return await real(argv, **options)
 
     monkeypatch.setattr(_spawn, "spawn", spy)
-    runner = CommandRunner(["pwd"])
-    here, _, _ = await runner.run(["pwd"], b"")
+    here, _, _ = await CommandRunner(["pwd"]).run(["pwd"], b"")
     elsewhere, _, _ = await CommandRunner(["pwd"], cwd=tmp_path).run(["pwd"], b"")
-    assert (here.strip(), elsewhere.strip()) == (os.getcwd(), str(tmp_path.resolve()))
-    expected = [["pwd"]] if process_start == "posix_spawn" else []
-    assert spawned == expected
+    there = str(await anyio.Path(tmp_path).resolve())
+    assert (here.strip(), elsewhere.strip()) == (os.getcwd(), there)
+    assert spawned == ([["pwd"], ["pwd"]] if process_start == "pidfd" else [])
     if sys.platform == "linux":
         assert _spawn.AVAILABLE or process_start == "open_process"
 
@@ -131,7 +131,7 @@ async def test_the_environment_given_is_the_commands_and_its_path_finds_the_exec
     tmp_path: Path,
 ) -> None:
     tool = tmp_path / "only-here-subagents"
-    tool.write_text("#!/bin/sh\necho \"found $MARK\"\n")
+    tool.write_text('#!/bin/sh\necho "found $MARK"\n')
     tool.chmod(0o755)
     env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}", "MARK": "yes"}
     stdout, code, _ = await CommandRunner([tool.name], env=env).run([tool.name], b"")
