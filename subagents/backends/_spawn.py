@@ -25,6 +25,7 @@ the path where pidfds are missing (:data:`AVAILABLE`).
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import signal as signal_module  # send_signal's parameter is named ``signal``, as anyio's is
@@ -37,6 +38,7 @@ from typing import Final
 import anyio
 import anyio.abc
 import anyio.to_thread
+from anyio.lowlevel import RunVar
 
 __all__ = ["AVAILABLE", "SpawnedProcess", "spawn"]
 
@@ -232,10 +234,11 @@ async def spawn(
 ) -> SpawnedProcess:
     """Start ``argv`` in a session of its own with pipes for stdin, stdout and stderr.
 
-    Blocks until the child has started (``exec`` called), in a worker thread. Shielded: a
-    cancellation waits for the start to finish, then hits the caller's next checkpoint,
-    with the process returned for the caller to end (cancelled mid-start, it would have
-    no owner to end it).
+    Waits for one of this loop's :data:`_STARTS` turns (a cancellation there starts
+    nothing), then blocks until the child has started (``exec`` called), in a worker
+    thread. That part is shielded: a cancellation waits for the start to finish, then hits
+    the caller's next checkpoint, with the process returned for the caller to end
+    (cancelled mid-start, it would have no owner to end it).
 
     Raises:
         FileNotFoundError: no executable ``argv[0]`` (on the ``PATH`` of ``env``).
@@ -243,6 +246,19 @@ async def spawn(
     """
     if not AVAILABLE:
         raise RuntimeError("pidfds are not available on this platform")
+    gate, threads = _starters()
+    # The wait for a turn is outside the shield, so a run cancelled before its start has
+    # a thread starts nothing; once it has one, the thread is never waited on for a token.
+    async with gate:
+        return await _start(argv, cwd, env, threads)
+
+
+async def _start(
+    argv: Sequence[str],
+    cwd: str | os.PathLike[str] | None,
+    env: Mapping[str, str] | None,
+    threads: anyio.CapacityLimiter,
+) -> SpawnedProcess:
     opened: list[int] = []
     try:
         stdin_r, stdin_w = _pipe(opened)
@@ -261,7 +277,7 @@ async def spawn(
             )
 
         with anyio.CancelScope(shield=True):
-            popen = await anyio.to_thread.run_sync(start)
+            popen = await anyio.to_thread.run_sync(start, limiter=threads)
         for fd in (stdin_r, stdout_w, stderr_w):
             opened.remove(fd)
             os.close(fd)
@@ -269,7 +285,8 @@ async def spawn(
             pidfd = os.pidfd_open(popen.pid)
         except OSError:  # out of descriptors: end the child rather than lose it
             os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()
+            with anyio.CancelScope(shield=True):  # reaped in a thread: never on the loop
+                await anyio.to_thread.run_sync(popen.wait, limiter=threads)
             raise
     except BaseException:
         for fd in opened:
@@ -278,6 +295,23 @@ async def spawn(
     for fd in (stdin_w, stdout_r, stderr_r):
         os.set_blocking(fd, False)
     return SpawnedProcess(popen, pidfd, stdin_w, stdout_r, stderr_r)
+
+
+_STARTS: Final = 8
+"""Processes started at once, each in a worker thread of its own (a fork needs little
+parallelism: the interpreter lock is held for most of it)."""
+_STARTERS: RunVar[tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]] = RunVar("starters")
+
+
+def _starters() -> tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]:
+    """This event loop's gate for starts and the threads behind it: the starts never
+    wait for the default thread limiter, which a runner's blocking work may hold."""
+    try:
+        return _STARTERS.get()
+    except LookupError:
+        pair = (anyio.CapacityLimiter(_STARTS), anyio.CapacityLimiter(math.inf))
+        _STARTERS.set(pair)
+        return pair
 
 
 def _pipe(opened: list[int]) -> tuple[int, int]:

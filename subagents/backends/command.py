@@ -51,7 +51,6 @@ _FIELD: Final = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
 that pairs with none stays as written (``jq '{a: {b: .x}}'``)."""
 _EXACT_INT: Final = 2**53
 """An integral float below this is filled as the integer it is exactly (``3.0``: ``3``)."""
-_READ_CHUNK: Final = 65536
 _REAP_TIMEOUT: Final = 5.0
 """How long a SIGKILLed process may take to be reaped, and its pipes to close, before the
 run gives up on it (a process in uninterruptible sleep, a descendant that left the group

@@ -4,6 +4,7 @@ descriptors, a missing command, large pipes, signals, and which path runs when."
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -136,3 +137,12 @@ async def test_the_environment_given_is_the_commands_and_its_path_finds_the_exec
     env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}", "MARK": "yes"}
     stdout, code, _ = await CommandRunner([tool.name], env=env).run([tool.name], b"")
     assert (stdout, code) == ("found yes\n", 0)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="pidfds are Linux's")
+def test_a_linux_kernel_with_pidfds_runs_the_pidfd_path() -> None:
+    # The fixture skips the pidfd case where pidfds are missing: without this, a Linux
+    # machine that fell back quietly would still pass every runner test.
+    release = tuple(int(part) for part in re.findall(r"\d+", os.uname().release)[:2])
+    if release >= (5, 3):
+        assert _spawn._pidfds_work()  # the probe itself: the module patches AVAILABLE
