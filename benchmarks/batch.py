@@ -3,6 +3,7 @@
 
     python benchmarks/batch.py            # 100,000 agents, 2,000 commands: about a minute
     python benchmarks/batch.py --quick    # tiny sizes: proves it runs (CI)
+    python benchmarks/batch.py --agents 0 --repeat 3   # the commands only, median of 3
 
 Each figure is one run of the real console script (``python -m subagents batch run``) in
 a fresh directory (so a fresh store), ``--progress none``:
@@ -16,7 +17,9 @@ a fresh directory (so a fresh store), ``--progress none``:
   wall / M; for the batch also (wall - the one-item run's wall) / M, which leaves out the
   interpreter's start-up. The batch runs on asyncio, and on trio too when it is installed
   (``--backend trio``): on Python 3.11 asyncio waits for each child in a thread of its
-  own, trio does not. The target is the batch's per-item cost at most xargs's.
+  own, trio does not. The target is the batch's per-item cost at most xargs's. With
+  ``--repeat N`` the rounds run back to back and the median of each figure ends the report
+  (the per-item cost past start-up, beside xargs's of the same rounds).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import importlib.util
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,48 +102,70 @@ def agents(n: int) -> None:
     )
 
 
-def commands(m: int, backends: list[str]) -> None:
-    for backend in backends:
-        runner = ["--command", "true", "--backend", backend]
-        base_wall, _, _ = _batch(1, runner, 16)
-        wall, status, _ = _batch(m, runner, 16)
-        print(
-            f"commands  {m:>7} x true, -j 16, {backend:>7}: {wall:6.2f} s, "
-            f"{wall / m * 1e6:6.0f} us/item ({(wall - base_wall) / m * 1e6:.0f} us/item past "
-            f"its {base_wall:.2f} s start-up), exit {status}"
-        )
+def commands(m: int, backends: list[str], repeat: int) -> None:
+    """``repeat`` rounds, each of every backend then xargs (then parallel) back to back, so
+    each round's figures share the machine's load; then the median of each."""
     numbers = "".join(f"{i}\n" for i in range(m)).encode()
-    with tempfile.TemporaryDirectory() as where:
-        x_wall, x_status, _ = _timed(
-            ["xargs", "-P", "16", "-n", "1", "true"], Path(where), stdin=numbers
-        )
-        print(
-            f"{'':10}xargs -P 16 -n 1 true:          {x_wall:6.2f} s, "
-            f"{x_wall / m * 1e6:6.0f} us/item, exit {x_status}"
-        )
-        parallel = shutil.which("parallel")
-        if parallel is None:
-            print("          GNU parallel: not installed")
-            return
-        p_wall, p_status, _ = _timed([parallel, "-j", "16", "true"], Path(where), stdin=numbers)
-        print(
-            f"{'':10}parallel -j 16 true:            {p_wall:6.2f} s, "
-            f"{p_wall / m * 1e6:6.0f} us/item, exit {p_status}"
-        )
+    parallel = shutil.which("parallel")
+    figures: dict[str, list[float]] = {}
+    for round_ in range(1, repeat + 1):
+        for backend in backends:
+            runner = ["--command", "true", "--backend", backend]
+            base_wall, _, _ = _batch(1, runner, 16)
+            wall, status, _ = _batch(m, runner, 16)
+            past = (wall - base_wall) / m
+            figures.setdefault(backend, []).append(past)
+            print(
+                f"commands  {m:>7} x true, -j 16, {backend:>7}: {wall:6.2f} s, "
+                f"{wall / m * 1e6:6.0f} us/item ({past * 1e6:.0f} us/item past "
+                f"its {base_wall:.2f} s start-up), exit {status}"
+            )
+        with tempfile.TemporaryDirectory() as where:
+            x_wall, x_status, _ = _timed(
+                ["xargs", "-P", "16", "-n", "1", "true"], Path(where), stdin=numbers
+            )
+            figures.setdefault("xargs -P 16", []).append(x_wall / m)
+            print(
+                f"{'':10}xargs -P 16 -n 1 true:          {x_wall:6.2f} s, "
+                f"{x_wall / m * 1e6:6.0f} us/item, exit {x_status}"
+            )
+            if parallel is not None:
+                p_wall, p_status, _ = _timed(
+                    [parallel, "-j", "16", "true"], Path(where), stdin=numbers
+                )
+                figures.setdefault("parallel -j 16", []).append(p_wall / m)
+                print(
+                    f"{'':10}parallel -j 16 true:            {p_wall:6.2f} s, "
+                    f"{p_wall / m * 1e6:6.0f} us/item, exit {p_status}"
+                )
+        print(f"          round {round_}, load average {os.getloadavg()[0]:.2f}")
+    if parallel is None:
+        print("          GNU parallel: not installed")
+    if repeat > 1:
+        medians = {name: statistics.median(values) for name, values in figures.items()}
+        xargs = medians["xargs -P 16"]
+        for name, value in medians.items():
+            print(
+                f"median of {repeat}: {name:>14} {value * 1e6:6.0f} us/item "
+                f"({value / xargs:.2f}x xargs)"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=100_000, help="no-op items (100,000)")
     parser.add_argument("--commands", type=int, default=2_000, help="`true` items (2,000)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of the commands (1)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes")
     args = parser.parse_args()
     if args.quick:
         args.agents, args.commands = 500, 100
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
-    agents(args.agents)
+    if args.agents:
+        agents(args.agents)
     backends = ["asyncio"] + (["trio"] if importlib.util.find_spec("trio") else [])
-    commands(args.commands, backends)
+    if args.commands:
+        commands(args.commands, backends, args.repeat)
 
 
 if __name__ == "__main__":

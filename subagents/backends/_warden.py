@@ -11,8 +11,9 @@ and exits.
 
 One process per batch, not one per command (a supervisor per command would cost a
 Python start-up per item); two ``write`` calls per command. A SIGKILL in the short window
-between a command's fork and its line on the pipe (while the event loop connects its
-pipes) leaves that one group unlisted; so does a descendant that starts a group of its own.
+between a command's fork and its line on the pipe (while the worker thread that started
+it hands the process back to the event loop) leaves that one group unlisted; so does a
+descendant that starts a group of its own.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from .._json import dumps_str, loads
 from .._retry import RetryPolicy
 from .._spec import AgentSpec, Request, Result
 from .._validators import count, seconds
-from . import _warden
+from . import _spawn, _warden
 
 __all__ = ["CommandFailed", "CommandRunner", "MissingField", "command_agent", "fill_template"]
 
@@ -51,7 +51,6 @@ _FIELD: Final = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
 that pairs with none stays as written (``jq '{a: {b: .x}}'``)."""
 _EXACT_INT: Final = 2**53
 """An integral float below this is filled as the integer it is exactly (``3.0``: ``3``)."""
-_READ_CHUNK: Final = 65536
 _REAP_TIMEOUT: Final = 5.0
 """How long a SIGKILLed process may take to be reaped, and its pipes to close, before the
 run gives up on it (a process in uninterruptible sleep, a descendant that left the group
@@ -156,12 +155,7 @@ class CommandRunner:
 
     async def _run(self, argv: Sequence[str], stdin: bytes) -> tuple[str, int, str, bool]:
         """:meth:`run`, and whether stdout was cut by the bound (still open at it)."""
-        # Shielded: a cancellation while the process is being started would leave it
-        # running (or killed alone, its children not), with no handle here to end it by.
-        with anyio.CancelScope(shield=True):
-            process = await anyio.open_process(
-                list(argv), cwd=self.cwd, env=self.env, start_new_session=True
-            )
+        process = await _start(argv, self.cwd, self.env)
         _warden.started(process.pid)
         out = bytearray()
         err = bytearray()
@@ -274,6 +268,20 @@ def _as_word(value: object) -> str:
     return dumps_str(value)
 
 
+async def _start(
+    argv: Sequence[str], cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None
+) -> anyio.abc.Process:
+    """The command's process, leading a session of its own: started off the event loop
+    and awaited through a pidfd where pidfds exist (Linux), else ``anyio.open_process``."""
+    if _spawn.AVAILABLE:
+        return await _spawn.spawn(argv, cwd=cwd, env=env)  # shielded as the start below is
+    # Shielded: a cancellation while the process is being started would leave it
+    # running (or killed alone, its children not), with no handle here to end it by.
+    with anyio.CancelScope(shield=True):
+        process = await anyio.open_process(list(argv), cwd=cwd, env=env, start_new_session=True)
+    return process
+
+
 async def _feed(process: anyio.abc.Process, data: bytes) -> None:
     stream = process.stdin
     if stream is None:
@@ -333,11 +341,11 @@ async def _end_group(process: anyio.abc.Process, grace: float) -> None:
     _signal_group(pgid, signal.SIGKILL)
     with anyio.move_on_after(_REAP_TIMEOUT):
         await process.wait()
-    if process.returncode is not None:
-        await process.aclose()
+    if process.returncode is not None or isinstance(process, _spawn.SpawnedProcess):
+        await process.aclose()  # a SpawnedProcess's never waits: it closes and leaves
         return
     # Not reaped in time (uninterruptible sleep): close the pipes and leave it, since
-    # the process's own aclose would wait for it without a bound.
+    # anyio's own aclose would wait for it without a bound.
     for stream in (process.stdin, process.stdout, process.stderr):
         if stream is not None:
             await stream.aclose()

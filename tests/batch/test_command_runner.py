@@ -21,7 +21,7 @@ from subagents.backends.command import (
 )
 from tests.batch.support import wait_ended, wait_until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("process_start")]
 
 
 def test_a_template_is_split_first_then_filled_one_word_per_field() -> None:
