@@ -7,6 +7,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from subagents import SubagentManager
+from subagents.room import Room, bridge
 from tests.room.bridge_support import bridged
 
 pytestmark = pytest.mark.anyio
@@ -20,3 +22,43 @@ async def test_an_ask_to_an_unknown_member_id_ends_unknown_without_waiting_for_i
             reply = await a.manager.ask("0123456789abcdef", "anyone?", timeout=None)
         assert reply.outcome == "unknown", reply
         assert reply.receipt.reason == "unknown"
+
+
+async def test_one_sessions_bridge_exiting_leaves_another_sessions_ask_to_the_same_member(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    outcomes: dict[str, str] = {}
+    root_done = anyio.Event()
+
+    async with (
+        bridged(path) as b,
+        Room(path) as room_root,
+        Room(path) as room_other,
+        SubagentManager() as manager,
+        bridge(room_other, manager, "other"),
+    ):
+
+        async def ask(session_id: str, done: anyio.Event | None) -> None:
+            reply = await manager.ask(
+                b.link.member_id, session_id, timeout=30, session_id=session_id
+            )
+            outcomes[session_id] = reply.outcome
+            if done is not None:
+                done.set()
+
+        async with anyio.create_task_group() as tg:
+            async with bridge(room_root, manager, "root"):
+                tg.start_soon(ask, "root", root_done)
+                tg.start_soon(ask, "other", None)
+                questions = {}
+                with anyio.fail_after(30):
+                    for _ in range(2):
+                        question = await b.manager.recv(timeout=None)
+                        assert question is not None
+                        questions[question.body] = question
+            with anyio.fail_after(30):
+                await root_done.wait()  # ended closed with its own bridge
+            question = questions["other"]
+            b.manager.send(question.from_, "still here", reply_to=question.id)
+        assert outcomes == {"root": "closed", "other": "replied"}
