@@ -1,0 +1,30 @@
+"""The bridge and a room message's subject: what comes in keeps it, as text the local
+recipient (a model reading read_messages too) can see."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from subagents import SubagentManager
+from subagents.room import Room, bridge
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_room_messages_subject_reaches_the_local_recipient(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    async with (
+        Room(path) as room,
+        Room(path) as other,
+        SubagentManager() as manager,
+        bridge(room, manager) as link,
+    ):
+        sender = (await other.join("default", label="sender")).member_id
+        await other.send(sender, link.member_id, "the details", subject="build broken")
+        with anyio.fail_after(30):
+            got = await manager.recv(timeout=None)
+        assert got is not None
+        assert "build broken" in str(got.to_dict()), got
