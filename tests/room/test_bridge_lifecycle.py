@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from subagents import SubagentManager
+from subagents import ConfigError, SubagentManager
 from subagents.room import Room, bridge
 from tests.room.bridge_support import bridged, failed
 
@@ -35,3 +35,14 @@ async def test_activity_of_a_host_whose_bridge_stopped_returns_at_once(tmp_path:
             activity = await a.manager.activity("root", timeout=None)
         assert activity.messages == []
         assert activity.results == []
+
+
+@pytest.mark.parametrize("session_id", [123, "", "   "])
+async def test_a_bridge_refuses_a_session_id_that_is_not_one_naming_the_field(
+    tmp_path: Path, session_id: object
+) -> None:
+    async with Room(tmp_path / "s.db") as room, SubagentManager() as manager:
+        with pytest.raises(ConfigError, match="session_id"):
+            async with bridge(room, manager, session_id):  # type: ignore[arg-type]
+                pass
+        assert await room.who("default") == ()  # refused before it joined
