@@ -62,3 +62,18 @@ async def test_one_sessions_bridge_exiting_leaves_another_sessions_ask_to_the_sa
             question = questions["other"]
             b.manager.send(question.from_, "still here", reply_to=question.id)
         assert outcomes == {"root": "closed", "other": "replied"}
+
+
+async def test_send_message_awaiting_a_reply_from_an_unknown_member_says_unknown_at_once(
+    tmp_path: Path,
+) -> None:
+    from subagents.tools import build_tools
+
+    async with bridged(tmp_path / "s.db") as a:
+        tools = build_tools(a.manager, "root", messaging=True)
+        with anyio.fail_after(5):  # well below the tool's own ceiling
+            result = await tools.call(
+                "send_message",
+                {"to": "0123456789abcdef", "message": "anyone?", "await_reply_ms": 600_000},
+            )
+        assert result.details["reply_outcome"] == "unknown", result.content
