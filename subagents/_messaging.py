@@ -233,7 +233,7 @@ class Messaging:
             peer = self.peers.resolve(me, address.strip())
         except UnknownPeer as exc:
             route = self.remotes.accepting(me.root, address.strip())
-            if route is None:
+            if route is None or self.remotes.local_typo(exc):
                 raise self.remotes.unknown(exc) from None
             if route.is_self(address.strip()):
                 raise ConfigError(

@@ -134,6 +134,13 @@ class Remotes:
         return route if route is not None and route.accepts(address) else None
 
     @staticmethod
+    def local_typo(exc: UnknownPeer) -> bool:
+        """Whether an unknown address a route would take is likelier a local one mistyped
+        (it names local suggestions, and is neither a whole member id nor a selector)."""
+        address = exc.address.removeprefix("room:")
+        return bool(exc.suggestions) and not MEMBER_ID.fullmatch(address) and ":" not in address
+
+    @staticmethod
     def unknown(exc: UnknownPeer) -> UnknownPeer:
         """``exc``, or with a hint when its address looks like a room member's id."""
         if not MEMBER_ID.fullmatch(exc.address):

@@ -31,3 +31,27 @@ async def test_an_address_naming_a_member_another_way_gets_an_error_naming_its_i
     async with bridged(path) as a, bridged(path) as b:
         address = b.link.harness_key if form == "harness key" else b.link.member_id[:8]
         assert b.link.member_id in await _refusal(a, address)
+
+
+async def test_a_truncated_local_task_id_stays_a_local_unknown_peer_naming_the_task(
+    tmp_path: Path,
+) -> None:
+    import anyio
+
+    from subagents import Request, RunContext
+    from tests.helpers import spec
+
+    gate = anyio.Event()
+
+    async def waits(request: Request, ctx: RunContext) -> str:
+        await gate.wait()
+        return "done"
+
+    async with bridged(tmp_path / "s.db", [spec("waits", waits)]) as a:
+        handle = a.manager.spawn("waits", "go")
+        try:
+            with pytest.raises(UnknownPeer) as raised:
+                a.manager.send(handle.task_id[:8], "hello")
+            assert handle.task_id in raised.value.suggestions
+        finally:
+            gate.set()
