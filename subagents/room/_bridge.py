@@ -36,8 +36,8 @@ logger = logging.getLogger("subagents.room")
 
 FLUSH_SECONDS: Final = 5.0
 """The most an exit waits for the commit in flight, the last read marks and the leave;
-past it only the one room transaction running then (bounded by the room's
-``busy_timeout``) is waited for."""
+past it only the one room transaction running then is waited for (at most twice the
+room's ``busy_timeout``: SQLite's wait, then the retries after it)."""
 
 
 class RoomLink:
