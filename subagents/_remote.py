@@ -137,8 +137,8 @@ class Remotes:
     def local_typo(exc: UnknownPeer) -> bool:
         """Whether an unknown address a route would take is likelier a local one mistyped
         (it names local suggestions, and is neither a whole member id nor a selector)."""
-        address = exc.address.removeprefix("room:")
-        return bool(exc.suggestions) and not MEMBER_ID.fullmatch(address) and ":" not in address
+        address = exc.address
+        return bool(exc.suggestions) and ":" not in address and not MEMBER_ID.fullmatch(address)
 
     @staticmethod
     def unknown(exc: UnknownPeer) -> UnknownPeer:
