@@ -19,6 +19,7 @@ import anyio.lowlevel
 from ._envelope import plain_str
 from ._errors import ConfigError, UnknownPeer
 from ._messages import Message, Reply
+from ._remote import MEMBER_ID
 from ._validators import seconds
 
 if TYPE_CHECKING:
@@ -43,7 +44,12 @@ def _sender(messaging: Messaging, address: str, from_: object) -> str | None:
         # A sender in another process, reached through the session's route: its address.
         if messaging.remotes.accepting(me.root, given) is None:
             raise messaging.remotes.unknown(exc) from None
-        return given.removeprefix("room:")
+        member = given.removeprefix("room:")
+        if not MEMBER_ID.fullmatch(member):  # a selector names no one sender
+            raise ConfigError(
+                "from_", "one sender: a task id, an agent path or a room member's id", from_
+            ) from None
+        return member
     # A revived agent's newest run: what its follow-up sends matches its first id too.
     return messaging.newest(peer).address
 

@@ -62,6 +62,9 @@ class Message:
     """The id of the message this one answers, if any."""
     created_ms: int
     """Unix milliseconds when it was sent."""
+    subject: str | None = None
+    """A subject line: only a message from another process may have one (a room
+    message's ``subject``); local sends have none."""
 
     def to_dict(self, *, body: bool = True) -> dict[str, JSONValue]:
         """A JSON-ready dict (without the body when ``body`` is False)."""
@@ -70,6 +73,8 @@ class Message:
             out["body"] = self.body
         if self.reply_to is not None:
             out["reply_to"] = self.reply_to
+        if self.subject is not None:
+            out["subject"] = self.subject
         out["created_ms"] = self.created_ms
         return out
 

@@ -11,13 +11,14 @@ Every send is synchronous: it never blocks the sender. See design/messaging.md.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
 from ._envelope import Status, now_ms, plain_str
 from ._errors import ConfigError, SpawnRejected, UnknownPeer
-from ._events import MESSAGE, EventBus
+from ._events import EventBus
+from ._message_events import MessageEvents
 from ._messages import (
     BROADCAST,
     Chain,
@@ -85,8 +86,7 @@ class Messaging:
         self._link_reply, self._link_revival = link_reply, link_revival
         self._resumes = resumes
         self._sessions = sessions
-        self._events = events
-        self._capture = capture_content
+        self._events = MessageEvents(events, capture_content)
         self._spawn_follow_up = spawn_follow_up
         self.postbox: Postbox = (
             postbox if postbox is not None else MemoryPostbox(capacity, self._changed)
@@ -233,8 +233,12 @@ class Messaging:
             peer = self.peers.resolve(me, address.strip())
         except UnknownPeer as exc:
             route = self.remotes.accepting(me.root, address.strip())
-            if route is None:
+            if route is None or self.remotes.local_typo(exc):
                 raise self.remotes.unknown(exc) from None
+            if route.is_self(address.strip()):
+                raise ConfigError(
+                    "to", "another agent's address, not the sender's own", to
+                ) from None
             return self._remote(me, route, address.strip(), text, answers, wake, awaited)
         if peer.address == me.address:
             raise ConfigError("to", "another agent's address, not the sender's own", to)
@@ -257,13 +261,13 @@ class Messaging:
             member = to.removeprefix("room:")
             if not MEMBER_ID.fullmatch(member):
                 raise ConfigError("to", "one member's id: a selector cannot await a reply", to)
-            self.remotes.asked.setdefault(me.root, set()).add(member)
-            self.postbox.open(member)  # what the ask waits on, closed when the route goes
+            self.remotes.asks[message.id] = (me.root, me.address, member)
+            self.postbox.open(member)  # what the ask waits on, closed when no ask needs it
             self._expect(me, member, message, awaited)
         route.send(message, receipt, wake)
         if reply_to is not None and self._mark_replied(me.address, message, (to,)):
             self._link_reply(me.record, None, message.id, reply_to)
-        self._publish("send", me, message, receipt)
+        self._events.publish("send", me, message, receipt)
         return receipt
 
     def attach_remote(self, session_id: str, route: RemoteRoute) -> None:
@@ -276,22 +280,29 @@ class Messaging:
         self._watched.add(session_id)
         self.postbox.open(session_id)
 
-    def detach_remote(self, session_id: str) -> None:
-        """``session_id``'s route is gone: its addresses are unknown again, and an ``ask``
-        waiting on one of them ends (``closed``)."""
-        for member in self.remotes.detach(session_id):
-            self.postbox.close(member, "closed", f"the route to {member} was closed", None)
+    def detach_remote(self, session_id: str, route: RemoteRoute) -> None:
+        """``session_id``'s route ``route`` is gone (nothing if another replaced it): its
+        addresses are unknown again, and an ``ask`` of its tree waiting on one of them
+        ends (``closed``); another session's ask of the same member waits on."""
+        self.remotes.detach(session_id, route, self.postbox, self._awaited)
+
+    def remote_stopped(self, session_id: str) -> None:
+        """``session_id``'s route stopped bringing messages: a host waiting for activity
+        looks again (nothing more can come)."""
+        self.postbox.nudge(session_id)
 
     def arrive(
-        self, to: str, message_id: str, from_: str, body: str, reply_to: str | None, wake: bool
-    ) -> Receipt:
+        self, to: str, message_id: str, from_: str, body: str, reply_to: str | None,
+        wake: bool, subject: str | None = None,
+    ) -> Receipt:  # fmt: skip
         """A message from another process (``from_``: its sender there) into the inbox of
         ``to`` (a live address of this manager), through the postbox like any other:
         ``queued``, or failed (``full``, ``ended``, ``closed``)."""
         peer = self.peers.of(to)
         message = Message(
-            id=message_id, from_=from_, to=to, body=body, reply_to=reply_to, created_ms=now_ms()
-        )
+            id=message_id, from_=from_, to=to, body=body, reply_to=reply_to,
+            created_ms=now_ms(), subject=subject,
+        )  # fmt: skip
         return self._deliver(Peer(from_, None, peer.root), peer, message, wake, None, revive=False)
 
     def _broadcast(self, me: Peer, text: str, reply_to: str | None, wake: bool) -> Receipt:
@@ -405,7 +416,7 @@ class Messaging:
             and self._mark_replied(me.address, message, to)
         ):
             self._link_reply(me.record, peer.record, message.id, message.reply_to)
-        self._publish("send", me, message, receipt)
+        self._events.publish("send", me, message, receipt)
         return receipt
 
     def _expect(self, me: Peer, target: str, message: Message, deadline: float) -> None:
@@ -470,6 +481,8 @@ class Messaging:
         """The asker of ``message_id`` stopped waiting: its responder, if any, stops."""
         awaited = self._awaited.pop(message_id, None)
         self._expecting.pop(message_id, None)
+        if self.remotes.asks:
+            self.remotes.asks.pop(message_id, None)
         if awaited is not None:
             self._responders.stop(awaited[1], message_id)
 
@@ -478,23 +491,9 @@ class Messaging:
     def _changed(self, receipt: Receipt) -> None:
         if self.remotes.active:
             self.remotes.changed(receipt)
+            # A question a route failed: its asker returns at once, as for a local one.
+            asked = self._expecting.get(receipt.message_id) if receipt.failed else None
+            if asked is not None:
+                asked.set()
         if self._events.active:
-            peer = self.peers.of(receipt.to)
-            self._emit("receipt", peer, None, receipt)
-
-    def _publish(self, action: str, me: Peer, message: Message, receipt: Receipt) -> None:
-        if self._events.active:
-            self._emit(action, me, message, receipt)
-
-    def _emit(self, action: str, peer: Peer, message: Message | None, receipt: Receipt) -> None:
-        record = peer.record
-        data: dict[str, Any] = {"action": action, "receipt": receipt.to_dict()}
-        if message is not None:
-            data["message"] = message.to_dict(body=self._capture)
-        self._events.publish(
-            MESSAGE,
-            session_id=peer.address if record is None else record.session_id,
-            task_id=peer.address,
-            agent_path=peer.path,
-            data=data,
-        )
+            self._events.publish("receipt", self.peers.of(receipt.to), None, receipt)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from ._errors import UnknownPeer
 from ._messages import FailureReason, Message, Receipt
 from ._messages import fail as fail_receipt
+
+if TYPE_CHECKING:
+    from ._router import Postbox
 
 __all__ = ["MEMBER_ID", "RemoteRoute", "Remotes"]
 
@@ -24,16 +27,32 @@ MEMBER_ID: Final = re.compile(r"[0-9a-f]{16}")
 
 
 class RemoteRoute(Protocol):
-    """A session's way to members of other processes. Every method is synchronous and
-    never blocks."""
+    """A session's way to members of other processes. Every method but
+    :meth:`committed` is synchronous and never blocks."""
 
     def accepts(self, address: str) -> bool:
         """Whether ``address`` (unknown to the sender's tree) is one this route carries."""
         ...
 
+    def is_self(self, address: str) -> bool:
+        """Whether ``address`` (one it accepts) names the session itself over there: a
+        send to it is a send to oneself."""
+        ...
+
+    @property
+    def live(self) -> bool:
+        """Whether it still brings messages in (``False`` once it stopped, though still
+        attached: what is sent through it fails ``closed``)."""
+        ...
+
     def send(self, message: Message, receipt: Receipt, wake: bool) -> None:
         """Carry ``message`` (``message.to`` an address it accepts): only enqueue it; a
         failure later fails ``receipt`` through :meth:`Remotes.fail`."""
+        ...
+
+    async def committed(self, message_id: str) -> int | None:
+        """Once the commit of ``message_id`` (sent through it) ended: how many members
+        it reached, or ``None`` (not committed, or not a message it carries)."""
         ...
 
     def changed(self, receipt: Receipt) -> None:
@@ -56,8 +75,10 @@ class Remotes:
         # (local recipient, local message id) -> the route that brought it in, until read.
         self._inbound: dict[tuple[str, str], RemoteRoute] = {}
         self._held: dict[str, RemoteRoute] = {}  # full inboxes a route waits on
-        # Remote addresses asked by each session: an ``ask`` needs an inbox to wait on.
-        self.asked: dict[str, set[str]] = {}
+        # Each pending ask of a remote address, by asked message id: the asking session,
+        # the asker and the member asked (an ``ask`` needs an inbox to wait on, one per
+        # member, shared by the sessions asking it).
+        self.asks: dict[str, tuple[str, str, str]] = {}
 
     @property
     def active(self) -> bool:
@@ -65,8 +86,13 @@ class Remotes:
         return bool(self._routes)
 
     def attached(self, session_id: str) -> bool:
-        """Whether ``session_id`` has a route (messages may come from outside)."""
-        return session_id in self._routes if self._routes else False
+        """Whether ``session_id`` has a live route (messages may come from outside)."""
+        route = self._routes.get(session_id) if self._routes else None
+        return route is not None and route.live
+
+    def route(self, session_id: str) -> RemoteRoute | None:
+        """``session_id``'s route, live or stopped."""
+        return self._routes.get(session_id) if self._routes else None
 
     def attach(self, session_id: str, route: RemoteRoute) -> None:
         """``session_id``'s messages to addresses ``route`` accepts go to it."""
@@ -74,18 +100,45 @@ class Remotes:
             raise RuntimeError(f"session {session_id!r} has a remote route attached already")
         self._routes[session_id] = route
 
-    def detach(self, session_id: str) -> set[str]:
-        """``session_id`` has no route any more; the remote addresses it asked."""
-        route = self._routes.pop(session_id, None)
-        if route is not None:
-            self._inbound = {k: r for k, r in self._inbound.items() if r is not route}
-            self._held = {k: r for k, r in self._held.items() if r is not route}
-        return self.asked.pop(session_id, set())
+    def detach(
+        self,
+        session_id: str,
+        route: RemoteRoute,
+        postbox: Postbox,
+        awaited: dict[str, tuple[float, str]],
+    ) -> None:
+        """``session_id`` has no route any more (nothing if ``route`` is not its route):
+        each pending ask of its tree ends (``awaited``, the messaging's asked ids -> the
+        deadline and the run waited on, moves it to a run that is not there, so it says
+        ``closed``), and the inbox an ask waits on closes once no ask of another session
+        waits on that member."""
+        if self._routes.get(session_id) is not route:
+            return
+        del self._routes[session_id]
+        self._inbound = {k: r for k, r in self._inbound.items() if r is not route}
+        self._held = {k: r for k, r in self._held.items() if r is not route}
+        mine = [(k, v) for k, v in self.asks.items() if v[0] == session_id]
+        gone = f"{session_id} (its route, closed)"
+        for message_id, (_, asker, _) in mine:
+            del self.asks[message_id]
+            deadline, _ = awaited.get(message_id, (0.0, gone))
+            awaited[message_id] = (deadline, gone)
+            postbox.redirect(asker, message_id, gone)
+        others = {member for _, _, member in self.asks.values()}
+        for member in {member for _, (_, _, member) in mine} - others:
+            postbox.close(member, "closed", f"the route to {member} was closed", None)
 
     def accepting(self, root: str, address: str) -> RemoteRoute | None:
         """The route of session ``root`` if it carries ``address``."""
         route = self._routes.get(root) if self._routes else None
         return route if route is not None and route.accepts(address) else None
+
+    @staticmethod
+    def local_typo(exc: UnknownPeer) -> bool:
+        """Whether an unknown address a route would take is likelier a local one mistyped
+        (it names local suggestions, and is neither a whole member id nor a selector)."""
+        address = exc.address
+        return bool(exc.suggestions) and ":" not in address and not MEMBER_ID.fullmatch(address)
 
     @staticmethod
     def unknown(exc: UnknownPeer) -> UnknownPeer:

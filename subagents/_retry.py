@@ -15,7 +15,7 @@ import tenacity
 from ._errors import ConfigError, TransientError
 from ._validators import count, number
 
-__all__ = ["RetryPolicy", "call_with_retries", "run_with_retries"]
+__all__ = ["RetryPolicy", "call_with_retries", "retry_while", "run_with_retries"]
 
 T = TypeVar("T")
 
@@ -148,3 +148,27 @@ def call_with_retries(
         reraise=True,
     )
     return retrying(fn)
+
+
+async def retry_while(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    retry_if: Callable[[BaseException], bool],
+    first_wait: float = 0.01,
+    max_wait: float = 1.0,
+) -> T:
+    """Await ``fn()`` until it returns, retrying the exceptions ``retry_if`` accepts, with
+    random exponential backoff (``first_wait`` up to ``max_wait`` seconds, slept with
+    anyio). No limit of its own: the caller's cancel scope ends it; any other exception
+    (cancellation included) is re-raised unchanged."""
+    retrying = tenacity.AsyncRetrying(
+        stop=tenacity.stop_never,
+        wait=tenacity.wait_random_exponential(multiplier=first_wait, max=max_wait),
+        retry=tenacity.retry_if_exception(retry_if),
+        sleep=anyio.sleep,
+        reraise=True,
+    )
+    async for trial in retrying:
+        with trial:
+            return await fn()
+    raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover

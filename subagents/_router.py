@@ -87,6 +87,10 @@ class Postbox(Protocol):
         """Stop watching (the waiter is gone)."""
         ...
 
+    def nudge(self, address: str) -> None:
+        """Wake every waiter of ``address``'s inbox (each looks again, taking nothing)."""
+        ...
+
     def waiting(self, address: str) -> int:
         """How many waiters ``address`` has (a recipient waiting is ``idle``)."""
         ...
@@ -317,6 +321,13 @@ class MemoryPostbox:
         inbox = self._inboxes.get(address)
         if inbox is not None:
             inbox.waiters.pop(event, None)
+
+    def nudge(self, address: str) -> None:
+        inbox = self._inboxes.get(address)
+        if inbox is not None:
+            for event in inbox.waiters:
+                event.set()
+            inbox.waiters.clear()
 
     def waiting(self, address: str) -> int:
         inbox = self._inboxes.get(address)

@@ -264,16 +264,23 @@ _BEFORE: Final[dict[str, str]] = {
 
 def mark(conn: sqlite3.Connection, member: str, ids: Sequence[int], state: str, now: float) -> int:
     """Move the member's deliveries of messages ``ids`` to ``state`` (``accepted`` or
-    ``read``) where that is forward and their TTL has not passed; how many moved. Looked
-    up by (message, recipient); ids that are not the member's are skipped."""
+    ``read``) where that is forward; how many moved. Their TTL counts only for ``read``
+    from a state before ``accepted``: an ``accepted`` one (a bridge handed its body on, as
+    it looked, before its TTL, however late that commits) is read whenever its reader
+    took it. Looked up by (message, recipient); ids that are not the member's are
+    skipped (``expired`` ones, marked so already, stay)."""
     if not ids:
         return 0
     marks = ", ".join("?" * len(ids))
+    params: tuple[object, ...] = (state, now, *ids, member)
+    ttl = ""
+    if state == "read":  # accepted whatever the TTL: the bridge took the body as it looked
+        ttl = " AND (expires_at IS NULL OR expires_at > ? OR state = 'accepted')"
+        params = (*params, now)
     cursor = conn.execute(
         f"UPDATE room_deliveries SET state = ?, changed_at = ? WHERE message_id IN ({marks}) "
-        f"AND recipient = ? AND state IN {_BEFORE[state]} "
-        "AND (expires_at IS NULL OR expires_at > ?)",
-        (state, now, *ids, member, now),
+        f"AND recipient = ? AND state IN {_BEFORE[state]}{ttl}",
+        params,
     )
     moved = cursor.rowcount
     if state == "read" and moved:

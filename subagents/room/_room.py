@@ -316,8 +316,9 @@ class Room(RoomBase):
 
     async def mark_read(self, member: str, message_ids: Sequence[int]) -> int:
         """Mark ``member``'s deliveries of ``message_ids`` read (those not read yet, nor
-        past their TTL): their bodies were taken some other way than :meth:`receive` (a
-        bridge's local recipient read them). How many moved."""
+        past their TTL unless ``accepted``: a bridge handed them on before it): their
+        bodies were taken some other way than :meth:`receive` (a bridge's local recipient
+        read them). How many moved."""
         ids = check_ids(message_ids)
         return await self._db().act(
             member, lambda raw, found, now: _messages.mark(raw, found, ids, "read", now)

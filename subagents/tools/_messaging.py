@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
+import anyio
+
 from .._envelope import bound_text, cut_middle
 from .._handle import handle_of
 from .._json import JSONValue
@@ -40,6 +42,8 @@ def _message_line(message: Message, share: int | None) -> str:
     head = f"[{message.id}] from {message.from_}"
     if message.reply_to is not None:
         head += f" (reply to {message.reply_to})"
+    if message.subject is not None:
+        head += f" re {message.subject!r}"
     body = message.body
     room = len(body) if share is None else max(share - len(head) - 2, 20)
     if len(body) > room:
@@ -88,6 +92,9 @@ class MessageTools:
             receipt = messenger.send(self.address, to, body, reply_to=reply_to, wake=wake)
             reply = None
             details: dict[str, JSONValue] = {}
+            reached = await self._committed(receipt)
+            if reached is not None:
+                details["room_recipients"] = reached
         else:
             assert isinstance(requested, int)
             wait_ms, clamped = self._clamp("send_message", requested)
@@ -103,6 +110,11 @@ class MessageTools:
         lines = [f"message {receipt.message_id} sent to {len(receipts)} recipient(s):"]
         if not receipts:
             lines = ["no live peer to broadcast to; nothing was sent."]
+        if "room_recipients" in details:
+            lines = [
+                f"message {receipt.message_id} committed to the room for "
+                f"{details['room_recipients']} recipient(s):"
+            ]
         lines += [f"- {_receipt_text(r)}" for r in receipts[:20]]
         if len(receipts) > 20:
             lines.append(f"(+{len(receipts) - 20} more in details)")
@@ -124,6 +136,18 @@ class MessageTools:
             details=details,
             is_error=failed and len(receipts) == 1,
         )
+
+    async def _committed(self, receipt: Receipt) -> int | None:
+        """For a send through a bridged room's route: the members its commit reached,
+        waited for within the tool's own ceiling (``None``: not a room send, not
+        committed, or not yet at the ceiling: the receipt says which)."""
+        messaging = messaging_of(self.manager)
+        route = messaging.remotes.route(messaging.peers.of(self.address).root)
+        if route is None or receipt.failed or receipt.to == "*":
+            return None
+        with anyio.move_on_after(self.ceilings["send_message"]):
+            return await route.committed(receipt.message_id)
+        return None
 
     async def send_input(self, args: dict[str, object], span: ToolSpan) -> ToolResult:
         task_id, text = str(args["task_id"]), str(args["message"])

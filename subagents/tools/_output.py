@@ -118,10 +118,12 @@ _MESSAGE: Final = _object(
         "to": _STR,
         "body": _STR,
         "reply_to": _STR,
+        "subject": _STR,
         "created_ms": _INT,
     },
     ["id", "from", "to", "body", "created_ms"],
-    "One message; reply_to is the id of the message it answers.",
+    "One message; reply_to is the id of the message it answers; subject only on one "
+    "from a bridged room.",
 )
 _RECEIPT_STATE: Final[dict[str, JSONValue]] = {
     "type": "string",
@@ -291,10 +293,13 @@ _ANSWERS: Final[dict[str, dict[str, JSONValue]]] = {
             },
             "await_ms": _COUNT,
             "clamped": _BOOL,
+            "room_recipients": _COUNT,
         },
         ["message_id", "receipts"],
         "One receipt per recipient (state, how it was delivered, why it failed); with "
-        "await_reply_ms, the reply or why none came.",
+        "await_reply_ms, the reply or why none came; room_recipients, for a send to a "
+        "bridged room, the members its commit reached (0: stored for the room's history "
+        "only, the receipt failed unknown).",
     ),
     "send_input": _object(
         {"message_id": _STR, "receipt": _RECEIPT},
