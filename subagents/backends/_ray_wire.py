@@ -6,8 +6,9 @@ remaining, never a deadline: clocks differ between machines) with the ``Request`
 worker answers with a :class:`Reply` holding the result or the runner's exception, and
 the progress the runner reported (the same :class:`~subagents._progress.Progress` a local
 run keeps). A runner travels as its import path (``module:name``) when it has one, else as
-the function itself (pickled by value); a path the worker cannot import comes back as
-:attr:`Reply.missing`, and the driver sends the function by value instead.
+the function pickled by value (bytes the driver makes once, see :mod:`._ray_targets`); a
+path the worker cannot import comes back as :attr:`Reply.missing`, and the driver sends
+the function by value instead.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ __all__ = [
 ]
 
 Runner: TypeAlias = "Callable[..., Awaitable[object]]"
-Target: TypeAlias = "str | Runner"
-"""A runner as shipped: its import path, or the callable itself."""
+Target: TypeAlias = "str | bytes | Runner"
+"""A runner as shipped: its import path, a function pickled by value (unpickled once per
+worker process), or the callable itself."""
 Dumps: TypeAlias = "Callable[[object], bytes]"
 """How the worker pickles what goes back: the same pickler as the reply's."""
 
@@ -300,13 +302,22 @@ def _import(path: str) -> Runner:
     return found
 
 
-def resolve(target: Target, cache: MutableMapping[str, Runner]) -> Runner:
-    """The runner ``target`` names, imported once per worker process."""
-    if not isinstance(target, str):
+_CACHED = 256
+"""Runners a worker process keeps resolved: a bound, as each closure made per job is
+another pickled function."""
+
+
+def resolve(target: Target, cache: MutableMapping[str | bytes, Runner]) -> Runner:
+    """The runner ``target`` names: a path imported, or a pickled function unpickled,
+    once per worker process (while it is among the last :data:`_CACHED` resolved)."""
+    if not isinstance(target, (str, bytes)):
         return target
     runner = cache.get(target)
     if runner is None:
-        runner = cache[target] = _import(target)
+        runner = _import(target) if isinstance(target, str) else pickle.loads(target)
+        if len(cache) >= _CACHED:
+            del cache[next(iter(cache))]  # the oldest: dicts keep insertion order
+        cache[target] = runner
     return runner
 
 
@@ -369,7 +380,7 @@ async def serve(
     request: Request,
     shipped: Shipped,
     sink: Sink,
-    cache: MutableMapping[str, Runner],
+    cache: MutableMapping[str | bytes, Runner],
     dumps: Dumps,
 ) -> Reply:
     """Run the runner ``target`` names on ``request``, in the worker, to a :class:`Reply`.
