@@ -13,8 +13,11 @@ shuts it down at the end.
   ``n`` calls of a no-op method on ``P`` bare async actors (round robin), submitted
   together and collected with one ``ray.get``: Ray's own pipelined floor, once with no
   argument and once carrying the child's ``Request`` (Ray's cost grows with each argument,
-  and a child has to ship one). Rounds alternate the paths after a warm-up; the table gives
-  the median round's milliseconds per child, every round's, and the ratios of the medians.
+  and a child has to ship one); and the same calls carrying the ``Request`` awaited one
+  by one, each in a task of its own through ``ObjectRef.future()`` and the backend's
+  bridge: what an async driver pays Ray per call, before the manager and the backend do
+  anything. Rounds alternate the paths after a warm-up; the table gives the median
+  round's milliseconds per child, every round's, and the ratios of the medians.
 - **cancel**: an async runner that hangs, cancelled once it runs: seconds from
   ``manager.cancel`` to its envelope.
 - **watchdog**: the same runner under a 0.5 s watchdog: how long after the watchdog's
@@ -131,6 +134,20 @@ def bare_ray(actors: list[Any], n: int, request: Request | None) -> float:
     return (perf_counter() - start) / n
 
 
+async def bare_awaited(actors: list[Any], n: int, request: Request) -> float:
+    """``n`` calls carrying ``request``, each awaited in a task of its own through its
+    ``ObjectRef.future()``, as the backend waits on a child's call."""
+
+    async def call(i: int) -> None:
+        assert await settled(actors[i % len(actors)].run.remote(request).future()) == "ok"
+
+    start = perf_counter()
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(call, i)
+    return (perf_counter() - start) / n
+
+
 async def run(args: argparse.Namespace) -> None:
     pool = args.pool_size
     actors = [ray.remote(Noop).options(max_concurrency=1000).remote() for _ in range(pool)]
@@ -141,18 +158,21 @@ async def run(args: argparse.Namespace) -> None:
     async with make_manager(backend) as manager:
         await through_backend(manager, min(args.n, 100))  # warm-up: actors and paths
         bare_ray(actors, min(args.n, 100), request)
+        await bare_awaited(actors, min(args.n, 100), request)
         paths: dict[str, list[float]] = {"bare, no argument": [], "bare, the Request": []}
+        paths["bare, awaited"] = []
         paths["RayBackend"] = []
         for _ in range(args.rounds):
             paths["bare, no argument"].append(bare_ray(actors, args.n, None))
             paths["bare, the Request"].append(bare_ray(actors, args.n, request))
+            paths["bare, awaited"].append(await bare_awaited(actors, args.n, request))
             paths["RayBackend"].append(await through_backend(manager, args.n))
         print(f"no-op children: n={args.n}, pool_size={pool}, rounds={args.rounds}, {args.backend}")
         medians = {name: statistics.median(samples) for name, samples in paths.items()}
         for name, samples in paths.items():
             rounds = ", ".join(f"{s * 1e3:.3f}" for s in samples)
             print(f"  {name:18} median {medians[name] * 1e3:.3f} ms/child ({rounds})")
-        for bare in ("bare, no argument", "bare, the Request"):
+        for bare in ("bare, no argument", "bare, the Request", "bare, awaited"):
             print(f"  RayBackend / {bare}: {medians['RayBackend'] / medians[bare]:.2f}x")
         await latencies(manager, "actor", args.samples)
     await following(backend, max(args.n // 10, 1))
