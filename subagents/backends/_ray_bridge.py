@@ -117,7 +117,8 @@ class _Clock:
     timer to insert and remove in the loop, most of it for a call that answers first)."""
 
     def __init__(self, doorbell: _Doorbell) -> None:
-        self._doorbell = doorbell
+        self.doorbell = doorbell
+        """The loop's doorbell, which the clock rings (and a waiter's future does)."""
         self._waiters: set[Waiter] = set()
         """Touched in the loop only."""
         self._lock = threading.Lock()
@@ -147,7 +148,7 @@ class _Clock:
                     self._running = False
                     return
                 self._wanted = False
-            if not self._doorbell.send(self._tick):  # the loop has ended
+            if not self.doorbell.send(self._tick):  # the loop has ended
                 with self._lock:
                     self._running = False
                 return
@@ -206,7 +207,7 @@ def waiter(future: Future[T]) -> Waiter:
     if future.done():
         waiting.finish()
     else:
-        send = _doorbell().send
+        send = clock.doorbell.send
         future.add_done_callback(lambda _: send(waiting.finish))
     return waiting
 
