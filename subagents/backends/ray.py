@@ -110,9 +110,9 @@ class RayBackend:
 
     Pass it as ``SubagentManager(agents, backend=RayBackend())``. Each attempt ships the
     ``Request`` and a :class:`RemoteContext` (task id, agent path, attempt, permissions,
-    seconds remaining, a W3C trace carrier); the runner is found in the worker by its
-    import path (a module-level function), or shipped by value (a closure, a function of
-    ``__main__``, or one whose module the workers cannot import).
+    seconds remaining, the budget left, a W3C trace carrier); the runner is found in the
+    worker by its import path (a module-level function), or shipped by value (a closure,
+    a function of ``__main__``, or one whose module the workers cannot import).
     ``ctx.report()`` in the worker reaches the envelope. The runner cannot delegate:
     ``ctx.spawn`` and ``ctx.execute`` raise :class:`~subagents.SpawnRejected` (``remote``).
 
@@ -278,6 +278,7 @@ class RayBackend:
             attempt=ctx.attempt,
             permissions=ctx.permissions,
             remaining=ctx.remaining(),
+            budget=ctx.remaining_budget(),
             carrier=trace_carrier(),
             sink=self._sink_name,
         )
