@@ -35,6 +35,7 @@ shuts it down at the end.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import statistics
@@ -165,9 +166,14 @@ async def run(args: argparse.Namespace) -> None:
         paths["bare, awaited"] = []
         paths["RayBackend"] = []
         for _ in range(args.rounds):
+            # Each path starts with no garbage of the one before it to collect.
+            gc.collect()
             paths["bare, no argument"].append(bare_ray(actors, args.n, None))
+            gc.collect()
             paths["bare, the Request"].append(bare_ray(actors, args.n, request))
+            gc.collect()
             paths["bare, awaited"].append(await bare_awaited(actors, args.n, request))
+            gc.collect()
             paths["RayBackend"].append(await through_backend(manager, args.n))
         print(f"no-op children: n={args.n}, pool_size={pool}, rounds={args.rounds}, {args.backend}")
         medians = {name: statistics.median(samples) for name, samples in paths.items()}
