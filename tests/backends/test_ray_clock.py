@@ -31,7 +31,7 @@ async def test_a_clock_whose_thread_failed_to_start_starts_one_for_the_next_wait
             started.append(thread)
         real_start(thread)
 
-    monkeypatch.setattr(_ray_bridge.threading.Thread, "start", start_once_refused)
+    monkeypatch.setattr(threading.Thread, "start", start_once_refused)
     clock = _ray_bridge._Clock(_ray_bridge._doorbell())  # this test's own, idle
     with pytest.raises(RuntimeError, match="can't start new thread"):
         await _ray_bridge.Waiter(clock).wait()
