@@ -117,8 +117,7 @@ class _Clock:
     timer to insert and remove in the loop, most of it for a call that answers first)."""
 
     def __init__(self, doorbell: _Doorbell) -> None:
-        self.doorbell = doorbell
-        """The loop's doorbell, which the clock rings (and a waiter's future does)."""
+        self._doorbell = doorbell
         self._waiters: set[Waiter] = set()
         """Touched in the loop only."""
         self._lock = threading.Lock()
@@ -148,7 +147,7 @@ class _Clock:
                     self._running = False
                     return
                 self._wanted = False
-            if not self.doorbell.send(self._tick):  # the loop has ended
+            if not self._doorbell.send(self._tick):  # the loop has ended
                 with self._lock:
                     self._running = False
                 return
@@ -207,7 +206,7 @@ def waiter(future: Future[T]) -> Waiter:
     if future.done():
         waiting.finish()
     else:
-        send = clock.doorbell.send
+        send = _doorbell().send
         future.add_done_callback(lambda _: send(waiting.finish))
     return waiting
 
