@@ -29,7 +29,7 @@ from .._progress import Progress
 from .._retry import run_with_retries
 from .._tracing import trace_carrier
 from .._validators import count, number, seconds, text
-from ._ray_bridge import finished, settled, waiter
+from ._ray_bridge import done_event, finished, settled
 from ._ray_targets import Targets
 from ._ray_wire import (
     RemoteContext,
@@ -63,6 +63,9 @@ _SETTLE: Final = 5.0
 """Seconds to wait for Ray to confirm a forced stop (a killed actor, a forced cancel)."""
 _COLLECT: Final = 2.0
 """Seconds to wait for the progress sink to hand over a run's reported progress."""
+_POLL: Final = 0.25
+"""Seconds between the driver's checks on a running call: that Ray is still up, and (for a
+child with a token budget or progress listeners) what it has reported."""
 _INIT_LOCK = threading.Lock()
 
 
@@ -311,17 +314,17 @@ class RayBackend:
         return reply
 
     async def _settle(self, future: Future[bytes], reported: _Reported) -> bytes:
-        """The call's reply. At each tick of the loop's clock meanwhile (every
-        :data:`~._ray_bridge.TICK` seconds): whether Ray is still up (Ray never completes
-        a call's future after ``ray.shutdown()``), and, for a child with a token budget or
-        progress listeners, its progress from the sink, so a budget stops it mid-run and
-        ``subagent.progress`` events flow as it reports."""
+        """The call's reply. Every :data:`_POLL` seconds meanwhile: whether Ray is still
+        up (Ray never completes a call's future after ``ray.shutdown()``), and, for a child
+        with a token budget or progress listeners, its progress from the sink, so a budget
+        stops it mid-run and ``subagent.progress`` events flow as it reports."""
         ctx = reported.ctx
-        waiting = waiter(future)
+        done = done_event(future)
         live = _watched(ctx)
         seen: object = None
         while True:
-            await waiting.wait()
+            with anyio.move_on_after(_POLL):
+                await done.wait()
             if future.done():
                 return future.result()
             if not ray.is_initialized():

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from subagents.backends import _ray_bridge
-from subagents.backends._ray_bridge import finished, settled, waiter
+from subagents.backends._ray_bridge import finished, settled
 
 pytestmark = pytest.mark.anyio
 
@@ -156,63 +156,3 @@ def test_a_completion_queued_into_a_loop_that_then_closed_holds_no_thread() -> N
     assert queued.is_set()
     loop.close()
     assert set(threading.enumerate()) - before == set()
-
-
-CLOCK = "subagents-ray-clock"
-
-
-def clocks() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == CLOCK]
-
-
-async def test_a_waiter_wakes_once_its_future_is_done() -> None:
-    future: Future[int] = Future()
-    waiting = waiter(future)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(waiting.wait)
-        await anyio.wait_all_tasks_blocked()
-        threading.Thread(target=future.set_result, args=(3,)).start()
-    assert future.done()
-    with anyio.CancelScope() as scope:
-        scope.cancel()  # a wait that would block raises here: this one returns at once
-        await waiting.wait()
-        await waiting.wait()
-    assert not scope.cancelled_caught
-
-
-async def test_a_waiter_wakes_on_the_clock_while_its_future_runs() -> None:
-    future: Future[int] = Future()
-    waiting = waiter(future)
-    with anyio.fail_after(30):  # a hang detector: the tick comes within TICK seconds
-        await waiting.wait()
-        await waiting.wait()
-    assert not future.done()
-
-
-async def test_every_waiter_of_a_loop_shares_one_clock_that_stops_when_none_waits() -> None:
-    futures: list[Future[int]] = [Future() for _ in range(50)]
-    before = set(clocks())
-    async with anyio.create_task_group() as tg:
-        for future in futures:
-            tg.start_soon(waiter(future).wait)
-        await anyio.wait_all_tasks_blocked()
-        assert len(set(clocks()) - before) == 1
-        for future in futures:
-            future.set_result(0)
-    for thread in set(clocks()) - before:
-        thread.join(timeout=10)  # it sees no waiter at its next tick, and ends
-        assert not thread.is_alive(), "the clock runs on with nobody waiting"
-
-
-def test_a_clock_ends_with_its_event_loop(anyio_backend: str) -> None:
-    before = set(clocks())
-
-    async def abandon() -> None:
-        future: Future[int] = Future()
-        with anyio.move_on_after(0.01):
-            await waiter(future).wait()
-
-    anyio.run(abandon, backend=anyio_backend)
-    for thread in set(clocks()) - before:
-        thread.join(timeout=10)
-        assert not thread.is_alive(), "a clock outlived its event loop"
