@@ -46,6 +46,10 @@ class _Doorbell:
         """Queue ``call`` for the event loop. Never blocks: a lock held for an append,
         and at most one non-blocking hand-over while the loop has not answered."""
         with self._lock:
+            if self._loop_alive and self._rung and _closed(self._token):
+                # An asyncio loop that closed with the answer queued never runs it.
+                self._loop_alive = False
+                self._calls.clear()
             if not self._loop_alive:
                 return
             self._calls.append(call)
@@ -67,6 +71,13 @@ class _Doorbell:
                 call()
             except Exception:
                 logger.exception("waking a child waiting on Ray failed")
+
+
+def _closed(token: EventLoopToken) -> bool:
+    """Whether the loop of ``token`` is an asyncio loop that has closed (a trio run that
+    ends runs what was queued into it, or refuses the hand-over)."""
+    native = token.native_token
+    return isinstance(native, asyncio.AbstractEventLoop) and native.is_closed()
 
 
 def _hand_over(token: EventLoopToken, call: Callable[[], object]) -> bool:

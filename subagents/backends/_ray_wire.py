@@ -208,9 +208,10 @@ class RemoteContext(BaseContext):
     def remaining_budget(self) -> Budget:
         """What this run may still spend: what its budgets (its own and its ancestors')
         had left when the driver made the call, less the usage this run has reported
-        since; ``seconds`` counts down from the call. What other runs of the tree spend
-        meanwhile is not seen here (the driver still stops this run when the tree's
-        budget runs out)."""
+        since; ``seconds`` counts down from this run's start on the worker, as
+        :attr:`deadline` does (time queued on the cluster is not taken off). What other
+        runs of the tree spend meanwhile is not seen here (the driver still stops this
+        run when the tree's budget runs out)."""
         budget = self._shipped.budget
         if budget.unlimited:
             return budget

@@ -172,8 +172,3 @@ async def reads_budget(request: Request, ctx: RunContext) -> str:
     left = ctx.remaining_budget()
     seconds = left.seconds is not None and 0 < left.seconds <= 30
     return f"tokens={left.tokens} seconds={seconds}"
-
-
-async def returns_seconds_left(request: Request, ctx: RunContext) -> str:
-    """The seconds its remote context says its budget has left, as it starts."""
-    return repr(ctx.remaining_budget().seconds)
