@@ -2,13 +2,14 @@
 
 Ray completes an ``ObjectRef.future()`` in a thread of its own, which must never wait for
 the event loop (it delivers every completion of the process). So the future's callback
-hands ``event.set`` to a waker thread (a deque append under a lock) and returns; the waker
-queues one call into the loop for everything queued since its last one, through the
-loop's own non-blocking hand-over (asyncio's ``call_soon_threadsafe``, trio's
-``run_sync_soon``): a loop that stops or closes with the call queued must not hold the
-waker. There is one waker per event loop (an anyio ``RunVar``); it ends after a second
-without work and starts again on the next completion, and once its loop has ended it
-drops what it was given (nobody is left to wake).
+queues ``event.set`` on the loop's doorbell (a list append under a lock) and, when no
+call to empty it is pending, queues one into the loop through the loop's own non-blocking
+hand-over (asyncio's ``call_soon_threadsafe``, trio's ``run_sync_soon``), from Ray's
+thread itself: one hand-over for every completion that arrives before the loop gets to
+it, no thread of ours in between, and nothing that waits for the loop (a loop that stops
+or closes with the call queued holds nobody). There is one doorbell per event loop (an
+anyio ``RunVar``); once its loop has ended it drops what it is given (nobody is left to
+wake).
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Final, TypeVar
+from typing import TypeVar
 
 import anyio
 from anyio.lowlevel import EventLoopToken, RunVar, current_token
@@ -30,54 +30,58 @@ T = TypeVar("T")
 
 logger = logging.getLogger("subagents.backends.ray")
 
-_IDLE: Final = 1.0
-"""Seconds a waker waits for work before its thread ends."""
 
-
-class _Waker:
+class _Doorbell:
     """Carries calls into the event loop of ``token`` without making its caller wait."""
 
     def __init__(self, token: EventLoopToken) -> None:
         self._token = token
-        self._cond = threading.Condition()
-        self._calls: deque[Callable[[], object]] = deque()
-        self._running = False
+        self._lock = threading.Lock()
+        self._calls: list[Callable[[], object]] = []
+        self._rung = False
+        """Whether a call to :meth:`_answer` is queued into the loop."""
         self._loop_alive = True
 
     def send(self, call: Callable[[], object]) -> None:
-        """Queue ``call`` for the event loop. Never blocks (a lock held for an append)."""
-        with self._cond:
+        """Queue ``call`` for the event loop. Never blocks: a lock held for an append,
+        and at most one non-blocking hand-over while the loop has not answered."""
+        with self._lock:
+            if self._loop_alive and self._rung and _closed(self._token):
+                # An asyncio loop that closed with the answer queued never runs it.
+                self._loop_alive = False
+                self._calls.clear()
             if not self._loop_alive:
                 return
             self._calls.append(call)
-            if not self._running:
-                self._running = True
-                thread = threading.Thread(target=self._run, name="subagents-ray-waker")
-                thread.daemon = True  # a loop that ended unawaited must not hang exit
-                thread.start()
-            elif len(self._calls) == 1:
-                self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if not self._calls:
-                    self._cond.wait(_IDLE)
-                if not self._calls:
-                    self._running = False
-                    return
-                calls = list(self._calls)
-                self._calls.clear()
-            if not _hand_over(self._token, calls):  # the loop has ended: nobody is left to wake
-                with self._cond:
-                    self._loop_alive = False
-                    self._running = False
-                    self._calls.clear()
+            if self._rung:
                 return
+            self._rung = True
+        if not _hand_over(self._token, self._answer):  # the loop has ended
+            with self._lock:
+                self._loop_alive = False
+                self._calls.clear()
+
+    def _answer(self) -> None:
+        """In the loop: run every call queued so far."""
+        with self._lock:
+            calls, self._calls = self._calls, []
+            self._rung = False
+        for call in calls:
+            try:
+                call()
+            except Exception:
+                logger.exception("waking a child waiting on Ray failed")
 
 
-def _hand_over(token: EventLoopToken, calls: list[Callable[[], object]]) -> bool:
-    """Queue ``calls`` into the loop of ``token`` without waiting for it; False once the
+def _closed(token: EventLoopToken) -> bool:
+    """Whether the loop of ``token`` is an asyncio loop that has closed (a trio run that
+    ends runs what was queued into it, or refuses the hand-over)."""
+    native = token.native_token
+    return isinstance(native, asyncio.AbstractEventLoop) and native.is_closed()
+
+
+def _hand_over(token: EventLoopToken, call: Callable[[], object]) -> bool:
+    """Queue ``call`` into the loop of ``token`` without waiting for it; False once the
     loop has ended (asyncio's ``RuntimeError`` of a closed loop, trio's
     ``RunFinishedError``, a ``RuntimeError`` too)."""
     native = token.native_token
@@ -85,32 +89,24 @@ def _hand_over(token: EventLoopToken, calls: list[Callable[[], object]]) -> bool
         if isinstance(native, asyncio.AbstractEventLoop):
             if native.is_closed():
                 return False
-            native.call_soon_threadsafe(_run_all, calls)
+            native.call_soon_threadsafe(call)
         else:  # trio's TrioToken (untyped here: trio is not a dependency)
             run_sync_soon: Callable[..., object] = getattr(native, "run_sync_soon")  # noqa: B009
-            run_sync_soon(_run_all, calls)
+            run_sync_soon(call)
     except RuntimeError:
         return False
     return True
 
 
-def _run_all(calls: list[Callable[[], object]]) -> None:
-    for call in calls:
-        try:
-            call()
-        except Exception:
-            logger.exception("waking a child waiting on Ray failed")
+_DOORBELL: RunVar[_Doorbell] = RunVar("subagents-ray-doorbell")
 
 
-_WAKER: RunVar[_Waker] = RunVar("subagents-ray-waker")
-
-
-def _waker() -> _Waker:
-    waker = _WAKER.get(None)
-    if waker is None:
-        waker = _Waker(current_token())
-        _WAKER.set(waker)
-    return waker
+def _doorbell() -> _Doorbell:
+    doorbell = _DOORBELL.get(None)
+    if doorbell is None:
+        doorbell = _Doorbell(current_token())
+        _DOORBELL.set(doorbell)
+    return doorbell
 
 
 def done_event(future: Future[T]) -> anyio.Event:
@@ -119,7 +115,7 @@ def done_event(future: Future[T]) -> anyio.Event:
     if future.done():
         event.set()
         return event
-    send = _waker().send
+    send = _doorbell().send
     future.add_done_callback(lambda _: send(event.set))
     return event
 

@@ -6,8 +6,9 @@ remaining, never a deadline: clocks differ between machines) with the ``Request`
 worker answers with a :class:`Reply` holding the result or the runner's exception, and
 the progress the runner reported (the same :class:`~subagents._progress.Progress` a local
 run keeps). A runner travels as its import path (``module:name``) when it has one, else as
-the function itself (pickled by value); a path the worker cannot import comes back as
-:attr:`Reply.missing`, and the driver sends the function by value instead.
+the function pickled by value (bytes the driver makes once, see :mod:`._ray_targets`); a
+path the worker cannot import comes back as :attr:`Reply.missing`, and the driver sends
+the function by value instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import anyio
 import attrs
 
 from .._backend import awaitable, coerce_result
+from .._budget import Budget
 from .._context import BaseContext
 from .._envelope import Usage, describe_exception
 from .._errors import SpawnRejected
@@ -49,8 +51,9 @@ __all__ = [
 ]
 
 Runner: TypeAlias = "Callable[..., Awaitable[object]]"
-Target: TypeAlias = "str | Runner"
-"""A runner as shipped: its import path, or the callable itself."""
+Target: TypeAlias = "str | bytes | Runner"
+"""A runner as shipped: its import path, a function pickled by value (unpickled once per
+worker process), or the callable itself."""
 Dumps: TypeAlias = "Callable[[object], bytes]"
 """How the worker pickles what goes back: the same pickler as the reply's."""
 
@@ -75,6 +78,9 @@ class Shipped:
     permissions: Ruleset
     remaining: float | None
     """Seconds before the driver's watchdog fires, measured when the call was made."""
+    budget: Budget
+    """What the run and its subtree had left to spend when the call was made (in every
+    field the least its own budget and each ancestor's had left), ``seconds`` from then."""
     carrier: dict[str, str]
     """W3C trace context and baggage of the child's span."""
     sink: str
@@ -133,8 +139,9 @@ class Reply:
 class RemoteContext(BaseContext):
     """What a runner on a Ray worker receives in place of a :class:`RunContext`.
 
-    It has the run's identity, attempt, permissions and watchdog deadline (in this
-    process's clock), and :meth:`report`, which reaches the driver's envelope with the
+    It has the run's identity, attempt, permissions, watchdog deadline (in this
+    process's clock) and :meth:`remaining_budget`, and :meth:`report`, which reaches the
+    driver's envelope with the
     reply, and the driver's budgets and events while it runs (read every quarter of a
     second, for a child with a token budget or progress listeners). It has no manager:
     :meth:`spawn` and :meth:`execute` raise :class:`SpawnRejected` (``remote``), and so do
@@ -143,16 +150,26 @@ class RemoteContext(BaseContext):
     kept on the driver, where the remote runner cannot read it.
     """
 
-    __slots__ = ("_shipped", "_sink", "attempt", "deadline", "permissions", "progress")
+    __slots__ = (
+        "_budget_end",
+        "_shipped",
+        "_sink",
+        "attempt",
+        "deadline",
+        "permissions",
+        "progress",
+    )
 
     def __init__(self, shipped: Shipped, sink: Sink) -> None:
         self._shipped = shipped
         self._sink = sink
         self.attempt = shipped.attempt
         """1 for the first try, 2 and up for retries of transient failures."""
-        remaining = shipped.remaining
-        self.deadline = None if remaining is None else anyio.current_time() + remaining
+        remaining, seconds = shipped.remaining, shipped.budget.seconds
+        now = anyio.current_time() if remaining is not None or seconds is not None else 0.0
+        self.deadline = None if remaining is None else now + remaining
         """The watchdog deadline in this process's :func:`anyio.current_time`, or ``None``."""
+        self._budget_end = None if seconds is None else now + seconds
         self.permissions: Ruleset = shipped.permissions
         """The effective ruleset, as the driver computed it."""
         self.progress: Snapshot | None = None
@@ -187,6 +204,29 @@ class RemoteContext(BaseContext):
     def parent_path(self) -> AgentPath:
         """The path of the agent that delegated this run."""
         return AgentPath(self._shipped.parent_path)
+
+    def remaining_budget(self) -> Budget:
+        """What this run may still spend: what its budgets (its own and its ancestors')
+        had left when the driver made the call, less the usage this run has reported
+        since; ``seconds`` counts down from this run's start on the worker, as
+        :attr:`deadline` does (time queued on the cluster is not taken off). What other
+        runs of the tree spend meanwhile is not seen here (the driver still stops this
+        run when the tree's budget runs out)."""
+        budget = self._shipped.budget
+        if budget.unlimited:
+            return budget
+        usage = self.progress.usage if self.progress is not None else None
+        spent_in = usage.input_tokens if usage is not None else 0
+        spent_out = usage.output_tokens if usage is not None else 0
+        end = self._budget_end
+        seconds = None if end is None else max(0.0, end - anyio.current_time())
+        return Budget(
+            tokens=_less(budget.tokens, spent_in + spent_out),
+            input_tokens=_less(budget.input_tokens, spent_in),
+            output_tokens=_less(budget.output_tokens, spent_out),
+            seconds=seconds,
+            spawns=budget.spawns,
+        )
 
     def _apply(self, report: Report) -> None:
         if self.progress is None:
@@ -235,6 +275,10 @@ class RemoteContext(BaseContext):
     def revived_by(self) -> None:
         """Refused: peer messaging stays on the driver."""
         raise _no_messaging("revived_by")
+
+
+def _less(cap: int | None, spent: int) -> int | None:
+    return None if cap is None else max(0, cap - spent)
 
 
 def _no_messaging(method: str) -> SpawnRejected:
@@ -300,13 +344,22 @@ def _import(path: str) -> Runner:
     return found
 
 
-def resolve(target: Target, cache: MutableMapping[str, Runner]) -> Runner:
-    """The runner ``target`` names, imported once per worker process."""
-    if not isinstance(target, str):
+_CACHED = 256
+"""Runners a worker process keeps resolved: a bound, as each closure made per job is
+another pickled function."""
+
+
+def resolve(target: Target, cache: MutableMapping[str | bytes, Runner]) -> Runner:
+    """The runner ``target`` names: a path imported, or a pickled function unpickled,
+    once per worker process (while it is among the last :data:`_CACHED` resolved)."""
+    if not isinstance(target, (str, bytes)):
         return target
     runner = cache.get(target)
     if runner is None:
-        runner = cache[target] = _import(target)
+        runner = _import(target) if isinstance(target, str) else pickle.loads(target)
+        if len(cache) >= _CACHED:
+            del cache[next(iter(cache))]  # the oldest: dicts keep insertion order
+        cache[target] = runner
     return runner
 
 
@@ -369,7 +422,7 @@ async def serve(
     request: Request,
     shipped: Shipped,
     sink: Sink,
-    cache: MutableMapping[str, Runner],
+    cache: MutableMapping[str | bytes, Runner],
     dumps: Dumps,
 ) -> Reply:
     """Run the runner ``target`` names on ``request``, in the worker, to a :class:`Reply`.

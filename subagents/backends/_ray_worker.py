@@ -28,8 +28,8 @@ logger = logging.getLogger("subagents.backends.ray")
 _TICK: Final = 0.02
 """Seconds between wake-ups of a task's event loop, so a cancel reaches a sleeping runner."""
 
-_RUNNERS: dict[str, Runner] = {}
-"""Runners imported by this worker process, by import path."""
+_RUNNERS: dict[str | bytes, Runner] = {}
+"""Runners resolved by this worker process, by import path or pickled code."""
 
 
 class _SinkClient:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -30,17 +30,15 @@ from .._retry import run_with_retries
 from .._tracing import trace_carrier
 from .._validators import count, number, seconds, text
 from ._ray_bridge import done_event, finished, settled
+from ._ray_targets import Targets
 from ._ray_wire import (
     RemoteContext,
     RemoteRunnerError,
     Reply,
-    Runner,
     Shipped,
     Snapshot,
     Target,
-    by_value,
     revived,
-    target_of,
 )
 from ._ray_worker import Sink as _Sink
 from ._ray_worker import Worker as _Worker
@@ -115,9 +113,9 @@ class RayBackend:
 
     Pass it as ``SubagentManager(agents, backend=RayBackend())``. Each attempt ships the
     ``Request`` and a :class:`RemoteContext` (task id, agent path, attempt, permissions,
-    seconds remaining, a W3C trace carrier); the runner is found in the worker by its
-    import path (a module-level function), or shipped by value (a closure, a function of
-    ``__main__``, or one whose module the workers cannot import).
+    seconds remaining, the budget left, a W3C trace carrier); the runner is found in the
+    worker by its import path (a module-level function), or shipped by value (a closure,
+    a function of ``__main__``, or one whose module the workers cannot import).
     ``ctx.report()`` in the worker reaches the envelope. The runner cannot delegate:
     ``ctx.spawn`` and ``ctx.execute`` raise :class:`~subagents.SpawnRejected` (``remote``).
 
@@ -193,7 +191,7 @@ class RayBackend:
         self._pool: list[_Slot] = []
         self._sink: Any = None
         self._sink_name = ""
-        self._targets = _Targets()
+        self._targets = Targets(partial(_pack, by_value=True))
 
     @property
     def mode(self) -> str:
@@ -283,10 +281,11 @@ class RayBackend:
             attempt=ctx.attempt,
             permissions=ctx.permissions,
             remaining=ctx.remaining(),
+            budget=ctx.remaining_budget(),
             carrier=trace_carrier(),
             sink=self._sink_name,
         )
-        payload = _pack((target, request, shipped), by_value=not isinstance(target, str))
+        payload = _pack((target, request, shipped), by_value=not isinstance(target, (str, bytes)))
         slot = None
         if self._mode == "task":
             ref = self._task.remote(payload)
@@ -435,41 +434,3 @@ class _Reported:
             progress = earlier.followed_by(progress, replaced=snapshot.replaced)
         self.latest = progress
         absorb(self.ctx, snapshot.totals(), progress)
-
-
-class _Targets:
-    """How each runner travels, remembered while it lives. Keyed by ``id()``, as a runner
-    may be unhashable or compare by value, with a weak reference whose end drops the
-    entry: the backend keeps no runner, nor what it closes over, alive. An entry holds a
-    path or how to ship the runner, never the runner. A runner that takes no weak
-    reference is looked at again on each call."""
-
-    def __init__(self) -> None:
-        self._known: dict[int, tuple[weakref.ref[Runner], str | bool]] = {}
-
-    def target(self, runner: Runner) -> Target:
-        """How ``runner`` travels: its import path, itself, or a copy by value."""
-        entry = self._known.get(id(runner))
-        if entry is not None and entry[0]() is runner:
-            how = entry[1]
-        else:
-            found = target_of(runner)
-            how = found if isinstance(found, str) else False
-            self._remember(runner, how)
-        if isinstance(how, str):
-            return how
-        return by_value(runner) if how else runner
-
-    def copy(self, runner: Runner) -> Target:
-        """``runner`` by value, from now on (the workers cannot import its path)."""
-        self._remember(runner, True)
-        return by_value(runner)
-
-    def _remember(self, runner: Runner, how: str | bool) -> None:
-        key = id(runner)
-        known = self._known
-        try:
-            ref = weakref.ref(runner, lambda _: known.pop(key, None))
-        except TypeError:  # no weak reference to it: nothing to remember it by
-            return
-        known[key] = (ref, how)

@@ -8,7 +8,7 @@ import pickle
 import anyio
 import pytest
 
-from subagents import ConfigError, Request, Result, Ruleset, SpawnRejected, Usage
+from subagents import Budget, ConfigError, Request, Result, Ruleset, SpawnRejected, Usage
 from subagents._envelope import describe_exception
 from subagents._progress import MAX_OUTPUT_CHARS, Report
 from subagents.backends._ray_wire import (
@@ -47,6 +47,7 @@ def shipped(**changes: object) -> Shipped:
         "attempt": 2,
         "permissions": Ruleset(allow=("read_*",)),
         "remaining": 10.0,
+        "budget": Budget(),
         "carrier": {},
         "sink": "sink",
     }
@@ -130,6 +131,26 @@ async def test_the_remote_context_has_the_runs_identity_and_deadline() -> None:
     assert remaining is not None
     assert 0 < remaining <= 10.0
     assert RemoteContext(shipped(remaining=None), Sink()).remaining() is None
+
+
+async def test_the_remote_budget_is_what_was_left_at_the_call_less_what_the_run_reported() -> None:
+    budget = Budget(tokens=100, input_tokens=80, seconds=10.0, spawns=3)
+    ctx = RemoteContext(shipped(budget=budget), Sink())
+    before = ctx.remaining_budget()
+    assert (before.tokens, before.input_tokens, before.output_tokens) == (100, 80, None)
+    ctx.report(usage=Usage(input_tokens=30, output_tokens=20))
+    ctx.report(usage=Usage(input_tokens=90, output_tokens=20))  # a running total
+    after = ctx.remaining_budget()
+    assert (after.tokens, after.input_tokens, after.output_tokens) == (0, 0, None)
+    assert after.spawns == 3
+    assert after.seconds is not None
+    assert 0.0 <= after.seconds <= 10.0
+
+
+async def test_an_unlimited_remote_budget_stays_unlimited() -> None:
+    ctx = RemoteContext(shipped(), Sink())
+    ctx.report(usage=Usage(input_tokens=5, output_tokens=5))
+    assert ctx.remaining_budget() == Budget()
 
 
 async def test_report_sends_each_report_to_the_sink_in_order() -> None:

@@ -165,3 +165,10 @@ def closure_runner(reply: str) -> Callable[[Request, RunContext], Awaitable[str]
         return reply
 
     return runner
+
+
+async def reads_budget(request: Request, ctx: RunContext) -> str:
+    ctx.report(usage=Usage(input_tokens=100, output_tokens=50))
+    left = ctx.remaining_budget()
+    seconds = left.seconds is not None and 0 < left.seconds <= 30
+    return f"tokens={left.tokens} seconds={seconds}"

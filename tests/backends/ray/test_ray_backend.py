@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray")
 
 from subagents import (  # noqa: E402  # after the skip: ray must exist to import these
     AgentSpec,
+    Budget,
     ConfigError,
     DelegateResult,
     Ruleset,
@@ -42,6 +43,7 @@ AGENTS = [
     AgentSpec(name="noop", runner=runners.noop),
     AgentSpec(name="traced", runner=runners.traced),
     AgentSpec(name="delegates", runner=runners.delegates),
+    AgentSpec(name="reads-budget", runner=runners.reads_budget),
     AgentSpec(
         name="reads-context",
         runner=runners.reads_context,
@@ -211,6 +213,16 @@ async def test_the_remote_context_carries_identity_attempt_deadline_and_permissi
         f"task={envelope.task_id} path=/root/reads-context attempt=1 remaining=True "
         "read=True write=False"
     )
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_remote_context_has_the_budget_left_less_what_the_run_reported(
+    backends: dict[str, RayBackend], mode: str
+) -> None:
+    async with manager(backends[mode]) as m:
+        envelope = await m.execute("reads-budget", budget=Budget(tokens=1000, seconds=30))
+    assert envelope.status is Status.COMPLETED, envelope.error
+    assert envelope.output == "tokens=850 seconds=True"
 
 
 @pytest.mark.parametrize("mode", MODES)
