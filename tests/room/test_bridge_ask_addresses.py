@@ -1,5 +1,5 @@
-"""The bridge and what an ask names: a truncated member id is no selector; the ask
-fails as a send to it does, naming the member meant."""
+"""The bridge and what an ask names: a truncated member id or a harness key is no
+selector; the ask ends as a send to it does, ``unknown`` naming the member meant."""
 
 from __future__ import annotations
 
@@ -8,21 +8,19 @@ from pathlib import Path
 import anyio
 import pytest
 
-from subagents import ConfigError
 from tests.room.bridge_support import bridged
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_an_ask_of_a_truncated_member_id_is_not_refused_as_a_selector(
-    tmp_path: Path,
+@pytest.mark.parametrize("form", ["harness key", "truncated id"])
+async def test_an_ask_of_a_member_named_another_way_ends_unknown_naming_its_id(
+    tmp_path: Path, form: str
 ) -> None:
     path = tmp_path / "s.db"
     async with bridged(path) as a, bridged(path) as b:
+        address = b.link.harness_key if form == "harness key" else b.link.member_id[:8]
         with anyio.fail_after(2):
-            try:
-                await a.manager.ask(b.link.member_id[:8], "are you there?")
-            except ConfigError as exc:
-                assert "selector" not in str(exc)
-            except Exception as exc:  # the room's refusal, naming the member meant
-                assert b.link.member_id in str(exc)
+            reply = await a.manager.ask(address, "are you there?")
+        assert reply.outcome == "unknown"
+        assert b.link.member_id in reply.receipt.detail
