@@ -234,7 +234,7 @@ class Messaging:
         except UnknownPeer as exc:
             route = self.remotes.accepting(me.root, address.strip())
             if route is None or self.remotes.local_typo(exc):
-                raise self.remotes.unknown(exc) from None
+                raise self.remotes.unknown(exc, me.root) from None
             if route.is_self(address.strip()):
                 raise ConfigError(
                     "to", "another agent's address, not the sender's own", to
