@@ -120,6 +120,13 @@ class Remotes:
         del self._routes[session_id]
         self._inbound = {k: r for k, r in self._inbound.items() if r is not route}
         self._held = {k: r for k, r in self._held.items() if r is not route}
+        self.end_asks(session_id, postbox, awaited)
+
+    def end_asks(
+        self, session_id: str, postbox: Postbox, awaited: dict[str, tuple[float, str]]
+    ) -> None:
+        """Each pending ask of ``session_id``'s tree ends ``closed`` (its route stopped
+        or went: no reply can come in), as :meth:`detach` says."""
         mine = [(k, v) for k, v in self.asks.items() if v[0] == session_id]
         gone = f"{session_id} (its route, closed)"
         for message_id, (_, asker, _) in mine:

@@ -1,5 +1,6 @@
-"""The bridge and what an ask names: a truncated member id or a harness key is no
-selector; the ask ends as a send to it does, ``unknown`` naming the member meant."""
+"""The bridge and what an ask names: a truncated member id (``room:<prefix>``) or a
+harness key is no selector; the ask ends as a send to it does, ``unknown`` naming the
+member meant."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ async def test_an_ask_of_a_member_named_another_way_ends_unknown_naming_its_id(
 ) -> None:
     path = tmp_path / "s.db"
     async with bridged(path) as a, bridged(path) as b:
-        address = b.link.harness_key if form == "harness key" else b.link.member_id[:8]
+        # A truncated id goes as room:<prefix> (a bare short hex is a local address).
+        address = b.link.harness_key if form == "harness key" else f"room:{b.link.member_id[:8]}"
         with anyio.fail_after(2):
             reply = await a.manager.ask(address, "are you there?")
         assert reply.outcome == "unknown"
