@@ -230,7 +230,11 @@ class Route:
             self._remotes.fail(receipt, "closed", "the room was closed before it was sent")
             self._settle(message.id, None)
             raise
-        except SubagentsError as exc:  # an unknown member id, a bad selector, the store
+        except StoreError as exc:  # not "locked" (that is retried): the bridge stops
+            self._remotes.fail(receipt, "closed", f"the bridge to the room has stopped: {exc}")
+            self._settle(message.id, None)
+            raise
+        except SubagentsError as exc:  # an unknown member id, a bad selector
             self._remotes.fail(receipt, "unknown", str(exc))
             self._settle(message.id, None)
             return
