@@ -283,21 +283,22 @@ class Route:
             found = await _patiently(partial(self._peek, after))
             handed: list[int] = []
             held = False
-            for message in found:
-                if message.message_id not in self._seen:
-                    carrying = self._carrying
-                    if message.reply_to not in self._sent and carrying is not None:
-                        await carrying.wait()  # it may answer the message being committed
-                    held = self._hand_on(message) == "full"
-                    if held:
-                        break
-                    handed.append(message.message_id)
-                after = message.message_id
-            if handed:
-                try:
+            try:
+                for message in found:
+                    if message.message_id not in self._seen:
+                        carrying = self._carrying
+                        if message.reply_to not in self._sent and carrying is not None:
+                            await carrying.wait()  # it may answer the message in flight
+                        held = self._hand_on(message) == "full"
+                        if held:
+                            break
+                        handed.append(message.message_id)
+                    after = message.message_id
+                if handed:
                     await _patiently(partial(self._room.accept, self.member, handed))
-                finally:
-                    self._accepted.set()
+            finally:
+                # Also when cancelled before the accept: exit never waits for it.
+                self._accepted.set()
             if held:
                 await self._drained.wait()  # a receipt of that inbox moved: try again
 
