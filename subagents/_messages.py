@@ -67,13 +67,14 @@ class Message:
     message's ``subject``); local sends have none."""
 
     def to_dict(self, *, body: bool = True) -> dict[str, JSONValue]:
-        """A JSON-ready dict (without the body when ``body`` is False)."""
+        """A JSON-ready dict (without the content, the body and the subject, when
+        ``body`` is False)."""
         out: dict[str, JSONValue] = {"id": self.id, "from": self.from_, "to": self.to}
         if body:
             out["body"] = self.body
         if self.reply_to is not None:
             out["reply_to"] = self.reply_to
-        if self.subject is not None:
+        if body and self.subject is not None:
             out["subject"] = self.subject
         out["created_ms"] = self.created_ms
         return out

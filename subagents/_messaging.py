@@ -34,7 +34,7 @@ from ._messages import revived as revived_receipt
 from ._messages import summary as summary_receipt
 from ._peers import MAX_PEERS, Peer, Peers
 from ._record import SETTLED, ChildRecord
-from ._remote import MEMBER_ID, RemoteRoute, Remotes
+from ._remote import RemoteRoute, Remotes
 from ._responders import Responders, StartTask
 from ._router import MemoryPostbox, Postbox
 
@@ -234,7 +234,7 @@ class Messaging:
         except UnknownPeer as exc:
             route = self.remotes.accepting(me.root, address.strip())
             if route is None or self.remotes.local_typo(exc):
-                raise self.remotes.unknown(exc) from None
+                raise self.remotes.unknown(exc, me.root) from None
             if route.is_self(address.strip()):
                 raise ConfigError(
                     "to", "another agent's address, not the sender's own", to
@@ -258,8 +258,8 @@ class Messaging:
         message = self._message(me, to, text, reply_to)
         receipt = Receipt(message.id, to)
         if awaited is not None:
-            member = to.removeprefix("room:")
-            if not MEMBER_ID.fullmatch(member):
+            member = to.removeprefix("room:")  # a form not an id fails in the room
+            if member == "*" or member.startswith(("file:", "tag:")):
                 raise ConfigError("to", "one member's id: a selector cannot await a reply", to)
             self.remotes.asks[message.id] = (me.root, me.address, member)
             self.postbox.open(member)  # what the ask waits on, closed when no ask needs it
@@ -288,7 +288,8 @@ class Messaging:
 
     def remote_stopped(self, session_id: str) -> None:
         """``session_id``'s route stopped bringing messages: a host waiting for activity
-        looks again (nothing more can come)."""
+        looks again and each pending ask of its tree ends ``closed`` (nothing more can come)."""
+        self.remotes.end_asks(session_id, self.postbox, self._awaited)
         self.postbox.nudge(session_id)
 
     def arrive(

@@ -24,6 +24,9 @@ __all__ = ["MEMBER_ID", "RemoteRoute", "Remotes"]
 
 MEMBER_ID: Final = re.compile(r"[0-9a-f]{16}")
 """The shape of a room member's id (design/room.md): 16 lower-case hex characters."""
+_SHORT_HEX: Final = re.compile(r"[0-9a-f]{4,15}")
+"""A bare hex address a route does not take (a local task id is 12), though it may be a
+truncated member id."""
 
 
 class RemoteRoute(Protocol):
@@ -117,6 +120,13 @@ class Remotes:
         del self._routes[session_id]
         self._inbound = {k: r for k, r in self._inbound.items() if r is not route}
         self._held = {k: r for k, r in self._held.items() if r is not route}
+        self.end_asks(session_id, postbox, awaited)
+
+    def end_asks(
+        self, session_id: str, postbox: Postbox, awaited: dict[str, tuple[float, str]]
+    ) -> None:
+        """Each pending ask of ``session_id``'s tree ends ``closed`` (its route stopped
+        or went: no reply can come in), as :meth:`detach` says."""
         mine = [(k, v) for k, v in self.asks.items() if v[0] == session_id]
         gone = f"{session_id} (its route, closed)"
         for message_id, (_, asker, _) in mine:
@@ -140,9 +150,21 @@ class Remotes:
         address = exc.address
         return bool(exc.suggestions) and ":" not in address and not MEMBER_ID.fullmatch(address)
 
-    @staticmethod
-    def unknown(exc: UnknownPeer) -> UnknownPeer:
-        """``exc``, or with a hint when its address looks like a room member's id."""
+    def unknown(self, exc: UnknownPeer, root: str | None = None) -> UnknownPeer:
+        """``exc``, or with a hint when its address looks like a room member's id (when
+        session ``root`` has a route: also a short hex, which it does not take)."""
+        if (
+            root is not None
+            and self.route(root) is not None
+            and _SHORT_HEX.fullmatch(exc.address)
+            and not exc.suggestions
+        ):
+            return UnknownPeer(
+                exc.address,
+                exc.suggestions,
+                "a room member is addressed by its 16-hex id or room:<id> (a truncated "
+                "id or label too)",
+            )
         if not MEMBER_ID.fullmatch(exc.address):
             return exc
         return UnknownPeer(

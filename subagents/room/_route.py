@@ -38,9 +38,6 @@ REMEMBERED: Final = 1024
 sends whose commit :meth:`Route.committed` still answers for."""
 SEEN: Final = 4096
 """Room message ids the inbound loop remembers handing on, against a second hand-over."""
-_PARTIAL: Final = 4
-"""Hex characters from which an address may be a truncated member id (the room names the
-member meant)."""
 
 T = TypeVar("T")
 HandOver = Literal["handed", "full", "refused"]
@@ -97,13 +94,13 @@ class Route:
     # ------------------------------------------------------------------ RemoteRoute
 
     def accepts(self, address: str) -> bool:
-        rest = address[5:] if address.startswith("room:") else address
-        if address.startswith("room:") and rest == "*":
+        # A bare short hex is no room address: local task ids are 12 hex, and one the
+        # tree forgot stays a local unknown peer. A truncated id or a label goes as
+        # ``room:<prefix>``; a harness key fails naming its member (the room's rules).
+        if address.startswith("room:"):
+            return len(address) > 5
+        if MEMBER_ID.fullmatch(address) or HARNESS_KEY.fullmatch(address):
             return True
-        if MEMBER_ID.fullmatch(rest) or HARNESS_KEY.fullmatch(rest):
-            return True  # a harness key fails naming the member it is (the room's rules)
-        if _PARTIAL <= len(rest) < 16 and all(c in "0123456789abcdef" for c in rest):
-            return True  # a truncated member id: the same
         return address.startswith(("file:", "tag:")) and len(address.split(":", 1)[1]) > 0
 
     def is_self(self, address: str) -> bool:
@@ -233,7 +230,11 @@ class Route:
             self._remotes.fail(receipt, "closed", "the room was closed before it was sent")
             self._settle(message.id, None)
             raise
-        except SubagentsError as exc:  # an unknown member id, a bad selector, the store
+        except StoreError as exc:  # not "locked" (that is retried): the bridge stops
+            self._remotes.fail(receipt, "closed", f"the bridge to the room has stopped: {exc}")
+            self._settle(message.id, None)
+            raise
+        except SubagentsError as exc:  # an unknown member id, a bad selector
             self._remotes.fail(receipt, "unknown", str(exc))
             self._settle(message.id, None)
             return
@@ -282,21 +283,22 @@ class Route:
             found = await _patiently(partial(self._peek, after))
             handed: list[int] = []
             held = False
-            for message in found:
-                if message.message_id not in self._seen:
-                    carrying = self._carrying
-                    if message.reply_to not in self._sent and carrying is not None:
-                        await carrying.wait()  # it may answer the message being committed
-                    held = self._hand_on(message) == "full"
-                    if held:
-                        break
-                    handed.append(message.message_id)
-                after = message.message_id
-            if handed:
-                try:
+            try:
+                for message in found:
+                    if message.message_id not in self._seen:
+                        carrying = self._carrying
+                        if message.reply_to not in self._sent and carrying is not None:
+                            await carrying.wait()  # it may answer the message in flight
+                        held = self._hand_on(message) == "full"
+                        if held:
+                            break
+                        handed.append(message.message_id)
+                    after = message.message_id
+                if handed:
                     await _patiently(partial(self._room.accept, self.member, handed))
-                finally:
-                    self._accepted.set()
+            finally:
+                # Also when cancelled before the accept: exit never waits for it.
+                self._accepted.set()
             if held:
                 await self._drained.wait()  # a receipt of that inbox moved: try again
 

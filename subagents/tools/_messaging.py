@@ -115,6 +115,11 @@ class MessageTools:
                 f"message {receipt.message_id} committed to the room for "
                 f"{details['room_recipients']} recipient(s):"
             ]
+        if details.get("room_recipients") == 0:  # a selector reaching nobody is no error
+            lines = [
+                f"message {receipt.message_id} is stored for the room's history and reached "
+                "nobody (0 recipients):"
+            ]
         lines += [f"- {_receipt_text(r)}" for r in receipts[:20]]
         if len(receipts) > 20:
             lines.append(f"(+{len(receipts) - 20} more in details)")
@@ -134,7 +139,7 @@ class MessageTools:
         return ToolResult(
             content=bound_text("\n".join(lines), self.limits.truncate_chars),
             details=details,
-            is_error=failed and len(receipts) == 1,
+            is_error=failed and len(receipts) == 1 and details.get("room_recipients") != 0,
         )
 
     async def _committed(self, receipt: Receipt) -> int | None:

@@ -48,3 +48,33 @@ async def test_read_messages_shows_a_room_messages_subject(tmp_path: Path) -> No
         (message,) = read.details["messages"]  # type: ignore[misc]
         assert message["subject"] == "build broken"  # type: ignore[index]
         assert manager.send(sender, "no subject here").state == "queued"
+
+
+@pytest.mark.parametrize("capture", [False, True])
+async def test_a_subject_is_content_kept_out_of_events_unless_captured(
+    tmp_path: Path, capture: bool
+) -> None:
+    from subagents import Event, SubagentConfig
+    from subagents._events import MESSAGE
+
+    events: list[Event] = []
+    path = tmp_path / "s.db"
+    async with (
+        Room(path) as room,
+        Room(path) as other,
+        SubagentManager(config=SubagentConfig(capture_content=capture)) as manager,
+        bridge(room, manager) as link,
+    ):
+        manager.events.subscribe(lambda e: events.append(e) if e.type == MESSAGE else None)
+        sender = (await other.join("default", label="sender")).member_id
+        await other.send(sender, link.member_id, "the details", subject="build broken")
+        with anyio.fail_after(30):
+            got = await manager.recv(timeout=None)
+        assert got is not None
+        assert got.subject == "build broken"
+    messages = [e.data["message"] for e in events if "message" in e.data]
+    assert messages, events
+    for message in messages:
+        assert isinstance(message, dict)
+        assert ("subject" in message) is capture
+        assert ("body" in message) is capture

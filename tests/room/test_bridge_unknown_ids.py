@@ -1,5 +1,6 @@
 """The bridge and the room's unknown-id rules: an address that is not a member id but
-names one (its harness key, a truncated id) gets an error naming the member meant."""
+names one (its harness key, a truncated id as ``room:<prefix>``) gets an error naming the
+member meant; a bare short hex is a local address."""
 
 from __future__ import annotations
 
@@ -29,8 +30,18 @@ async def test_an_address_naming_a_member_another_way_gets_an_error_naming_its_i
 ) -> None:
     path = tmp_path / "s.db"
     async with bridged(path) as a, bridged(path) as b:
-        address = b.link.harness_key if form == "harness key" else b.link.member_id[:8]
+        address = b.link.harness_key if form == "harness key" else f"room:{b.link.member_id[:8]}"
         assert b.link.member_id in await _refusal(a, address)
+
+
+async def test_a_bare_truncated_member_id_stays_local_with_a_hint_for_the_room(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    async with bridged(path) as a, bridged(path) as b:
+        with pytest.raises(UnknownPeer, match="room:<id>"):
+            a.manager.send(b.link.member_id[:8], "are you there?")
+        assert await a.room.history("default") == ()  # nothing went to the room
 
 
 async def test_a_truncated_local_task_id_stays_a_local_unknown_peer_naming_the_task(
