@@ -61,24 +61,28 @@ def _lease(path: str, row: Sequence[object]) -> Lease:
     )
 
 
-def _end(conn: sqlite3.Connection, rows: Sequence[Sequence[object]], now: float) -> None:
-    """Remember ended leases ``(path, member, mode, claimed_at, expires_at)`` as spans."""
+def _remove(
+    conn: sqlite3.Connection, where: str, params: tuple[object, ...], now: float
+) -> list[Sequence[object]]:
+    """Delete the leases ``where`` selects and remember them as spans; the rows
+    ``(path, member, mode, claimed_at, expires_at)`` removed. ``where`` is this module's
+    own SQL, never a caller's text."""
+    rows: list[Sequence[object]] = conn.execute(
+        f"DELETE FROM room_leases WHERE {where} "
+        "RETURNING path, member_id, mode, claimed_at, expires_at",
+        params,
+    ).fetchall()
     conn.executemany(
         "INSERT INTO room_lease_spans (path, member_id, mode, claimed_at, ended_at) "
         "VALUES (?, ?, ?, ?, ?)",
         [(p, m, mode, c, min(now, float(e))) for p, m, mode, c, e in rows],  # type: ignore[arg-type]
     )
+    return rows
 
 
 def _live(conn: sqlite3.Connection, path: str, now: float) -> list[Lease]:
     """The path's live leases, after moving its expired ones to spans."""
-    expired = conn.execute(
-        "DELETE FROM room_leases WHERE path = ? AND expires_at <= ? "
-        "RETURNING path, member_id, mode, claimed_at, expires_at",
-        (path, now),
-    ).fetchall()
-    if expired:
-        _end(conn, expired, now)
+    if _remove(conn, "path = ? AND expires_at <= ?", (path, now), now):
         conn.execute(
             "DELETE FROM room_lease_spans WHERE path = ? AND ended_at < ?",
             (path, now - SPAN_KEEP),
@@ -124,23 +128,12 @@ def renew(conn: sqlite3.Connection, member: str, path: str, ttl: float, now: flo
 
 def release(conn: sqlite3.Connection, member: str, path: str, now: float) -> bool:
     """Release the member's lease on ``path``; whether a live one was held."""
-    rows = conn.execute(
-        "DELETE FROM room_leases WHERE path = ? AND member_id = ? "
-        "RETURNING path, member_id, mode, claimed_at, expires_at",
-        (path, member),
-    ).fetchall()
-    _end(conn, rows, now)
-    return any(float(row[4]) > now for row in rows)
+    rows = _remove(conn, "path = ? AND member_id = ?", (path, member), now)
+    return any(float(row[4]) > now for row in rows)  # type: ignore[arg-type]
 
 
 def release_all(conn: sqlite3.Connection, member: str, now: float) -> int:
-    rows = conn.execute(
-        "DELETE FROM room_leases WHERE member_id = ? "
-        "RETURNING path, member_id, mode, claimed_at, expires_at",
-        (member,),
-    ).fetchall()
-    _end(conn, rows, now)
-    return len(rows)
+    return len(_remove(conn, "member_id = ?", (member,), now))
 
 
 def check(conn: sqlite3.Connection, path: str, now: float) -> list[Lease]:
