@@ -65,6 +65,20 @@ def _flat(receipt: Receipt) -> list[Receipt]:
     return list(receipt.recipients) if receipt.to == "*" else [receipt]
 
 
+def _required_text(name: str, description: str, maximum: int, *, content: bool = False) -> Param:
+    """A required string argument of 1 to ``maximum`` characters."""
+    return Param(
+        name=name,
+        kind="string",
+        required=True,
+        description=description,
+        min_length=1,
+        max_length=maximum,
+        form=f"1 to {maximum} characters",
+        content=content,
+    )
+
+
 class MessageTools:
     """The handlers, bound to one manager and address."""
 
@@ -289,25 +303,17 @@ def build_message_tools(
                 "When answering a message, pass its id as reply_to." + to_room
             ),
             params=[
-                Param(
-                    name="to",
-                    kind="string",
-                    required=True,
-                    description="Recipient: a task id, an agent path (e.g. /root/coder), or "
+                _required_text(
+                    "to",
+                    "Recipient: a task id, an agent path (e.g. /root/coder), or "
                     "'*' for every live agent of your tree." + to_room,
-                    min_length=1,
-                    max_length=_ADDRESS_MAX,
-                    form=f"1 to {_ADDRESS_MAX} characters",
+                    _ADDRESS_MAX,
                 ),
-                Param(
-                    name="message",
-                    kind="string",
-                    required=True,
-                    description="The text to send (self-contained: the recipient sees "
+                _required_text(
+                    "message",
+                    "The text to send (self-contained: the recipient sees "
                     "nothing else of your conversation).",
-                    min_length=1,
-                    max_length=MAX_MESSAGE_CHARS,
-                    form=f"1 to {MAX_MESSAGE_CHARS} characters",
+                    MAX_MESSAGE_CHARS,
                     content=True,
                 ),
                 Param(
@@ -380,24 +386,16 @@ def build_message_tools(
                 "its envelope (wait_agent). It does not wait."
             ),
             params=[
-                Param(
-                    name="task_id",
-                    kind="string",
-                    required=True,
-                    description="The subagent's task id (from spawn_agent or list_agents).",
-                    min_length=1,
-                    max_length=_ADDRESS_MAX,
-                    form=f"1 to {_ADDRESS_MAX} characters",
+                _required_text(
+                    "task_id",
+                    "The subagent's task id (from spawn_agent or list_agents).",
+                    _ADDRESS_MAX,
                 ),
-                Param(
-                    name="message",
-                    kind="string",
-                    required=True,
-                    description="The input (self-contained: the subagent sees nothing "
+                _required_text(
+                    "message",
+                    "The input (self-contained: the subagent sees nothing "
                     "else of your conversation).",
-                    min_length=1,
-                    max_length=MAX_MESSAGE_CHARS,
-                    form=f"1 to {MAX_MESSAGE_CHARS} characters",
+                    MAX_MESSAGE_CHARS,
                     content=True,
                 ),
             ],
