@@ -321,6 +321,21 @@ def line(type_: str, seq: int, ts: int, session: str, task: str, path: str, **da
     return orjson.dumps(event).decode()
 
 
+A_COMPLETED = line(
+    COMPLETED,
+    2,
+    2000,
+    "root",
+    "t1",
+    "/root/a",
+    status="completed",
+    agent="a",
+    duration_ms=1000,
+    timestamp_ms=2000,
+)
+"""The log line of ``t1`` (``/root/a``) completed at 2,000 ms, after 1,000 ms."""
+
+
 def write_log(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -329,18 +344,7 @@ def write_log(path: Path, lines: list[str]) -> Path:
 def test_an_execute_whose_end_is_logged_before_its_spawn_stays_completed() -> None:
     # Two writers (or a copied log) can put the end first; the end is what happened.
     lines = [
-        line(
-            COMPLETED,
-            2,
-            2000,
-            "root",
-            "t1",
-            "/root/a",
-            status="completed",
-            agent="a",
-            duration_ms=1000,
-            timestamp_ms=2000,
-        ),
+        A_COMPLETED,
         line(SPAWNED, 1, 1000, "root", "t1", "/root/a", agent="a", mode="execute"),
     ]
     run = read_run(parse_event_line(text) for text in lines)
@@ -431,18 +435,7 @@ def test_tree_on_a_stdout_that_is_not_utf8_prints_no_traceback(tmp_path: Path) -
         tmp_path / "events.jsonl",
         [
             line(SPAWNED, 1, 1000, "root", "t1", "/root/a", agent="a", mode="spawn"),
-            line(
-                COMPLETED,
-                2,
-                2000,
-                "root",
-                "t1",
-                "/root/a",
-                status="completed",
-                agent="a",
-                duration_ms=1000,
-                timestamp_ms=2000,
-            ),
+            A_COMPLETED,
         ],
     )
     env = dict(os.environ, PYTHONIOENCODING="cp1252", PYTHONPATH=str(ROOT))
