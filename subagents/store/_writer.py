@@ -6,13 +6,14 @@ deque append). The thread takes every write pending when its transaction opens (
 callback to the :class:`~._courier.Courier` (which calls into the event loop without the
 writer waiting for it) and goes on. It opens its next transaction once that callback has
 run, or at once if ``eager_batch`` writes are queued by then, or ``linger`` seconds after
-its last commit: so while the event loop is busy (a fan-out running its children back to
-back) the writer commits alongside it in batches of a useful size, while it is idle each
-commit's writes are handed on before the next begins, and a loop that does not come back
-(a runner blocking it, or the loop ended) holds no write back for longer than
-``linger``. Committing whatever is queued as soon as possible would instead make
-batches of a few writes, each with its own commit, whose Python steps fight the event
-loop for the GIL at every statement.
+its last commit (and, with a ``commit_delay``, never sooner than that after it unless
+``eager_batch`` writes are queued): so while the event loop is busy (a fan-out running
+its children back to back) the writer commits alongside it in batches of a useful size,
+while it is idle each commit's writes are handed on before the next begins, and a loop
+that does not come back (a runner blocking it, or the loop ended) holds no write back for
+longer than ``linger``. Committing whatever is queued as soon as possible would instead
+make batches of a few writes, each with its own commit, whose Python steps fight the
+event loop for the GIL at every statement.
 
 A batch is a prefix of what was submitted, so "every write up to sequence number n is
 committed" is one number (the watermark). Inside its transaction the writes are applied
@@ -158,6 +159,7 @@ class Writer:
         max_batch: int = DEFAULT_MAX_BATCH,
         eager_batch: int = DEFAULT_EAGER_BATCH,
         linger: float = DEFAULT_LINGER,
+        commit_delay: float = 0.0,
     ) -> None:
         self._raw = raw
         self._path = path
@@ -168,6 +170,7 @@ class Writer:
         self._max_batch = max_batch
         self._eager_batch = eager_batch
         self._linger = linger
+        self._commit_delay = commit_delay
         self.lock = threading.Lock()
         """Guards the queue and what :meth:`Write.take` decides (held for microseconds)."""
         self.gate = threading.Lock()
@@ -266,9 +269,14 @@ class Writer:
                     self._want = 1
                     self._wake.wait()
                     continue
-                if not self._unseen or len(self._queue) >= self._eager_batch:
+                if len(self._queue) >= self._eager_batch:
                     break
-                left = self._committed_at + self._linger - time.monotonic()
+                # The delay holds in any case; an unseen callback is waited for up to
+                # the linger (its running wakes this wait, which then looks again).
+                pause = (
+                    max(self._commit_delay, self._linger) if self._unseen else self._commit_delay
+                )
+                left = self._committed_at + pause - time.monotonic()
                 if left <= 0:
                     break
                 self._want = self._eager_batch

@@ -376,3 +376,33 @@ def test_every_put_commits_after_the_event_loop_has_ended(tmp_path: Path) -> Non
             courier.join(30)
         store._watcher.join(30)
         store._conn.close()
+
+
+async def test_a_commit_delay_gathers_writes_that_trickle_in_into_one_commit(
+    tmp_path: Path,
+) -> None:
+    """With ``commit_delay`` the writer opens no transaction sooner than that after its
+    last commit: puts that arrive one by one in the meantime share one commit (and one
+    fsync), where without it the first would be committed alone at once."""
+    delay = 0.5
+    async with SqliteStore(tmp_path / "s.db", commit_delay=delay) as store:
+        box = store.mailbox("root")
+        box.put("first", env("first"))
+        await box.wait_committed()
+        committed = time.monotonic()
+        before = store.statistics().batches
+        for i in range(4):
+            box.put(f"t{i}", env(f"t{i}"))
+            await anyio.sleep(0.02)  # passes time: each put comes alone, as a batch's do
+        await box.wait_committed()
+        assert time.monotonic() - committed >= delay * 0.9
+        assert store.statistics().batches == before + 1
+        assert all(box.peek(f"t{i}") is not None for i in range(4))
+
+
+@pytest.mark.parametrize("delay", [-1.0, float("nan"), "0.1"])
+def test_a_commit_delay_out_of_range_is_a_config_error_naming_it(
+    tmp_path: Path, delay: object
+) -> None:
+    with pytest.raises(ConfigError, match="commit_delay"):
+        SqliteStore(tmp_path / "s.db", commit_delay=delay)  # type: ignore[arg-type]
