@@ -1,52 +1,67 @@
-"""The command runner's process on Linux: started off the event loop, its exit read from a pidfd.
+"""The command runner's process on Linux: its whole life in one worker thread.
 
-``anyio.open_process`` on asyncio forks in the event loop's thread and waits there for the
-child's ``exec``, then (Python 3.11) starts a thread per child to wait for its exit; on trio
-it starts the child in a worker thread and waits for the exit through a pidfd. Here, on
-either backend, :func:`spawn` starts the child with ``subprocess.Popen`` in a worker thread
-(the event loop runs on while the child reaches its ``exec``, and several children start
-at once), and the exit is awaited through a pidfd (Linux 5.3): a descriptor the loop
-watches like a pipe, readable once the child has exited; the pipes are this module's own,
-non-blocking, behind ``anyio.wait_readable`` and ``wait_writable``. No thread waits for a
-child, and no asyncio transport or protocol objects are built per command.
+:func:`run_command` starts the child with ``subprocess.Popen`` in a worker thread, and
+that thread stays with it to its end: it feeds stdin, reads stdout and stderr, and waits
+for the exit through a pidfd (Linux 5.3: a descriptor readable once the child has exited),
+all in one ``poll`` wait, then reaps the child and ends what the command left in its
+process group. The event loop does one thing per command: it awaits the thread. So the
+loop neither forks, nor waits for an ``exec``, nor runs a step per pipe: measured on
+short commands, a loop that drove each pipe and the pidfd itself spent about three times
+the event loop's CPU per command that this one does, and a batch has one event loop.
 
-``os.posix_spawn`` (``clone(CLONE_VM | CLONE_VFORK)``, cheaper in CPU) was measured here
-and not kept: it holds the GIL until the child has called ``exec``, so on a loaded machine,
-where the new child waits for a CPU, the whole process (event loop included) waits with it.
-``subprocess`` waits for the ``exec`` without the GIL.
+A thread per running command (not one per start): a command's threads are the worker
+threads of a limiter of their own, so the default thread limiter (which a runner's own
+blocking work may fill) never holds a command back, and ``-j N`` running commands are N
+threads, each blocked in the kernel.
 
-:func:`spawn` starts the child as the runner's ``anyio.open_process(...,
-start_new_session=True)`` did: ``subprocess``'s own semantics (its ``PATH`` search in
-``env``, ``close_fds``, ``restore_signals``, ``cwd``, its errors), in a session and process
-group of its own. :class:`SpawnedProcess` is an :class:`anyio.abc.Process` over its
-descriptors, so the runner drives either kind the same way. ``anyio.open_process`` stays
-the path where pidfds are missing (:data:`AVAILABLE`).
+Cut short (a cancellation: the watchdog's, a caller's), :func:`run_command` tells the
+thread through an eventfd; the thread sends the group ``SIGTERM``, then ``SIGKILL``
+``grace`` seconds later; the cancelled caller waits (shielded) for the thread to end,
+which is bounded: past ``SIGKILL`` it gives the exit :data:`REAP_TIMEOUT` seconds (a
+process in uninterruptible sleep is left unreaped), and a run cut short after the exit
+stops reading the pipes at once. Past a normal exit the pipes get :data:`REAP_TIMEOUT`
+seconds too (a descendant that left the group may hold them). A run cut short before its
+thread began starts nothing.
+
+The child starts as ``anyio.open_process(..., start_new_session=True)`` would start it:
+``subprocess``'s own semantics (its ``PATH`` search in ``env``, ``close_fds``,
+``restore_signals``, ``cwd``, its errors), in a session and process group of its own.
+``anyio.open_process`` stays the runner's path where pidfds are missing (:data:`AVAILABLE`).
+
+``os.posix_spawn`` (cheaper in CPU) was measured here and not kept: it holds the GIL until
+the child has called ``exec``, so on a loaded machine, where the new child waits for a
+CPU, the whole process waits with it. ``subprocess`` waits for the ``exec`` without it.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import select
 import signal
-import signal as signal_module  # send_signal's parameter is named ``signal``, as anyio's is
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import Final
 
 import anyio
-import anyio.abc
 import anyio.to_thread
 from anyio.lowlevel import RunVar
 
-__all__ = ["AVAILABLE", "SpawnedProcess", "spawn"]
+from . import _warden
+
+__all__ = ["AVAILABLE", "REAP_TIMEOUT", "Outcome", "keep_tail", "run_command", "signal_group"]
 
 
 def _pidfds_work() -> bool:
     if sys.platform != "linux":
         return False
-    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+    if not all(hasattr(os, name) for name in ("pidfd_open", "eventfd", "eventfd_write")):
+        return False
+    if not hasattr(signal, "pidfd_send_signal") or not hasattr(select, "poll"):
         return False
     try:
         os.close(os.pidfd_open(os.getpid()))
@@ -56,189 +71,52 @@ def _pidfds_work() -> bool:
 
 
 AVAILABLE: Final = _pidfds_work()
-"""Whether :func:`spawn` can run here (Linux 5.3 or later, pidfds allowed)."""
+"""Whether :func:`run_command` can run here (Linux 5.3 or later, pidfds allowed)."""
+REAP_TIMEOUT: Final = 5.0
+"""How long a SIGKILLed process may take to be reaped, and its pipes to close after its
+exit, before the run gives up on it (a process in uninterruptible sleep, a descendant that
+left the group holding stdout)."""
 _READ_CHUNK: Final = 65536
 
-
-class SpawnedProcess(anyio.abc.Process):
-    """A child started by :func:`spawn`: its pid, its pidfd and this side of its pipes.
-
-    :meth:`wait` blocks until the child has exited (the pidfd becomes readable) and reaps
-    it. :meth:`aclose` closes the pipes and the pidfd and never blocks: a child that has
-    not exited is left running (the runner ends its group before it closes the process).
-    """
-
-    def __init__(
-        self, popen: subprocess.Popen[bytes], pidfd: int, stdin: int, stdout: int, stderr: int
-    ) -> None:
-        # Held until reaped: a Popen collected unreaped joins subprocess's list of
-        # children to reap, and another Popen could reap this one before its wait.
-        self._popen = popen
-        self._pid = popen.pid
-        self._pidfd = pidfd
-        self._returncode: int | None = None
-        self._waiter: anyio.Event | None = None
-        self._stdin = _FdSendStream(stdin)
-        self._stdout = _FdReceiveStream(stdout)
-        self._stderr = _FdReceiveStream(stderr)
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
-
-    @property
-    def stdin(self) -> anyio.abc.ByteSendStream:
-        return self._stdin
-
-    @property
-    def stdout(self) -> anyio.abc.ByteReceiveStream:
-        return self._stdout
-
-    @property
-    def stderr(self) -> anyio.abc.ByteReceiveStream:
-        return self._stderr
-
-    async def wait(self) -> int:
-        """Block until the child exits; its exit code (negative: the signal that killed it).
-
-        One task waits on the pidfd; any other waits for that one. Cancellation leaves the
-        child running and unreaped (a later ``wait`` reaps it).
-        """
-        while self._returncode is None:
-            waiter = self._waiter
-            if waiter is not None:
-                await waiter.wait()
-                continue
-            if self._pidfd < 0:
-                raise anyio.ClosedResourceError
-            self._waiter = waiter = anyio.Event()
-            try:
-                await anyio.wait_readable(self._pidfd)
-                self._reap()
-            finally:
-                self._waiter = None
-                waiter.set()
-        return self._returncode
-
-    def _reap(self) -> None:
-        try:
-            _, status = os.waitpid(self._pid, 0)  # the pidfd is readable: it has exited
-        except ChildProcessError:  # reaped by someone else (a process-wide child reaper)
-            self._returncode = 255
-        else:
-            self._returncode = os.waitstatus_to_exitcode(status)
-        self._popen.returncode = self._returncode  # reaped: subprocess must not wait for it
-
-    def send_signal(self, signal: int) -> None:
-        """Signal the child itself (through its pidfd: never another process with a
-        reused pid); nothing once it has been reaped."""
-        if self._returncode is None and self._pidfd >= 0:
-            with suppress(ProcessLookupError):  # it has exited, and is not reaped yet
-                signal_module.pidfd_send_signal(self._pidfd, signal)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    async def aclose(self) -> None:
-        """Close the pipes and the pidfd (reaping the child if it has exited). Never blocks."""
-        await self._stdin.aclose()
-        await self._stdout.aclose()
-        await self._stderr.aclose()
-        pidfd, self._pidfd = self._pidfd, -1
-        if pidfd >= 0:
-            self._reap_if_exited()
-            anyio.notify_closing(pidfd)
-            os.close(pidfd)
-
-    def _reap_if_exited(self) -> None:
-        if self._returncode is None:
-            with suppress(ChildProcessError):
-                pid, status = os.waitpid(self._pid, os.WNOHANG)
-                if pid:
-                    self._returncode = os.waitstatus_to_exitcode(status)
-                    self._popen.returncode = self._returncode
+Outcome = tuple[bytes, int, bytes, bool]
+"""``(stdout, exit code, the tail of stderr, cut)``: ``cut`` when stdout was still open
+:data:`REAP_TIMEOUT` seconds after the exit, so what was read may be only part of it."""
 
 
-class _FdReceiveStream(anyio.abc.ByteReceiveStream):
-    """This side of a child's stdout or stderr pipe (non-blocking)."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    async def receive(self, max_bytes: int = _READ_CHUNK) -> bytes:
-        while True:
-            fd = self._fd
-            if fd < 0:
-                raise anyio.ClosedResourceError
-            # Waited for first, even when data is there: the wait is the checkpoint that
-            # keeps a fast writer from holding the event loop.
-            await anyio.wait_readable(fd)
-            try:
-                data = os.read(fd, max_bytes)
-            except BlockingIOError:
-                continue
-            if not data:
-                raise anyio.EndOfStream
-            return data
-
-    async def aclose(self) -> None:
-        _close(self)
+def keep_tail(buffer: bytearray, keep: int | None) -> None:
+    """Trim ``buffer`` to its last ``keep`` bytes once it holds twice as many (``None``:
+    keep everything), so a chatty stderr costs bounded memory and amortised O(1) a byte."""
+    if keep is not None and len(buffer) > 2 * keep:
+        del buffer[: len(buffer) - keep]
 
 
-class _FdSendStream(anyio.abc.ByteSendStream):
-    """This side of a child's stdin pipe (non-blocking): what fits in the pipe is written
-    at once, the rest as the child reads it."""
+def signal_group(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to the process group; False if the group is gone.
 
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    async def send(self, item: bytes) -> None:
-        view = memoryview(item)
-        while view:
-            fd = self._fd
-            if fd < 0:
-                raise anyio.ClosedResourceError
-            try:
-                view = view[os.write(fd, view) :]
-            except BlockingIOError:
-                await anyio.wait_writable(fd)
-            except BrokenPipeError:  # the child closed stdin (or exited) without reading it
-                raise anyio.BrokenResourceError from None
-
-    async def send_eof(self) -> None:
-        _close(self)
-
-    async def aclose(self) -> None:
-        _close(self)
+    After the leader has exited this still reaches what is left of the group: the kernel
+    hands out no pid that is still in use as a group's id."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member changed its credentials: nothing more we may do
+        return False
+    return True
 
 
-def _close(stream: _FdReceiveStream | _FdSendStream) -> None:
-    fd, stream._fd = stream._fd, -1
-    if fd >= 0:
-        anyio.notify_closing(fd)  # a task waiting on it wakes with ClosedResourceError
-        os.close(fd)
-
-
-async def spawn(
+async def run_command(
     argv: Sequence[str],
+    stdin: bytes,
     *,
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-) -> SpawnedProcess:
-    """Start ``argv`` in a session of its own with pipes for stdin, stdout and stderr.
+    cwd: str | os.PathLike[str] | None,
+    env: Mapping[str, str] | None,
+    stderr_keep: int | None,
+    grace: float,
+) -> Outcome:
+    """Run ``argv`` with ``stdin`` to its end in a worker thread (module doc).
 
-    Waits for one of this loop's :data:`_STARTS` turns (a cancellation there starts
-    nothing), then blocks until the child has started (``exec`` called), in a worker
-    thread. That part is shielded: a cancellation waits for the start to finish, then hits
-    the caller's next checkpoint, with the process returned for the caller to end
-    (cancelled mid-start, it would have no owner to end it).
+    Cancellation ends the process group (``SIGTERM``, then ``SIGKILL`` after ``grace``
+    seconds), waits shielded for the thread to end (bounded), then propagates.
 
     Raises:
         FileNotFoundError: no executable ``argv[0]`` (on the ``PATH`` of ``env``).
@@ -246,76 +124,264 @@ async def spawn(
     """
     if not AVAILABLE:
         raise RuntimeError("pidfds are not available on this platform")
-    gate, threads = _starters()
-    # The wait for a turn is outside the shield, so a run cancelled before its start has
-    # a thread starts nothing; once it has one, the thread is never waited on for a token.
-    async with gate:
-        return await _start(argv, cwd, env, threads)
-
-
-async def _start(
-    argv: Sequence[str],
-    cwd: str | os.PathLike[str] | None,
-    env: Mapping[str, str] | None,
-    threads: anyio.CapacityLimiter,
-) -> SpawnedProcess:
-    opened: list[int] = []
+    job = _Job(argv, stdin, cwd, env, stderr_keep, grace)
+    threads = _threads()
     try:
-        stdin_r, stdin_w = _pipe(opened)
-        stdout_r, stdout_w = _pipe(opened)
-        stderr_r, stderr_w = _pipe(opened)
-
-        def start() -> subprocess.Popen[bytes]:
-            return subprocess.Popen(
-                list(argv),
-                stdin=stdin_r,
-                stdout=stdout_w,
-                stderr=stderr_w,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
-
-        with anyio.CancelScope(shield=True):
-            popen = await anyio.to_thread.run_sync(start, limiter=threads)
-        for fd in (stdin_r, stdout_w, stderr_w):
-            opened.remove(fd)
-            os.close(fd)
-        try:
-            pidfd = os.pidfd_open(popen.pid)
-        except OSError:  # out of descriptors: end the child rather than lose it
-            os.killpg(popen.pid, signal.SIGKILL)
-            with anyio.CancelScope(shield=True):  # reaped in a thread: never on the loop
-                await anyio.to_thread.run_sync(popen.wait, limiter=threads)
-            raise
-    except BaseException:
-        for fd in opened:
-            os.close(fd)
+        return await anyio.to_thread.run_sync(job.run, abandon_on_cancel=True, limiter=threads)
+    except anyio.get_cancelled_exc_class():
+        if job.stop():
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(job.ended.wait, limiter=threads)
         raise
-    for fd in (stdin_w, stdout_r, stderr_r):
-        os.set_blocking(fd, False)
-    return SpawnedProcess(popen, pidfd, stdin_w, stdout_r, stderr_r)
 
 
-_STARTS: Final = 8
-"""Processes started at once, each in a worker thread of its own (a fork needs little
-parallelism: the interpreter lock is held for most of it)."""
-_STARTERS: RunVar[tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]] = RunVar("starters")
+_THREADS: RunVar[anyio.CapacityLimiter] = RunVar("command threads")
 
 
-def _starters() -> tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]:
-    """This event loop's gate for starts and the threads behind it: the starts never
-    wait for the default thread limiter, which a runner's blocking work may hold."""
+def _threads() -> anyio.CapacityLimiter:
+    """This event loop's limiter for the commands' threads: unbounded (the manager's
+    admission bounds the commands), and never the default one."""
     try:
-        return _STARTERS.get()
+        return _THREADS.get()
     except LookupError:
-        pair = (anyio.CapacityLimiter(_STARTS), anyio.CapacityLimiter(math.inf))
-        _STARTERS.set(pair)
-        return pair
+        limiter = anyio.CapacityLimiter(math.inf)
+        _THREADS.set(limiter)
+        return limiter
 
 
-def _pipe(opened: list[int]) -> tuple[int, int]:
-    """A close-on-exec pipe (``subprocess`` makes the child's ends its stdio)."""
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    opened += (read_end, write_end)
-    return read_end, write_end
+class _GivenUp(Exception):
+    """The thread's answer to a run cut short before its start, or whose exit never came
+    (in uninterruptible sleep past ``SIGKILL``: left unreaped). Nobody reads it: the
+    cancelled caller has stopped waiting for the thread's answer."""
+
+
+class _Job:
+    """One command, run to its end by :meth:`run` in a worker thread; :meth:`stop`, from
+    the event loop, cuts it short."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        stdin: bytes,
+        cwd: str | os.PathLike[str] | None,
+        env: Mapping[str, str] | None,
+        stderr_keep: int | None,
+        grace: float,
+    ) -> None:
+        self._argv = list(argv)
+        self._stdin = memoryview(stdin)
+        self._cwd = cwd
+        self._env = env
+        self._stderr_keep = stderr_keep
+        self._grace = grace
+        self._lock = threading.Lock()
+        self._state = "new"  # new -> running -> ended; or new -> ended (stopped first)
+        self._wake = -1  # the eventfd that tells the thread to stop (while running)
+        self.ended = threading.Event()
+        """Set once the thread is done with the process (or will never start one)."""
+
+    def stop(self) -> bool:
+        """Cut the run short; True if a thread runs it (wait for :attr:`ended`), False if
+        none ever will."""
+        with self._lock:
+            if self._state == "new":
+                self._state = "ended"
+                self.ended.set()
+                return False
+            if self._state == "running":
+                os.eventfd_write(self._wake, 1)
+            return True
+
+    # ------------------------------------------------------------ the thread
+
+    def run(self) -> Outcome:
+        with self._lock:
+            if self._state != "new":  # stopped before the thread began: start nothing
+                raise _GivenUp
+            self._state = "running"
+            self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        try:
+            return _Process(self).run()
+        finally:
+            with self._lock:
+                os.close(self._wake)
+                self._wake = -1
+                self._state = "ended"
+            self.ended.set()
+
+
+class _Process:
+    """What the thread of one :class:`_Job` holds: the child, its descriptors, one poll."""
+
+    def __init__(self, job: _Job) -> None:
+        self.job = job
+        self.fds: list[int] = []  # every descriptor of ours still open
+        self.out = bytearray()
+        self.err = bytearray()
+        self.pipes: dict[int, bytearray] = {}  # stdout's and stderr's read ends still open
+        self.stdin = job._stdin  # what is left to write
+        self.stdin_w = -1
+        self.pid = 0
+        self.pidfd = -1
+        self.code: int | None = None
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.killed = False  # the group was sent SIGKILL
+        self.deadline = math.inf  # the next step of an end: SIGKILL, or giving up
+
+    def run(self) -> Outcome:
+        try:
+            return self._run()
+        finally:
+            for fd in self.fds:
+                os.close(fd)
+
+    def _run(self) -> Outcome:
+        job = self.job
+        stdin_r, self.stdin_w = self._pipe()
+        stdout_r, stdout_w = self._pipe()
+        stderr_r, stderr_w = self._pipe()
+        # What fits in the pipe is written before the start: most items never need a
+        # wait for stdin, and their child reads them and then its end of file at once.
+        # Up to PIPE_BUF bytes always fit in an empty pipe; beyond, the write end is made
+        # non-blocking and fed as the child reads.
+        if len(self.stdin) > select.PIPE_BUF:
+            os.set_blocking(self.stdin_w, False)
+        if not self._feed():
+            self._stdin_done()
+        self.popen = subprocess.Popen(
+            job._argv,
+            stdin=stdin_r,
+            stdout=stdout_w,
+            stderr=stderr_w,
+            cwd=job._cwd,
+            env=job._env,
+            start_new_session=True,
+        )
+        self.pid = self.popen.pid
+        _warden.started(self.pid)
+        try:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                self._close(fd)
+            self.pidfd = os.pidfd_open(self.pid)
+            self.fds.append(self.pidfd)
+            # Left blocking: each is read once for each time poll finds it readable.
+            self.pipes = {stdout_r: self.out, stderr_r: self.err}
+            code = self._wait()
+            return bytes(self.out), code, bytes(self.err), stdout_r in self.pipes
+        except _GivenUp:
+            raise
+        except BaseException:  # an error here: never leave the child running unreaped
+            if self.code is None:
+                signal_group(self.pid, signal.SIGKILL)
+                with suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(REAP_TIMEOUT)
+            raise
+        finally:
+            _warden.ended(self.pid)
+
+    def _wait(self) -> int:
+        """Until the child has exited and its pipes are closed, or their bounds passed;
+        the exit code."""
+        poll = select.poll()  # poll(2): its registrations are no system calls
+        for fd in (self.job._wake, self.pidfd, *self.pipes):
+            poll.register(fd, select.POLLIN)
+        if self.stdin_w >= 0:
+            poll.register(self.stdin_w, select.POLLOUT)
+        # A stop that came while the child was starting finds the eventfd readable.
+        while self.pipes or self.code is None:
+            if time.monotonic() >= self.deadline:
+                if self.code is not None or self.killed:
+                    break  # the pipes outlived their bound, or the exit never came
+                self._kill()
+            timeout = self.deadline - time.monotonic()
+            for fd, _ in poll.poll(None if timeout == math.inf else max(0.0, timeout) * 1000):
+                self._ready(poll, fd)
+        if self.code is None:
+            raise _GivenUp
+        return self.code
+
+    def _ready(self, poll: select.poll, fd: int) -> None:
+        if fd in self.pipes:
+            self._drain(poll, fd)
+        elif fd == self.pidfd:
+            poll.unregister(fd)
+            self._exited()
+        elif fd == self.stdin_w:
+            if not self._feed():
+                poll.unregister(fd)
+                self._stdin_done()
+        else:
+            poll.unregister(fd)
+            self._stopped()
+
+    def _drain(self, poll: select.poll, fd: int) -> None:
+        chunk = os.read(fd, _READ_CHUNK)  # readable: this read does not block
+        if not chunk:
+            poll.unregister(fd)
+            del self.pipes[fd]
+            return
+        into = self.pipes[fd]
+        into += chunk
+        if into is self.err:
+            keep_tail(into, self.job._stderr_keep)
+
+    def _exited(self) -> None:
+        self._reap()
+        # What is left of the group is what the command left in the background: it ends
+        # now, or a child holding stdout would keep the run from ending. A descendant
+        # that left the group may hold a pipe still: bounded.
+        self._kill()
+
+    def _stopped(self) -> None:
+        if self.code is not None:  # cut short while its pipes drain: they are left
+            self.deadline = -math.inf
+        elif not self.killed:
+            self._terminate()
+
+    def _terminate(self) -> None:
+        """``SIGTERM`` to the group, ``SIGKILL`` due ``grace`` seconds later."""
+        signal_group(self.pid, signal.SIGTERM)
+        self.deadline = time.monotonic() + self.job._grace
+
+    def _kill(self) -> None:
+        """``SIGKILL`` to the group; the exit (or, once exited, the pipes) given a bound."""
+        signal_group(self.pid, signal.SIGKILL)
+        self.killed = True
+        self.deadline = time.monotonic() + REAP_TIMEOUT
+
+    def _reap(self) -> None:
+        assert self.popen is not None
+        try:
+            _, status = os.waitpid(self.pid, 0)  # the pidfd is readable: it has exited
+        except ChildProcessError:  # reaped by someone else (a process-wide child reaper)
+            self.code = 255
+        else:
+            self.code = os.waitstatus_to_exitcode(status)
+        self.popen.returncode = self.code  # reaped: subprocess must not wait for it
+
+    def _feed(self) -> bool:
+        """Write what the stdin pipe takes now; False once there is no more to write
+        (everything written, or the child closed its stdin without reading it all: its
+        choice)."""
+        try:
+            while self.stdin:
+                self.stdin = self.stdin[os.write(self.stdin_w, self.stdin) :]
+        except BlockingIOError:
+            return True
+        except BrokenPipeError:
+            pass
+        return False
+
+    def _stdin_done(self) -> None:
+        self._close(self.stdin_w)
+        self.stdin_w = -1
+
+    def _pipe(self) -> tuple[int, int]:
+        """A close-on-exec pipe (``subprocess`` makes the child's ends its stdio)."""
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        self.fds += (read_end, write_end)
+        return read_end, write_end
+
+    def _close(self, fd: int) -> None:
+        self.fds.remove(fd)
+        os.close(fd)

@@ -51,10 +51,6 @@ _FIELD: Final = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
 that pairs with none stays as written (``jq '{a: {b: .x}}'``)."""
 _EXACT_INT: Final = 2**53
 """An integral float below this is filled as the integer it is exactly (``3.0``: ``3``)."""
-_REAP_TIMEOUT: Final = 5.0
-"""How long a SIGKILLed process may take to be reaped, and its pipes to close, before the
-run gives up on it (a process in uninterruptible sleep, a descendant that left the group
-holding stdout)."""
 
 
 class MissingField(KeyError):
@@ -143,7 +139,7 @@ class CommandRunner:
 
     async def run(self, argv: Sequence[str], stdin: bytes) -> tuple[str, int, str]:
         """Run ``argv`` with ``stdin``: ``(stdout, exit code, stderr tail)``. Blocks until
-        the process has exited and its pipes are closed (at most ``_REAP_TIMEOUT`` seconds
+        the process has exited and its pipes are closed (at most ``REAP_TIMEOUT`` (5) seconds
         past its exit: a descendant that left its group may hold them; stdout is then what
         was read by that bound, and the runner's result says so as an error).
 
@@ -155,29 +151,17 @@ class CommandRunner:
 
     async def _run(self, argv: Sequence[str], stdin: bytes) -> tuple[str, int, str, bool]:
         """:meth:`run`, and whether stdout was cut by the bound (still open at it)."""
-        process = await _start(argv, self.cwd, self.env)
-        _warden.started(process.pid)
-        out = bytearray()
-        err = bytearray()
-        out_closed = anyio.Event()
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_feed, process, stdin)
-                tg.start_soon(_drain, process.stdout, out, None, out_closed)
-                tg.start_soon(_drain, process.stderr, err, self.stderr_tail * 4, anyio.Event())
-                code = await process.wait()
-                # What is left of the group is what the command left in the background:
-                # it ends now, or a child holding stdout would keep the run from ending.
-                _signal_group(process.pid, signal.SIGKILL)
-                # A descendant that left the group may still hold a pipe: bounded.
-                tg.cancel_scope.deadline = anyio.current_time() + _REAP_TIMEOUT
-        finally:
-            with anyio.CancelScope(shield=True):
-                await _end_group(process, self.grace)
-            _warden.ended(process.pid)
+        keep = self.stderr_tail * 4  # bytes: a character is at most four in UTF-8
+        if _spawn.AVAILABLE:
+            outcome = await _spawn.run_command(
+                argv, stdin, cwd=self.cwd, env=self.env, stderr_keep=keep, grace=self.grace
+            )
+        else:
+            outcome = await _run_open_process(argv, stdin, self.cwd, self.env, keep, self.grace)
+        out, code, err, cut = outcome
         text = err.decode("utf-8", "replace")
         tail = text[len(text) - self.stderr_tail :] if self.stderr_tail else ""
-        return out.decode("utf-8", "replace"), code, tail, not out_closed.is_set()
+        return out.decode("utf-8", "replace"), code, tail, cut
 
 
 def command_agent(
@@ -268,18 +252,40 @@ def _as_word(value: object) -> str:
     return dumps_str(value)
 
 
-async def _start(
-    argv: Sequence[str], cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None
-) -> anyio.abc.Process:
-    """The command's process, leading a session of its own: started off the event loop
-    and awaited through a pidfd where pidfds exist (Linux), else ``anyio.open_process``."""
-    if _spawn.AVAILABLE:
-        return await _spawn.spawn(argv, cwd=cwd, env=env)  # shielded as the start below is
+async def _run_open_process(
+    argv: Sequence[str],
+    stdin: bytes,
+    cwd: str | os.PathLike[str] | None,
+    env: Mapping[str, str] | None,
+    stderr_keep: int,
+    grace: float,
+) -> _spawn.Outcome:
+    """:meth:`CommandRunner.run` through ``anyio.open_process``, where pidfds are missing:
+    a task for each pipe, the exit awaited beside them."""
     # Shielded: a cancellation while the process is being started would leave it
     # running (or killed alone, its children not), with no handle here to end it by.
     with anyio.CancelScope(shield=True):
         process = await anyio.open_process(list(argv), cwd=cwd, env=env, start_new_session=True)
-    return process
+    _warden.started(process.pid)
+    out = bytearray()
+    err = bytearray()
+    out_closed = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_feed, process, stdin)
+            tg.start_soon(_drain, process.stdout, out, None, out_closed)
+            tg.start_soon(_drain, process.stderr, err, stderr_keep, anyio.Event())
+            code = await process.wait()
+            # What is left of the group is what the command left in the background:
+            # it ends now, or a child holding stdout would keep the run from ending.
+            _spawn.signal_group(process.pid, signal.SIGKILL)
+            # A descendant that left the group may still hold a pipe: bounded.
+            tg.cancel_scope.deadline = anyio.current_time() + _spawn.REAP_TIMEOUT
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _end_group(process, grace)
+        _warden.ended(process.pid)
+    return bytes(out), code, bytes(err), not out_closed.is_set()
 
 
 async def _feed(process: anyio.abc.Process, data: bytes) -> None:
@@ -304,45 +310,33 @@ async def _drain(
     if stream is not None:
         async for chunk in stream:
             into += chunk
-            if keep is not None and len(into) > 2 * keep:
-                del into[: len(into) - keep]  # only the tail is reported: stderr stays bounded
+            _spawn.keep_tail(into, keep)  # only the tail is reported: stderr stays bounded
     closed.set()
 
 
 def _cut_message() -> str:
     return (
-        f"the command exited 0 but its stdout was still open {_REAP_TIMEOUT:g} s later (held "
+        f"the command exited 0 but its stdout was still open {_spawn.REAP_TIMEOUT:g} s later (held "
         "by a process that left its process group): the output may be cut short"
     )
 
 
-def _signal_group(pgid: int, signum: int) -> bool:
-    """Send ``signum`` to the process group; False if the group is gone."""
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a member changed its credentials: nothing more we may do
-        return False
-    return True
-
-
 async def _end_group(process: anyio.abc.Process, grace: float) -> None:
     """End the process and its group: SIGTERM, ``grace`` seconds, SIGKILL; then reap
-    (bounded: ``_REAP_TIMEOUT``).
+    (bounded: ``REAP_TIMEOUT``).
 
     After a normal exit this still signals the group, which ends the background
     processes the command left (the kernel hands out no pid still in use as a group's
     id, so while any of them lives the id names their group alone)."""
     pgid = process.pid
-    if process.returncode is None and _signal_group(pgid, signal.SIGTERM):
+    if process.returncode is None and _spawn.signal_group(pgid, signal.SIGTERM):
         with anyio.move_on_after(grace):
             await process.wait()
-    _signal_group(pgid, signal.SIGKILL)
-    with anyio.move_on_after(_REAP_TIMEOUT):
+    _spawn.signal_group(pgid, signal.SIGKILL)
+    with anyio.move_on_after(_spawn.REAP_TIMEOUT):
         await process.wait()
-    if process.returncode is not None or isinstance(process, _spawn.SpawnedProcess):
-        await process.aclose()  # a SpawnedProcess's never waits: it closes and leaves
+    if process.returncode is not None:
+        await process.aclose()
         return
     # Not reaped in time (uninterruptible sleep): close the pipes and leave it, since
     # anyio's own aclose would wait for it without a bound.

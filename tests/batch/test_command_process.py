@@ -112,13 +112,13 @@ async def test_the_path_is_the_pidfd_one_on_linux_with_or_without_a_cwd(
     process_start: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spawned: list[list[str]] = []
-    real = _spawn.spawn
+    real = _spawn.run_command
 
-    async def spy(argv: list[str], **options: Any) -> _spawn.SpawnedProcess:
+    async def spy(argv: list[str], stdin: bytes, **options: Any) -> _spawn.Outcome:
         spawned.append(list(argv))
-        return await real(argv, **options)
+        return await real(argv, stdin, **options)
 
-    monkeypatch.setattr(_spawn, "spawn", spy)
+    monkeypatch.setattr(_spawn, "run_command", spy)
     here, _, _ = await CommandRunner(["pwd"]).run(["pwd"], b"")
     elsewhere, _, _ = await CommandRunner(["pwd"], cwd=tmp_path).run(["pwd"], b"")
     there = str(await anyio.Path(tmp_path).resolve())
@@ -146,3 +146,10 @@ def test_a_linux_kernel_with_pidfds_runs_the_pidfd_path() -> None:
     release = tuple(int(part) for part in re.findall(r"\d+", os.uname().release)[:2])
     if release >= (5, 3):
         assert _spawn._pidfds_work()  # the probe itself: the module patches AVAILABLE
+
+
+async def test_an_input_larger_than_a_pipe_holds_reaches_the_command_whole() -> None:
+    # Beyond what the pipe takes before the start, the rest is fed as the command reads.
+    data = b"y" * (1024 * 1024 + 1)
+    stdout, code, _ = await CommandRunner(["wc", "-c"]).run(["wc", "-c"], data)
+    assert (stdout.strip(), code) == (str(len(data)), 0)

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from subagents import AgentSpec, ConfigError, SubagentManager
-from subagents.backends import command
+from subagents.backends import _spawn
 from subagents.backends.command import (
     CommandFailed,
     CommandRunner,
@@ -105,7 +105,7 @@ async def test_an_exit_whose_stdout_stays_open_past_the_bound_is_an_error_keepin
 ) -> None:
     # A descendant in a session of its own holds stdout: the group's SIGKILL misses it, so
     # the drain gives up at the bound, and what was read may be only part of the output.
-    monkeypatch.setattr(command, "_REAP_TIMEOUT", 0.2)
+    monkeypatch.setattr(_spawn, "REAP_TIMEOUT", 0.2)
     pid_file = tmp_path / "pid"
     leaver = (
         "import os, sys, time; os.setsid(); "

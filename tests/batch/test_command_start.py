@@ -1,9 +1,12 @@
-"""Starting the command's process on the pidfd path: what a cancellation waiting for the
-start still gets."""
+"""The command's process on the pidfd path (its whole life in a worker thread): what a
+cancellation before the start, during it, or while the pipes drain after the exit gets."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+from pathlib import Path
 
 import anyio
 import anyio.to_thread
@@ -11,6 +14,7 @@ import pytest
 
 from subagents.backends import _spawn
 from subagents.backends.command import CommandRunner
+from tests.batch.support import wait_ended, wait_until
 
 pytestmark = [
     pytest.mark.anyio,
@@ -46,3 +50,43 @@ async def test_a_run_cancelled_while_the_default_thread_limiter_is_full_returns_
             assert returned.is_set(), "the cancelled run waited for another task's thread"
         finally:
             release.set()
+
+
+def test_a_run_stopped_before_its_thread_begins_starts_nothing(tmp_path: Path) -> None:
+    # A cancellation that reaches the run before a worker thread took it up: the
+    # thread, when it comes, must start no process (nobody would end it).
+    marker = tmp_path / "started"
+    job = _spawn._Job(["touch", str(marker)], b"", None, None, None, 0.1)
+    assert job.stop() is False, "no thread runs it: nothing to wait for"
+    assert job.ended.is_set()
+    with pytest.raises(_spawn._GivenUp):
+        job.run()
+    assert not marker.exists()
+
+
+async def test_a_run_cancelled_while_its_pipes_drain_after_the_exit_ends_at_once(
+    tmp_path: Path,
+) -> None:
+    # A descendant in a session of its own holds stdout past the command's exit: the
+    # run drains it for up to REAP_TIMEOUT, but a cancellation ends that wait at once.
+    pids = tmp_path / "pids"
+    script = f"setsid sleep 30 & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}"
+    runner = CommandRunner(["sh", "-c", script], grace=0.1)
+    returned = anyio.Event()
+    scope = anyio.CancelScope()
+
+    async def run() -> None:
+        with scope:
+            await runner.run(runner.argv({}), b"")
+        returned.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await anyio.to_thread.run_sync(wait_until, pids.exists, "the pids")
+        shell, held = (int(p) for p in pids.read_text().split())
+        await anyio.to_thread.run_sync(wait_ended, [shell])  # exited and reaped
+        scope.cancel()
+        with anyio.move_on_after(_spawn.REAP_TIMEOUT / 2):  # bounds the failure only
+            await returned.wait()
+        assert returned.is_set(), "the cancelled run waited for the held pipe's bound"
+    os.kill(held, signal.SIGKILL)
