@@ -16,8 +16,6 @@ from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager, suppress
 from types import FrameType
 
-import anyio
-
 from ._envelope import DelegateResult
 from ._json import dumps, loads
 from ._jsonl import JsonlSink
@@ -138,7 +136,6 @@ class ResultsFile:
         self._order = order
         self._next = 0
         self._held: dict[int, bytes] = {}
-        self._room = anyio.Event()
 
     @property
     def written(self) -> int:
@@ -154,37 +151,18 @@ class ResultsFile:
         self._held[self._position[item_id]] = line
         self._release()
 
-    def skip(self, item_id: str) -> None:
-        """``item_id`` will never be written this run (never admitted): stop waiting for it."""
-        if self._position is not None:
-            self._held.setdefault(self._position[item_id], b"")
-            self._release()
-
     @property
     def held(self) -> int:
         """Lines held back (``--keep-order``) so far."""
         return len(self._held)
 
-    async def wait_held_below(self, bound: int) -> None:
-        """Block while ``bound`` lines or more are held back. Admission waits here, so
-        ``--keep-order`` holds at most ``bound`` lines behind a slow item (which runs:
-        admission is in input order, so the line everything waits on is in flight)."""
-        while len(self._held) >= bound:
-            if self._room.is_set():
-                self._room = anyio.Event()
-            await self._room.wait()
-
     def _release(self) -> None:
         assert self._order is not None
-        released = False
         while self._next in self._held:
             line = self._held.pop(self._next)
             if line:
                 self._sink.write_line(line)
             self._next += 1
-            released = True
-        if released:
-            self._room.set()
 
     def close(self) -> None:
         """Write whatever is still held (in order) and close the file."""

@@ -1,16 +1,19 @@
 """``subagents batch run``: the items through a manager, their envelopes into the store,
 then into the results file, with progress, ``--halt`` and Ctrl-C.
 
-Admission is this module's, in input order: at most ``--jobs`` items are in flight
-(spawned and not yet written), so stopping admission (``--halt``, Ctrl-C) leaves every
-other item without an envelope, for ``--resume`` to run. The manager is in memory and
-forgets each child once its envelope is taken (``retain_collected=0``): the store, not the
-manager, is the batch's memory, so a batch of any length runs in bounded memory.
+Admission is this module's, in input order: at most ``--jobs`` items run at once, and at
+most ``_BACKLOG`` more wait for their commit and line, so stopping admission (``--halt``,
+Ctrl-C) leaves every other item without an envelope, for ``--resume`` to run. The manager
+is in memory and forgets each child once its envelope is taken (``retain_collected=0``):
+the store, not the manager, is the batch's memory, so a batch of any length runs in
+bounded memory.
 
-Per item: spawn, wait for the envelope, put it in the store, wait for that commit
-(group-committed with the other items'), then write the results line. A kill at any point
-leaves the item either without an envelope (run again by ``--resume``) or with one in the
-store, and its line written or not: :func:`reconcile` settles that on resume.
+``--jobs`` runner tasks take the items in input order; each spawns its item, waits for the
+envelope, puts it in the store and goes on to the next (no task and no worker started per
+item). One task writes the results lines: it takes the envelopes put so far, waits once
+for their commit (group-committed), then writes their lines. A kill at any point leaves
+the item either without an envelope (run again by ``--resume``) or with one in the store,
+and its line written or not: :func:`reconcile` settles that on resume.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import suppress
 from typing import Final, Literal, TextIO
 
@@ -42,10 +46,15 @@ __all__ = ["DEFAULT_TIMEOUT", "Resume", "Settings", "run_batch"]
 
 Resume = Literal["fresh", "resume", "retry-failed"]
 _BACKLOG: Final = 4096
-"""Items whose envelope awaits its commit (and its line) at most, beyond ``--jobs``: a
-bound on memory while the store is slower than the runners."""
+"""Items whose envelope awaits its commit (and its line) at most, and lines held back by
+``--keep-order`` at most: a bound on memory while the store (or a slow item) is slower
+than the runners."""
 DEFAULT_TIMEOUT: Final = 1800.0
 """An item's watchdog in seconds when neither ``--timeout`` nor its agent sets one."""
+_COMMIT_DELAY: Final = 0.02
+"""Seconds the store's writer gathers envelopes after a commit: a batch's envelopes
+trickle in one by one, and each would otherwise get a transaction (and an fsync) of its
+own; a results line waits for its commit, so it is written at most this much later."""
 _MANIFEST_EVERY: Final = 1.0
 """Seconds between two rewrites of the manifest ``batch status`` reads."""
 
@@ -128,33 +137,88 @@ def _refused(agent: str, exc: Exception) -> DelegateResult:
     )
 
 
-async def _one(run: _Run, item: Item, slot: anyio.Semaphore, backlog: anyio.Semaphore) -> None:
-    try:
+async def _runner(run: _Run, feed: Iterator[Item], lines: _Lines) -> None:
+    """Run items one after another, in input order with the other runners, until the
+    input ends or the run stops; each envelope is recorded, and handed to ``lines``."""
+    while await lines.room():
+        item = next(feed, None)
+        if item is None:
+            return
+        envelope = await _envelope_of(run, item)
+        run.tally.add(item.id, envelope, here=True)
+        run.counters.done += 1
+        run.counters.failed += not envelope.ok
+        halt = run.settings.halt
+        if halt is not None and not envelope.ok and _halt_reached(run, halt):
+            run.halt(f"halted: {_failed(run)} failed (--halt); the rest not started")
         try:
-            envelope = await _envelope_of(run, item)
-            # Counted and judged (--halt) before the slot is free: the next admission
-            # already sees this completion.
-            run.tally.add(item.id, envelope, here=True)
-            run.counters.done += 1
-            run.counters.failed += not envelope.ok
-            halt = run.settings.halt
-            if halt is not None and not envelope.ok and _halt_reached(run, halt):
-                run.halt(f"halted: {_failed(run)} failed (--halt); the rest not started")
             run.journal.record(item.id, envelope)
-        finally:
-            # The runner is done: the next item may start while this one's commit is
-            # awaited (the commit is shared with the other items', group-committed).
-            slot.release()
-        await run.journal.wait_committed()
-    except StoreError as exc:  # the batch cannot record anything more: it stops
-        run.failures.append(exc)
-        run.halt("stopped: the store failed")
-    else:
-        run.results.write(item.id, envelope)
-        if run.failures:
-            run.halt("stopped: the results file could not be written")
-    finally:
-        backlog.release()
+        except StoreError as exc:  # the batch cannot record anything more: it stops
+            run.failures.append(exc)
+            run.halt("stopped: the store failed")
+            return
+        lines.add(item.id, envelope)
+
+
+class _Lines:
+    """The envelopes recorded and not yet written: :meth:`run` writes them, a batch at a
+    time, once the store has committed them (one wait for the lot, group-committed)."""
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+        self._pending: list[tuple[str, DelegateResult]] = []
+        self._unwritten = 0
+        self._closed = False
+        self._added = anyio.Event()
+        self._written = anyio.Event()
+
+    def add(self, item_id: str, envelope: DelegateResult) -> None:
+        self._pending.append((item_id, envelope))
+        self._unwritten += 1
+        self._added.set()
+
+    def close(self) -> None:
+        """Nothing more comes: :meth:`run` ends once it has written what it has."""
+        self._closed = True
+        self._added.set()
+
+    def wake(self) -> None:
+        """The run stopped: whoever waits in :meth:`room` looks again."""
+        self._written.set()
+
+    async def room(self) -> bool:
+        """Wait while :data:`_BACKLOG` lines are unwritten or held back (``--keep-order``,
+        behind a slow item, which runs: admission is in input order); False once the run
+        has stopped (admit nothing more)."""
+        run = self._run
+        while not run.stop.is_set():
+            if self._unwritten < _BACKLOG and run.results.held < _BACKLOG:
+                return True
+            if self._written.is_set():
+                self._written = anyio.Event()
+            await self._written.wait()
+        return False
+
+    async def run(self) -> None:
+        run = self._run
+        while self._pending or not self._closed:
+            if not self._pending:
+                self._added = anyio.Event()
+                await self._added.wait()
+                continue
+            batch, self._pending = self._pending, []
+            try:
+                await run.journal.wait_committed()
+            except StoreError as exc:  # their lines are never written: the store lacks them
+                run.failures.append(exc)
+                run.halt("stopped: the store failed")
+                return
+            for item_id, envelope in batch:
+                run.results.write(item_id, envelope)
+            self._unwritten -= len(batch)
+            self._written.set()
+            if run.failures:
+                run.halt("stopped: the results file could not be written")
 
 
 def _failed(run: _Run) -> int:
@@ -189,36 +253,31 @@ async def _envelope_of(run: _Run, item: Item) -> DelegateResult:
 
 
 async def _admit(run: _Run, items: list[Item]) -> None:
+    """Run the items, ``--jobs`` at a time, until they end or the run stops; returns once
+    every envelope recorded is written (or the store failed)."""
     halt = run.settings.halt
     if halt is not None and run.tally.malformed and _halt_reached(run, halt):
         run.halt(f"halted: {_failed(run)} malformed input lines (--halt); nothing started")
         return
-    slot = anyio.Semaphore(run.settings.jobs)
-    backlog = anyio.Semaphore(run.settings.jobs + _BACKLOG)
+    feed = iter(items)
+    lines = _Lines(run)
     async with anyio.create_task_group() as tg:
-        # A stop ends the waits below too: once the store failed, the item the held lines
-        # wait on (--keep-order) is never written, so wait_held_below would never return.
-        with anyio.CancelScope() as admission:
-            watch = anyio.CancelScope()
-            tg.start_soon(_end_on_stop, run, admission, watch)
-            try:
-                for item in items:
-                    if run.stop.is_set():
-                        break
-                    await backlog.acquire()
-                    await run.results.wait_held_below(_BACKLOG)
-                    await slot.acquire()
-                    if run.stop.is_set():
-                        break
-                    tg.start_soon(_one, run, item, slot, backlog)
-            finally:
-                watch.cancel()
+        tg.start_soon(lines.run)
+        watch = anyio.CancelScope()
+        tg.start_soon(_wake_on_stop, run, lines, watch)
+        try:
+            async with anyio.create_task_group() as runners:
+                for _ in range(min(run.settings.jobs, len(items))):
+                    runners.start_soon(_runner, run, feed, lines)
+        finally:
+            watch.cancel()
+            lines.close()
 
 
-async def _end_on_stop(run: _Run, admission: anyio.CancelScope, watch: anyio.CancelScope) -> None:
+async def _wake_on_stop(run: _Run, lines: _Lines, watch: anyio.CancelScope) -> None:
     with watch:
         await run.stop.wait()
-        admission.cancel()
+        lines.wake()
 
 
 async def _signals(run: _Run) -> None:
@@ -309,7 +368,7 @@ async def run_batch(settings: Settings, items: Items, err: TextIO) -> int:
     tally = Tally(total=len(items.items), malformed=len(items.malformed))
     for line, why in items.malformed:
         print(f"batch: input line {line}: {why} (not run)", file=err)
-    async with SqliteStore(settings.store) as store:
+    async with SqliteStore(settings.store, commit_delay=_COMMIT_DELAY) as store:
         name = batch_name(settings.out, settings.store)
         journal = BatchJournal(store, name, fresh=settings.resume == "fresh")
         if settings.resume != "fresh" and not journal.found and _has_results(settings.out):

@@ -12,15 +12,23 @@ from pathlib import Path
 import anyio
 import pytest
 
-from subagents import DelegateResult, SubagentConfig, SubagentManager
+from subagents import (
+    AgentSpec,
+    DelegateResult,
+    Request,
+    RunContext,
+    SubagentConfig,
+    SubagentManager,
+)
 from subagents import _cli_batch_run as batch_run
 from subagents._cli_batch_inputs import Item
+from subagents._cli_batch_journal import BatchJournal
 from subagents._cli_batch_progress import Counters
 from subagents._cli_batch_results import ResultsFile, reconcile
 from subagents._cli_batch_status import _alive
 from subagents._cli_batch_summary import Tally
 from subagents._processes import process_start
-from subagents.store import StoreError
+from subagents.store import SqliteStore, StoreError
 from tests.batch.agents import NOOP
 from tests.batch.support import batch, write_jsonl
 
@@ -31,29 +39,61 @@ def _envelope(item_id: str) -> DelegateResult:
     return DelegateResult(agent="a", task_id=item_id, status="completed", output=item_id)
 
 
+class _Watched(ResultsFile):
+    """A results file that tells when two lines are held back."""
+
+    def __init__(self, path: str, *, order: list[str], on_error: object) -> None:
+        super().__init__(path, order=order, on_error=on_error)  # type: ignore[arg-type]
+        self.two_held = anyio.Event()
+
+    def write(self, item_id: str, envelope: DelegateResult) -> None:
+        super().write(item_id, envelope)
+        if self.held >= 2:
+            self.two_held.set()
+
+
 async def test_keep_order_admission_waits_while_the_held_lines_reach_the_bound(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    errors: list[OSError] = []
-    results = ResultsFile(str(tmp_path / "out.jsonl"), order=list("abcd"), on_error=errors.append)
-    for item_id in "bcd":
-        results.write(item_id, _envelope(item_id))  # held: "a" is not written yet
-    assert results.held == 3
-    admitted = anyio.Event()
+    # The first item is slow: every later line is held behind it (--keep-order). The
+    # runners stop admitting once the held lines reach the bound, and go on once it ends.
+    monkeypatch.setattr(batch_run, "_BACKLOG", 2)
+    first_may_end = anyio.Event()
+    spawned: list[str] = []
 
-    async def admit() -> None:
-        await results.wait_held_below(3)
-        admitted.set()
+    async def slow_first(request: Request, ctx: RunContext) -> str:
+        spawned.append(request.input)
+        if request.input == '{"id":"1"}':
+            await first_may_end.wait()
+        return request.input
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(admit)
-        await anyio.wait_all_tasks_blocked()
-        assert not admitted.is_set(), "admission goes on past the bound"
-        results.write("a", _envelope("a"))
-    assert results.held == 0
+    spec = AgentSpec(name="slow-first", runner=slow_first)
+    items = [Item(id=str(n), line=n, fields={"id": str(n)}) for n in range(1, 21)]
+    settings = batch_run.Settings(
+        out=str(tmp_path / "r.jsonl"), store=str(tmp_path / "b.db"), specs=[spec],
+        template=None, jobs=3, timeout=None, resume="fresh", halt=None, keep_order=True,
+        progress="none", events=None, grace=0.0,
+    )  # fmt: skip
+    failures: list[Exception] = []
+    results = _Watched(settings.out, order=[i.id for i in items], on_error=failures.append)
+    config = SubagentConfig(retain_collected=0)
+    async with SqliteStore(settings.store) as store, SubagentManager([spec], config=config) as m:
+        run = batch_run._Run(
+            settings=settings, manager=m, journal=BatchJournal(store, "b", fresh=True),
+            results=results, tally=Tally(total=len(items)), counters=Counters(len(items)),
+            total=len(items), failures=failures,
+        )  # fmt: skip
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(batch_run._admit, run, items)
+            with anyio.fail_after(5):
+                await results.two_held.wait()  # the lines behind the first, committed
+            await anyio.wait_all_tasks_blocked()
+            assert len(spawned) < len(items), "admission goes on past the bound"
+            first_may_end.set()
     results.close()
-    assert (tmp_path / "out.jsonl").read_text().count("\n") == 4
-    assert errors == []
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == [i.id for i in items]
+    assert failures == []
 
 
 @pytest.mark.skipif(process_start(os.getpid()) is None, reason="needs /proc")
@@ -94,51 +134,30 @@ def test_batch_status_names_the_results_file_when_the_store_folder_is_a_symlink(
     assert report["out"] == "r.jsonl"
 
 
-class _Watched(ResultsFile):
-    """A results file that tells when two lines are held back."""
+class _CommitFailsOnceFull:
+    """A journal whose first commit fails (StoreError) once the runner waits for room:
+    the backlog is full of envelopes that will never be committed."""
 
-    def __init__(self, path: str, *, order: list[str], on_error: object) -> None:
-        super().__init__(path, order=order, on_error=on_error)  # type: ignore[arg-type]
-        self.two_held = anyio.Event()
-
-    def write(self, item_id: str, envelope: DelegateResult) -> None:
-        super().write(item_id, envelope)
-        if self.held >= 2:
-            self.two_held.set()
-
-
-class _FirstCommitFails:
-    """A journal whose first item's commit fails (StoreError) once two later items' lines
-    are held behind it (--keep-order)."""
-
-    def __init__(self, results: _Watched) -> None:
-        self.results = results
-        self.first: object = None
-        self.recorded: dict[object, str] = {}
+    def __init__(self) -> None:
+        self.recorded: list[str] = []
 
     def record(self, item_id: str, envelope: DelegateResult) -> None:
-        task = anyio.get_current_task().id
-        self.recorded[task] = item_id
-        if self.first is None:
-            self.first = task
+        self.recorded.append(item_id)
 
     async def wait_committed(self) -> None:
-        if anyio.get_current_task().id != self.first:
-            return
-        await self.results.two_held.wait()
+        await anyio.wait_all_tasks_blocked()
         raise StoreError("batch.db", "failed", "disk I/O error")
 
     def write_manifest(self, **fields: object) -> None:
         pass
 
 
-async def test_keep_order_admission_ends_when_the_awaited_items_commit_fails(
+async def test_admission_ends_when_a_commit_fails_while_the_backlog_is_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Admission waits for the held-lines backlog to shrink (wait_held_below) before it
-    # looks at run.stop. When the item every held line waits on fails its commit, its line
-    # is never written nor skipped and the backlog never shrinks: the wait must still end,
-    # and the batch stop with exit status 1. The backlog is 2 here instead of 4096.
+    # The runner waits for room while the backlog is full; the commit those lines wait
+    # for fails, so the backlog never shrinks: the wait must still end, nothing more be
+    # admitted, and the batch stop with exit status 1. The backlog is 2 here, not 4096.
     monkeypatch.setattr(batch_run, "_BACKLOG", 2)
     items = [Item(id=str(n), line=n, fields={"id": str(n)}) for n in range(1, 7)]
     settings = batch_run.Settings(
@@ -147,8 +166,8 @@ async def test_keep_order_admission_ends_when_the_awaited_items_commit_fails(
         progress="none", events=None, grace=0.0,
     )  # fmt: skip
     failures: list[Exception] = []
-    results = _Watched(settings.out, order=[i.id for i in items], on_error=failures.append)
-    journal = _FirstCommitFails(results)
+    results = ResultsFile(settings.out, order=[i.id for i in items], on_error=failures.append)
+    journal = _CommitFailsOnceFull()
     async with SubagentManager([NOOP], config=SubagentConfig(retain_collected=0)) as manager:
         run = batch_run._Run(
             settings=settings, manager=manager, journal=journal,  # type: ignore[arg-type]
@@ -158,4 +177,5 @@ async def test_keep_order_admission_ends_when_the_awaited_items_commit_fails(
         with anyio.fail_after(1.5):
             await batch_run._admit(run, items)
     results.close()
+    assert journal.recorded == ["1", "2"], "admitted past the full backlog"
     assert run.stopped == "stopped: the store failed"
