@@ -173,3 +173,34 @@ def test_nested_closing_braces_of_a_template_that_holds_no_field_stay_as_written
     # collapsed into one would silently turn valid jq or JSON into a syntax error.
     assert fill_template("{a: {b: .x}}", {}) == "{a: {b: .x}}"
     assert fill_template('{"a":{"b":1}}', {}) == '{"a":{"b":1}}'
+
+
+async def test_a_run_cancelled_before_its_exit_does_not_wait_for_a_pipe_held_past_it(
+    tmp_path: Path,
+) -> None:
+    # A descendant in a session of its own holds stdout. The run is cancelled while the
+    # command runs: its group ends within the grace, and nobody reads the output of a
+    # cancelled run, so the run must not then drain the held pipe for REAP_TIMEOUT (as a
+    # run cancelled after the exit does not).
+    pids = tmp_path / "pids"
+    script = f"setsid sleep 30 & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}; sleep 30"
+    runner = CommandRunner(["sh", "-c", script], grace=0.1)
+    returned = anyio.Event()
+    scope = anyio.CancelScope()
+
+    async def run() -> None:
+        with scope:
+            await runner.run(runner.argv({}), b"")
+        returned.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await anyio.to_thread.run_sync(wait_until, pids.exists, "the pids")
+            scope.cancel()
+            with anyio.move_on_after(_spawn.REAP_TIMEOUT / 2):  # bounds the failure only
+                await returned.wait()
+            assert returned.is_set(), "the cancelled run drained the held pipe to its bound"
+    finally:
+        if pids.exists():
+            os.kill(int(pids.read_text().split()[1]), signal.SIGKILL)
