@@ -3,6 +3,7 @@ cancellation before the start, during it, or while the pipes drain after the exi
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -90,3 +91,37 @@ async def test_a_run_cancelled_while_its_pipes_drain_after_the_exit_ends_at_once
             await returned.wait()
         assert returned.is_set(), "the cancelled run waited for the held pipe's bound"
     os.kill(held, signal.SIGKILL)
+
+
+async def test_a_run_cancelled_after_its_thread_failed_to_begin_ends_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The thread's first step (its stop eventfd) fails, as it does with no descriptor
+    # left (EMFILE), and a cancellation reaches the run meanwhile: the run must end as
+    # cancelled, not stop a thread that never got its eventfd (or wait for its end).
+    entered = threading.Event()
+    release = threading.Event()
+
+    def no_descriptor_left(*_: object) -> int:
+        entered.set()
+        release.wait()
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(_spawn.os, "eventfd", no_descriptor_left)
+    scope = anyio.CancelScope()
+    ended = anyio.Event()
+
+    async def run() -> None:
+        with scope:
+            await _spawn.run_command(["true"], b"", cwd=None, env=None, stderr_keep=None, grace=0.1)
+        ended.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await anyio.to_thread.run_sync(entered.wait)
+        scope.cancel()
+        release.set()  # the thread raises; the cancelled run then stops it
+        with anyio.move_on_after(5):  # bounds the failure only: the pass is immediate
+            await ended.wait()
+    assert ended.is_set(), "the cancelled run did not end"
+    assert scope.cancelled_caught
