@@ -5,9 +5,9 @@ that thread stays with it to its end: it feeds stdin, reads stdout and stderr, a
 for the exit through a pidfd (Linux 5.3: a descriptor readable once the child has exited),
 all in one ``poll`` wait, then reaps the child and ends what the command left in its
 process group. The event loop does one thing per command: it awaits the thread. So the
-loop neither forks, nor waits for an ``exec``, nor runs a step per pipe: measured on
-short commands, a loop that drove each pipe and the pidfd itself spent about three times
-the event loop's CPU per command that this one does, and a batch has one event loop.
+loop neither forks, nor waits for an ``exec``, nor runs a step per pipe, and a batch has
+one event loop for all of its commands, its manager and its store (design/batch.md has
+the measurements).
 
 A thread per running command (not one per start): a command's threads are the worker
 threads of a limiter of their own, so the default thread limiter (which a runner's own
@@ -18,10 +18,10 @@ Cut short (a cancellation: the watchdog's, a caller's), :func:`run_command` tell
 thread through an eventfd; the thread sends the group ``SIGTERM``, then ``SIGKILL``
 ``grace`` seconds later; the cancelled caller waits (shielded) for the thread to end,
 which is bounded: past ``SIGKILL`` it gives the exit :data:`REAP_TIMEOUT` seconds (a
-process in uninterruptible sleep is left unreaped), and a run cut short after the exit
-stops reading the pipes at once. Past a normal exit the pipes get :data:`REAP_TIMEOUT`
-seconds too (a descendant that left the group may hold them). A run cut short before its
-thread began starts nothing.
+process in uninterruptible sleep is left unreaped), and a run cut short stops reading
+the pipes once the command has exited. Past a normal exit the pipes get
+:data:`REAP_TIMEOUT` seconds (a descendant that left the group may hold them). A run cut
+short before its thread began starts nothing.
 
 The child starts as ``anyio.open_process(..., start_new_session=True)`` would start it:
 ``subprocess``'s own semantics (its ``PATH`` search in ``env``, ``close_fds``,
@@ -198,8 +198,13 @@ class _Job:
         with self._lock:
             if self._state != "new":  # stopped before the thread began: start nothing
                 raise _GivenUp
+            try:
+                self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            except BaseException:  # out of descriptors: nothing started, nothing to wait for
+                self._state = "ended"
+                self.ended.set()
+                raise
             self._state = "running"
-            self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         try:
             return _Process(self).run()
         finally:
@@ -226,6 +231,7 @@ class _Process:
         self.code: int | None = None
         self.popen: subprocess.Popen[bytes] | None = None
         self.killed = False  # the group was sent SIGKILL
+        self.stopped = False  # the run was cut short: its pipes are left at the exit
         self.deadline = math.inf  # the next step of an end: SIGKILL, or giving up
 
     def run(self) -> Outcome:
@@ -277,7 +283,8 @@ class _Process:
                     self.popen.wait(REAP_TIMEOUT)
             raise
         finally:
-            _warden.ended(self.pid)
+            if self.popen.returncode is not None:  # reaped; else the warden keeps it listed
+                _warden.ended(self.pid)
 
     def _wait(self) -> int:
         """Until the child has exited and its pipes are closed, or their bounds passed;
@@ -326,13 +333,17 @@ class _Process:
             keep_tail(into, self.job._stderr_keep)
 
     def _exited(self) -> None:
-        self._reap()
         # What is left of the group is what the command left in the background: it ends
-        # now, or a child holding stdout would keep the run from ending. A descendant
-        # that left the group may hold a pipe still: bounded.
+        # now, or a child holding stdout would keep the run from ending. Signalled before
+        # the reap: while the leader is a zombie no other process can get its id. A
+        # descendant that left the group may hold a pipe still: bounded.
         self._kill()
+        self._reap()
+        if self.stopped:  # a run cut short reads no more once its command has exited
+            self.deadline = -math.inf
 
     def _stopped(self) -> None:
+        self.stopped = True
         if self.code is not None:  # cut short while its pipes drain: they are left
             self.deadline = -math.inf
         elif not self.killed:

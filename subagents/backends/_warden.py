@@ -11,9 +11,9 @@ and exits.
 
 One process per batch, not one per command (a supervisor per command would cost a
 Python start-up per item); two ``write`` calls per command. A SIGKILL in the short window
-between a command's fork and its line on the pipe (while the worker thread that started
-it hands the process back to the event loop) leaves that one group unlisted; so does a
-descendant that starts a group of its own.
+between a command's fork and its line on the pipe (written by the thread that started it,
+as ``Popen`` returns) leaves that one group unlisted; so does a descendant that starts a
+group of its own. A group the runner gave up on (its leader never reaped) stays listed.
 """
 
 from __future__ import annotations

@@ -384,7 +384,7 @@ async def test_a_commit_delay_gathers_writes_that_trickle_in_into_one_commit(
     """With ``commit_delay`` the writer opens no transaction sooner than that after its
     last commit: puts that arrive one by one in the meantime share one commit (and one
     fsync), where without it the first would be committed alone at once."""
-    delay = 0.5
+    delay = 1.0  # far beyond the puts' own 40 ms, so a loaded machine keeps them in it
     async with SqliteStore(tmp_path / "s.db", commit_delay=delay) as store:
         box = store.mailbox("root")
         box.put("first", env("first"))
@@ -393,11 +393,26 @@ async def test_a_commit_delay_gathers_writes_that_trickle_in_into_one_commit(
         before = store.statistics().batches
         for i in range(4):
             box.put(f"t{i}", env(f"t{i}"))
-            await anyio.sleep(0.02)  # passes time: each put comes alone, as a batch's do
+            await anyio.sleep(0.01)  # passes time: each put comes alone, as a batch's do
         await box.wait_committed()
         assert time.monotonic() - committed >= delay * 0.9
         assert store.statistics().batches == before + 1
         assert all(box.peek(f"t{i}") is not None for i in range(4))
+
+
+async def test_closing_a_store_commits_what_waits_out_a_commit_delay_at_once(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    async with SqliteStore(path, commit_delay=60.0) as store:
+        box = store.mailbox("root")
+        box.put("first", env("first"))
+        await box.wait_committed()
+        box.put("second", env("second"))  # its commit is 60 s away
+        with anyio.fail_after(30):  # bounds the failure only: the close commits at once
+            await store.aclose()
+    async with SqliteStore(path) as store:
+        assert store.mailbox("root").peek("second") is not None
 
 
 @pytest.mark.parametrize("delay", [-1.0, float("nan"), "0.1"])
