@@ -179,3 +179,54 @@ async def test_admission_ends_when_a_commit_fails_while_the_backlog_is_full(
     results.close()
     assert journal.recorded == ["1", "2"], "admitted past the full backlog"
     assert run.stopped == "stopped: the store failed"
+
+
+class _RecordFailsAt:
+    """A journal whose ``record`` fails (StoreError) from the ``fail_at``-th envelope on;
+    what it did record commits."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.fail_at = fail_at
+        self.recorded: list[str] = []
+
+    def record(self, item_id: str, envelope: DelegateResult) -> None:
+        if len(self.recorded) + 1 >= self.fail_at:
+            raise StoreError("batch.db", "failed", "disk I/O error")
+        self.recorded.append(item_id)
+
+    async def wait_committed(self) -> None:
+        pass
+
+    def write_manifest(self, **fields: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("commit_fails", [False, True], ids=["record-fails", "commit-fails"])
+async def test_the_tally_counts_only_the_envelopes_the_results_file_holds_when_the_store_fails(
+    tmp_path: Path, commit_fails: bool
+) -> None:
+    # The summary's tally is "what the results file holds, and what this run did": an
+    # envelope the store never took (its put failed) or never committed (its line is
+    # never written) is in neither the store nor the file, and --resume runs it again.
+    items = [Item(id=str(n), line=n, fields={"id": str(n)}) for n in range(1, 5)]
+    settings = batch_run.Settings(
+        out=str(tmp_path / "r.jsonl"), store=str(tmp_path / "b.db"), specs=[NOOP],
+        template=None, jobs=1, timeout=None, resume="fresh", halt=None, keep_order=False,
+        progress="none", events=None, grace=0.0,
+    )  # fmt: skip
+    failures: list[Exception] = []
+    results = ResultsFile(settings.out, order=None, on_error=failures.append)
+    journal: object = _CommitFailsOnceFull() if commit_fails else _RecordFailsAt(3)
+    async with SubagentManager([NOOP], config=SubagentConfig(retain_collected=0)) as manager:
+        run = batch_run._Run(
+            settings=settings, manager=manager, journal=journal,  # type: ignore[arg-type]
+            results=results, tally=Tally(total=len(items)), counters=Counters(len(items)),
+            total=len(items), failures=failures,
+        )  # fmt: skip
+        with anyio.fail_after(5):
+            await batch_run._admit(run, items)
+    results.close()
+    assert run.stopped == "stopped: the store failed"
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert run.tally.done == len(lines), "the summary counts envelopes the file lacks"
+    assert run.counters.done == len(lines), "the progress counts envelopes the file lacks"
