@@ -6,6 +6,7 @@ ended. What the mailbox keeps in memory is ``test_store_mailbox_memory.py``."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -421,3 +422,37 @@ def test_a_commit_delay_out_of_range_is_a_config_error_naming_it(
 ) -> None:
     with pytest.raises(ConfigError, match="commit_delay"):
         SqliteStore(tmp_path / "s.db", commit_delay=delay)  # type: ignore[arg-type]
+
+
+async def test_the_first_write_after_opening_commits_at_once_whatever_the_commit_delay(
+    tmp_path: Path,
+) -> None:
+    # The delay counts from the last commit; before the first there is none, so the
+    # first write must not wait (a delay longer than the clock's count since boot did).
+    delay = time.monotonic() + 600.0
+    async with SqliteStore(tmp_path / "s.db", commit_delay=delay) as store:
+        box = store.mailbox("root")
+        box.put("first", env("first"))
+        with anyio.fail_after(10):  # bounds the failure only: the commit comes at once
+            await box.wait_committed()
+
+
+async def test_a_commit_delay_longer_than_a_thread_can_wait_is_refused_or_crashes_nothing(
+    tmp_path: Path,
+) -> None:
+    # Any finite delay is accepted; one the writer thread cannot wait for (past
+    # threading.TIMEOUT_MAX) must be a ConfigError naming it, never crash the writer
+    # (which fails every write queued: "the writer thread crashed").
+    refused: ConfigError | None = None
+    try:
+        store = SqliteStore(tmp_path / "s.db", commit_delay=threading.TIMEOUT_MAX * 2)
+    except ConfigError as exc:
+        refused = exc
+    if refused is not None:
+        assert "commit_delay" in str(refused)
+        return
+    async with store:
+        box = store.mailbox("root")
+        box.put("first", env("first"))
+        with anyio.fail_after(10):  # bounds the failure only: the first commit is at once
+            await box.wait_committed()
