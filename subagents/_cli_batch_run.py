@@ -102,6 +102,9 @@ class _Run:
     stopped: str | None = None
     interrupted: int | None = None
     """The signal (SIGINT, SIGTERM) that interrupted the run, if one did."""
+    failed_seen: int = 0
+    """Envelopes of this run that did not complete, counted as they come (``--halt``
+    judges these; the tally counts them once their lines are written)."""
 
     def halt(self, why: str) -> None:
         if self.stopped is None:
@@ -145,9 +148,9 @@ async def _runner(run: _Run, feed: Iterator[Item], lines: _Lines) -> None:
         if item is None:
             return
         envelope = await _envelope_of(run, item)
-        run.tally.add(item.id, envelope, here=True)
-        run.counters.done += 1
-        run.counters.failed += not envelope.ok
+        # Judged (--halt) as it comes; counted (the tally, the progress) once its line is
+        # written, so a failed store leaves no count of a line the file lacks.
+        run.failed_seen += not envelope.ok
         halt = run.settings.halt
         if halt is not None and not envelope.ok and _halt_reached(run, halt):
             run.halt(f"halted: {_failed(run)} failed (--halt); the rest not started")
@@ -214,6 +217,9 @@ class _Lines:
                 run.halt("stopped: the store failed")
                 return
             for item_id, envelope in batch:
+                run.tally.add(item_id, envelope, here=True)
+                run.counters.done += 1
+                run.counters.failed += not envelope.ok
                 run.results.write(item_id, envelope)
             self._unwritten -= len(batch)
             self._written.set()
@@ -224,7 +230,7 @@ class _Lines:
 def _failed(run: _Run) -> int:
     """This run's failures as ``--halt`` counts them: as the exit status does, malformed
     input lines included."""
-    return run.tally.failed_here + run.tally.malformed
+    return run.failed_seen + run.tally.malformed
 
 
 def _halt_reached(run: _Run, halt: Halt) -> bool:

@@ -70,7 +70,7 @@ class Tally:
     ran: int = 0
     """Envelopes this run made."""
     failed_here: int = 0
-    """Of those, not completed (``--halt`` counts these)."""
+    """Of those, not completed."""
 
     def add(self, item_id: str, envelope: DelegateResult, *, here: bool) -> None:
         status = envelope.status.value

@@ -17,7 +17,8 @@ threads, each blocked in the kernel.
 Cut short (a cancellation: the watchdog's, a caller's), :func:`run_command` tells the
 thread through an eventfd; the thread sends the group ``SIGTERM``, then ``SIGKILL``
 ``grace`` seconds later; the cancelled caller waits (shielded) for the thread to end,
-which is bounded: past ``SIGKILL`` it gives the exit :data:`REAP_TIMEOUT` seconds (a
+which is bounded once the child has started (a ``Popen`` whose ``exec`` never returns, as
+on a hung network mount, is not): past ``SIGKILL`` it gives the exit :data:`REAP_TIMEOUT` seconds (a
 process in uninterruptible sleep is left unreaped), and a run cut short stops reading
 the pipes once the command has exited. Past a normal exit the pipes get
 :data:`REAP_TIMEOUT` seconds (a descendant that left the group may hold them). A run cut

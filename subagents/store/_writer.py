@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -54,6 +55,8 @@ logger = logging.getLogger("subagents.store")
 DEFAULT_MAX_BATCH: Final = 1024
 DEFAULT_EAGER_BATCH: Final = 256
 DEFAULT_LINGER: Final = 0.005
+_LONGEST_WAIT: Final = 3600.0
+"""Seconds the thread waits at most before it looks at its queue again."""
 
 
 class Write:
@@ -180,7 +183,7 @@ class Writer:
         self._batch: list[Write] = []  # taken into the transaction in flight
         self._seq = 0
         self._unseen = 0  # batches committed whose callback has not run yet
-        self._committed_at = 0.0  # time.monotonic() of the last commit
+        self._committed_at = -math.inf  # time.monotonic() of the last commit (none yet)
         self._want = 0  # queued writes that wake the waiting thread (0: it is not waiting)
         self._stopping = False
         self.failure: StoreError | None = None
@@ -280,7 +283,8 @@ class Writer:
                 if left <= 0:
                     break
                 self._want = self._eager_batch
-                self._wake.wait(left)
+                # Capped: a delay beyond what a thread can wait for is looked at again.
+                self._wake.wait(min(left, _LONGEST_WAIT))
             self._want = 0
             return bool(self._queue)
 
