@@ -521,7 +521,7 @@ async def test_every_call_runs_in_a_tool_span(monkeypatch: pytest.MonkeyPatch) -
         yield Span()
 
     # private: no public hook to observe each call's span arguments without an SDK
-    # provider, and the global one can be set once per process (test_tracing sets it).
+    # provider, and the global one can be set once per process (the tracing tests set it).
     monkeypatch.setattr(_tool, "tool_span", recording_span)
     async with toolset() as tools:
         spawned = await tools.call("spawn_agent", {"agent": "echo", "input": "x"}, call_id="c1")
