@@ -12,6 +12,7 @@ the built-in type's own method, so none of its overrides (``__len__``, ``__eq__`
 from __future__ import annotations
 
 import math
+import threading
 from typing import Final, Literal, overload
 
 from ._envelope import Usage, encodes
@@ -30,6 +31,7 @@ __all__ = [
     "plain_usage",
     "seconds",
     "text",
+    "thread_wait",
     "texts",
 ]
 
@@ -123,6 +125,20 @@ def seconds(field: str, value: object, *, none_ok: bool, zero_ok: bool) -> float
         expected = f"a finite number of seconds {'>= 0' if zero_ok else '> 0'}"
         raise ConfigError(field, expected + (" or None" if none_ok else ""), value)
     return 0.0 if number == 0 else number  # -0.0 is zero, and never printed "-0"
+
+
+def thread_wait(field: str, value: object, *, zero_ok: bool) -> float:
+    """:func:`seconds` that a thread waits for (a lock, a condition, a connection's busy
+    timeout): at most ``threading.TIMEOUT_MAX``, beyond which the wait itself raises.
+
+    Raises:
+        ConfigError: as :func:`seconds`, or longer than a thread can wait.
+    """
+    number = seconds(field, value, none_ok=False, zero_ok=zero_ok)
+    if number > threading.TIMEOUT_MAX:
+        limit = f"a number of seconds a thread can wait for (at most {threading.TIMEOUT_MAX:g})"
+        raise ConfigError(field, limit, value)
+    return number
 
 
 def number(field: str, value: object) -> float:

@@ -13,7 +13,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from .._validators import seconds
+from .._validators import seconds, thread_wait
 from ..store._opening import close_all
 from ..store._sqlite import Connection, Synchronous
 from ..store._watch import Watcher
@@ -41,8 +41,8 @@ class RoomBase:
     ) -> None:
         self.path = os.fspath(path)
         self._clock = clock
-        self._busy_timeout = seconds("busy_timeout", busy_timeout, none_ok=False, zero_ok=False)
-        self._poll_interval = seconds("poll_interval", poll_interval, none_ok=False, zero_ok=False)
+        self._busy_timeout = thread_wait("busy_timeout", busy_timeout, zero_ok=False)
+        self._poll_interval = thread_wait("poll_interval", poll_interval, zero_ok=False)
         self._retry_window = seconds("retry_window", retry_window, none_ok=False, zero_ok=True)
         self._synchronous = check_synchronous(synchronous)
         self._read_only = bool(read_only)

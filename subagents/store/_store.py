@@ -31,7 +31,7 @@ from .._envelope import DelegateResult, encodes
 from .._errors import ConfigError
 from .._journal import SpawnEntry
 from .._mailbox import DEFAULT_MAILBOX_CAPACITY
-from .._validators import count, seconds, text
+from .._validators import count, seconds, text, thread_wait
 from . import _deliveries as rows
 from ._errors import StoreError
 from ._journal import SqliteJournal
@@ -133,9 +133,9 @@ class SqliteStore:
         if synchronous not in ("FULL", "NORMAL"):
             raise ConfigError("synchronous", "'FULL' or 'NORMAL'", synchronous)
         self._synchronous: Synchronous = synchronous
-        self._busy_timeout = seconds("busy_timeout", busy_timeout, none_ok=False, zero_ok=False)
-        self._poll_interval = seconds("poll_interval", poll_interval, none_ok=False, zero_ok=False)
-        self._commit_delay = seconds("commit_delay", commit_delay, none_ok=False, zero_ok=True)
+        self._busy_timeout = thread_wait("busy_timeout", busy_timeout, zero_ok=False)
+        self._poll_interval = thread_wait("poll_interval", poll_interval, zero_ok=False)
+        self._commit_delay = thread_wait("commit_delay", commit_delay, zero_ok=True)
         self._state: _State = "new"
         self._origin = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._mailboxes: weakref.WeakSet[SqliteMailbox] = weakref.WeakSet()

@@ -364,6 +364,15 @@ async def test_a_bad_synchronous_mode_is_a_config_error_naming_it(tmp_path: Path
             Room(tmp_path / "s.db", synchronous=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("field", ["busy_timeout", "poll_interval"])
+def test_a_wait_longer_than_a_thread_can_wait_is_a_config_error_naming_it(
+    tmp_path: Path, field: str
+) -> None:
+    # Beyond threading.TIMEOUT_MAX the room's threads would die on their first wait.
+    with pytest.raises(ConfigError, match=f"^{field}"):
+        Room(tmp_path / "s.db", **{field: threading.TIMEOUT_MAX * 2})
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_timed_receive_returns_by_its_deadline_while_another_process_holds_the_lock(
     tmp_path: Path,
