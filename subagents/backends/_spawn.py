@@ -50,6 +50,7 @@ from typing import Final
 
 import anyio
 import anyio.to_thread
+import attrs
 from anyio.lowlevel import RunVar
 
 from . import _warden
@@ -125,7 +126,7 @@ async def run_command(
     """
     if not AVAILABLE:
         raise RuntimeError("pidfds are not available on this platform")
-    job = _Job(argv, stdin, cwd, env, stderr_keep, grace)
+    job = _Job(_Command(list(argv), memoryview(stdin), cwd, env, stderr_keep, grace))
     threads = _threads()
     try:
         return await anyio.to_thread.run_sync(job.run, abandon_on_cancel=True, limiter=threads)
@@ -156,25 +157,24 @@ class _GivenUp(Exception):
     cancelled caller has stopped waiting for the thread's answer."""
 
 
+@attrs.frozen
+class _Command:
+    """What one run of :func:`run_command` was asked to run."""
+
+    argv: list[str]
+    stdin: memoryview
+    cwd: str | os.PathLike[str] | None
+    env: Mapping[str, str] | None
+    stderr_keep: int | None
+    grace: float
+
+
 class _Job:
     """One command, run to its end by :meth:`run` in a worker thread; :meth:`stop`, from
     the event loop, cuts it short."""
 
-    def __init__(
-        self,
-        argv: Sequence[str],
-        stdin: bytes,
-        cwd: str | os.PathLike[str] | None,
-        env: Mapping[str, str] | None,
-        stderr_keep: int | None,
-        grace: float,
-    ) -> None:
-        self._argv = list(argv)
-        self._stdin = memoryview(stdin)
-        self._cwd = cwd
-        self._env = env
-        self._stderr_keep = stderr_keep
-        self._grace = grace
+    def __init__(self, command: _Command) -> None:
+        self.command = command
         self._lock = threading.Lock()
         self._state = "new"  # new -> running -> ended; or new -> ended (stopped first)
         self._wake = -1  # the eventfd that tells the thread to stop (while running)
@@ -225,7 +225,7 @@ class _Process:
         self.out = bytearray()
         self.err = bytearray()
         self.pipes: dict[int, bytearray] = {}  # stdout's and stderr's read ends still open
-        self.stdin = job._stdin  # what is left to write
+        self.stdin = job.command.stdin  # what is left to write
         self.stdin_w = -1
         self.pid = 0
         self.pidfd = -1
@@ -243,7 +243,7 @@ class _Process:
                 os.close(fd)
 
     def _run(self) -> Outcome:
-        job = self.job
+        command = self.job.command
         stdin_r, self.stdin_w = self._pipe()
         stdout_r, stdout_w = self._pipe()
         stderr_r, stderr_w = self._pipe()
@@ -256,12 +256,12 @@ class _Process:
         if not self._feed():
             self._stdin_done()
         self.popen = subprocess.Popen(
-            job._argv,
+            command.argv,
             stdin=stdin_r,
             stdout=stdout_w,
             stderr=stderr_w,
-            cwd=job._cwd,
-            env=job._env,
+            cwd=command.cwd,
+            env=command.env,
             start_new_session=True,
         )
         self.pid = self.popen.pid
@@ -331,7 +331,7 @@ class _Process:
         into = self.pipes[fd]
         into += chunk
         if into is self.err:
-            keep_tail(into, self.job._stderr_keep)
+            keep_tail(into, self.job.command.stderr_keep)
 
     def _exited(self) -> None:
         # What is left of the group is what the command left in the background: it ends
@@ -353,7 +353,7 @@ class _Process:
     def _terminate(self) -> None:
         """``SIGTERM`` to the group, ``SIGKILL`` due ``grace`` seconds later."""
         signal_group(self.pid, signal.SIGTERM)
-        self.deadline = time.monotonic() + self.job._grace
+        self.deadline = time.monotonic() + self.job.command.grace
 
     def _kill(self) -> None:
         """``SIGKILL`` to the group; the exit (or, once exited, the pipes) given a bound."""

@@ -10,6 +10,10 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import anyio
+
+from subagents.backends.command import CommandRunner
+
 ROOT = Path(__file__).resolve().parents[2]
 """The source tree: first on the subprocess's path, so its code is what runs."""
 
@@ -127,3 +131,22 @@ def wait_ended(pids: Sequence[int], timeout: float = 10.0) -> None:
     an orphan's end is its own (only its parent, gone, could have waited for it): so the
     test waits on /proc for what the kernel is finishing, and fails on what it is not."""
     wait_until(lambda: not alive(pids), f"the end of {alive(pids)}", timeout)
+
+
+class ScopedRun:
+    """A run of ``runner`` (its template with no fields) in a cancel scope of its own:
+    start :meth:`run` in a task, :meth:`cancel` it, and :attr:`returned` is set once the
+    run has returned."""
+
+    def __init__(self, runner: CommandRunner) -> None:
+        self.runner = runner
+        self.scope = anyio.CancelScope()
+        self.returned = anyio.Event()
+
+    async def run(self) -> None:
+        with self.scope:
+            await self.runner.run(self.runner.argv({}), b"")
+        self.returned.set()
+
+    def cancel(self) -> None:
+        self.scope.cancel()

@@ -35,6 +35,33 @@ from tests.batch.support import batch, write_jsonl
 pytestmark = pytest.mark.anyio
 
 
+def _settings(
+    tmp_path: Path, spec: AgentSpec, *, jobs: int, keep_order: bool
+) -> batch_run.Settings:
+    """A fresh run's command line: ``r.jsonl`` and ``b.db`` in ``tmp_path``, no halt."""
+    return batch_run.Settings(
+        out=str(tmp_path / "r.jsonl"), store=str(tmp_path / "b.db"), specs=[spec],
+        template=None, jobs=jobs, timeout=None, resume="fresh", halt=None,
+        keep_order=keep_order, progress="none", events=None, grace=0.0,
+    )  # fmt: skip
+
+
+def _run(
+    settings: batch_run.Settings,
+    manager: SubagentManager,
+    journal: object,
+    results: ResultsFile,
+    items: list[Item],
+    failures: list[Exception],
+) -> batch_run._Run:
+    """The state a run's tasks share, for ``items`` (the journal may be a stand-in)."""
+    return batch_run._Run(
+        settings=settings, manager=manager, journal=journal,  # type: ignore[arg-type]
+        results=results, tally=Tally(total=len(items)), counters=Counters(len(items)),
+        total=len(items), failures=failures,
+    )  # fmt: skip
+
+
 def _envelope(item_id: str) -> DelegateResult:
     return DelegateResult(agent="a", task_id=item_id, status="completed", output=item_id)
 
@@ -69,20 +96,13 @@ async def test_keep_order_admission_waits_while_the_held_lines_reach_the_bound(
 
     spec = AgentSpec(name="slow-first", runner=slow_first)
     items = [Item(id=str(n), line=n, fields={"id": str(n)}) for n in range(1, 21)]
-    settings = batch_run.Settings(
-        out=str(tmp_path / "r.jsonl"), store=str(tmp_path / "b.db"), specs=[spec],
-        template=None, jobs=3, timeout=None, resume="fresh", halt=None, keep_order=True,
-        progress="none", events=None, grace=0.0,
-    )  # fmt: skip
+    settings = _settings(tmp_path, spec, jobs=3, keep_order=True)
     failures: list[Exception] = []
     results = _Watched(settings.out, order=[i.id for i in items], on_error=failures.append)
     config = SubagentConfig(retain_collected=0)
     async with SqliteStore(settings.store) as store, SubagentManager([spec], config=config) as m:
-        run = batch_run._Run(
-            settings=settings, manager=m, journal=BatchJournal(store, "b", fresh=True),
-            results=results, tally=Tally(total=len(items)), counters=Counters(len(items)),
-            total=len(items), failures=failures,
-        )  # fmt: skip
+        journal = BatchJournal(store, "b", fresh=True)
+        run = _run(settings, m, journal, results, items, failures)
         async with anyio.create_task_group() as tg:
             tg.start_soon(batch_run._admit, run, items)
             with anyio.fail_after(5):
@@ -160,20 +180,12 @@ async def test_admission_ends_when_a_commit_fails_while_the_backlog_is_full(
     # admitted, and the batch stop with exit status 1. The backlog is 2 here, not 4096.
     monkeypatch.setattr(batch_run, "_BACKLOG", 2)
     items = [Item(id=str(n), line=n, fields={"id": str(n)}) for n in range(1, 7)]
-    settings = batch_run.Settings(
-        out=str(tmp_path / "r.jsonl"), store=str(tmp_path / "b.db"), specs=[NOOP],
-        template=None, jobs=1, timeout=None, resume="fresh", halt=None, keep_order=True,
-        progress="none", events=None, grace=0.0,
-    )  # fmt: skip
+    settings = _settings(tmp_path, NOOP, jobs=1, keep_order=True)
     failures: list[Exception] = []
     results = ResultsFile(settings.out, order=[i.id for i in items], on_error=failures.append)
     journal = _CommitFailsOnceFull()
     async with SubagentManager([NOOP], config=SubagentConfig(retain_collected=0)) as manager:
-        run = batch_run._Run(
-            settings=settings, manager=manager, journal=journal,  # type: ignore[arg-type]
-            results=results, tally=Tally(total=len(items)), counters=Counters(len(items)),
-            total=len(items), failures=failures,
-        )  # fmt: skip
+        run = _run(settings, manager, journal, results, items, failures)
         with anyio.fail_after(1.5):
             await batch_run._admit(run, items)
     results.close()
@@ -209,20 +221,12 @@ async def test_the_tally_counts_only_the_envelopes_the_results_file_holds_when_t
     # envelope the store never took (its put failed) or never committed (its line is
     # never written) is in neither the store nor the file, and --resume runs it again.
     items = [Item(id=str(n), line=n, fields={"id": str(n)}) for n in range(1, 5)]
-    settings = batch_run.Settings(
-        out=str(tmp_path / "r.jsonl"), store=str(tmp_path / "b.db"), specs=[NOOP],
-        template=None, jobs=1, timeout=None, resume="fresh", halt=None, keep_order=False,
-        progress="none", events=None, grace=0.0,
-    )  # fmt: skip
+    settings = _settings(tmp_path, NOOP, jobs=1, keep_order=False)
     failures: list[Exception] = []
     results = ResultsFile(settings.out, order=None, on_error=failures.append)
     journal: object = _CommitFailsOnceFull() if commit_fails else _RecordFailsAt(3)
     async with SubagentManager([NOOP], config=SubagentConfig(retain_collected=0)) as manager:
-        run = batch_run._Run(
-            settings=settings, manager=manager, journal=journal,  # type: ignore[arg-type]
-            results=results, tally=Tally(total=len(items)), counters=Counters(len(items)),
-            total=len(items), failures=failures,
-        )  # fmt: skip
+        run = _run(settings, manager, journal, results, items, failures)
         with anyio.fail_after(5):
             await batch_run._admit(run, items)
     results.close()

@@ -146,10 +146,3 @@ def test_a_linux_kernel_with_pidfds_runs_the_pidfd_path() -> None:
     release = tuple(int(part) for part in re.findall(r"\d+", os.uname().release)[:2])
     if release >= (5, 3):
         assert _spawn._pidfds_work()  # the probe itself: the module patches AVAILABLE
-
-
-async def test_an_input_larger_than_a_pipe_holds_reaches_the_command_whole() -> None:
-    # Beyond what the pipe takes before the start, the rest is fed as the command reads.
-    data = b"y" * (1024 * 1024 + 1)
-    stdout, code, _ = await CommandRunner(["wc", "-c"]).run(["wc", "-c"], data)
-    assert (stdout.strip(), code) == (str(len(data)), 0)

@@ -19,7 +19,7 @@ from subagents.backends.command import (
     command_agent,
     fill_template,
 )
-from tests.batch.support import wait_ended, wait_until
+from tests.batch.support import ScopedRun, wait_ended, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("process_start")]
 
@@ -185,22 +185,16 @@ async def test_a_run_cancelled_before_its_exit_does_not_wait_for_a_pipe_held_pas
     pids = tmp_path / "pids"
     script = f"setsid sleep 30 & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}; sleep 30"
     runner = CommandRunner(["sh", "-c", script], grace=0.1)
-    returned = anyio.Event()
-    scope = anyio.CancelScope()
-
-    async def run() -> None:
-        with scope:
-            await runner.run(runner.argv({}), b"")
-        returned.set()
+    cut = ScopedRun(runner)
 
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
+            tg.start_soon(cut.run)
             await anyio.to_thread.run_sync(wait_until, pids.exists, "the pids")
-            scope.cancel()
+            cut.cancel()
             with anyio.move_on_after(_spawn.REAP_TIMEOUT / 2):  # bounds the failure only
-                await returned.wait()
-            assert returned.is_set(), "the cancelled run drained the held pipe to its bound"
+                await cut.returned.wait()
+            assert cut.returned.is_set(), "the cancelled run drained the held pipe to its bound"
     finally:
         if pids.exists():
             os.kill(int(pids.read_text().split()[1]), signal.SIGKILL)

@@ -15,7 +15,7 @@ import pytest
 
 from subagents.backends import _spawn
 from subagents.backends.command import CommandRunner
-from tests.batch.support import wait_ended, wait_until
+from tests.batch.support import ScopedRun, wait_ended, wait_until
 
 pytestmark = [
     pytest.mark.anyio,
@@ -28,14 +28,8 @@ async def test_a_run_cancelled_while_the_default_thread_limiter_is_full_returns_
     # every token of the default limiter; a command's watchdog must still end its run.
     limiter = anyio.to_thread.current_default_thread_limiter()
     release = threading.Event()
-    returned = anyio.Event()
-    scope = anyio.CancelScope()
     runner = CommandRunner(["true"])
-
-    async def run() -> None:
-        with scope:
-            await runner.run(runner.argv({}), b"")
-        returned.set()
+    cut = ScopedRun(runner)
 
     async with anyio.create_task_group() as tg:
         try:
@@ -43,12 +37,12 @@ async def test_a_run_cancelled_while_the_default_thread_limiter_is_full_returns_
                 tg.start_soon(anyio.to_thread.run_sync, release.wait)
             await anyio.wait_all_tasks_blocked()
             assert limiter.available_tokens == 0
-            tg.start_soon(run)
+            tg.start_soon(cut.run)
             await anyio.wait_all_tasks_blocked()
-            scope.cancel()
+            cut.cancel()
             with anyio.move_on_after(1):  # bounds the failure only: the pass is immediate
-                await returned.wait()
-            assert returned.is_set(), "the cancelled run waited for another task's thread"
+                await cut.returned.wait()
+            assert cut.returned.is_set(), "the cancelled run waited for another task's thread"
         finally:
             release.set()
 
@@ -57,7 +51,9 @@ def test_a_run_stopped_before_its_thread_begins_starts_nothing(tmp_path: Path) -
     # A cancellation that reaches the run before a worker thread took it up: the
     # thread, when it comes, must start no process (nobody would end it).
     marker = tmp_path / "started"
-    job = _spawn._Job(["touch", str(marker)], b"", None, None, None, 0.1)
+    job = _spawn._Job(
+        _spawn._Command(["touch", str(marker)], memoryview(b""), None, None, None, 0.1)
+    )
     assert job.stop() is False, "no thread runs it: nothing to wait for"
     assert job.ended.is_set()
     with pytest.raises(_spawn._GivenUp):
@@ -73,23 +69,17 @@ async def test_a_run_cancelled_while_its_pipes_drain_after_the_exit_ends_at_once
     pids = tmp_path / "pids"
     script = f"setsid sleep 30 & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}"
     runner = CommandRunner(["sh", "-c", script], grace=0.1)
-    returned = anyio.Event()
-    scope = anyio.CancelScope()
-
-    async def run() -> None:
-        with scope:
-            await runner.run(runner.argv({}), b"")
-        returned.set()
+    cut = ScopedRun(runner)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
+        tg.start_soon(cut.run)
         await anyio.to_thread.run_sync(wait_until, pids.exists, "the pids")
         shell, held = (int(p) for p in pids.read_text().split())
         await anyio.to_thread.run_sync(wait_ended, [shell])  # exited and reaped
-        scope.cancel()
+        cut.cancel()
         with anyio.move_on_after(_spawn.REAP_TIMEOUT / 2):  # bounds the failure only
-            await returned.wait()
-        assert returned.is_set(), "the cancelled run waited for the held pipe's bound"
+            await cut.returned.wait()
+        assert cut.returned.is_set(), "the cancelled run waited for the held pipe's bound"
     os.kill(held, signal.SIGKILL)
 
 

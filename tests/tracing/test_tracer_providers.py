@@ -30,12 +30,29 @@ from tests.tracing.support import (
 
 
 def _own_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     own = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(own))
     return provider, own
+
+
+class _Counting:
+    """A tracer and meter provider that notes each time it is asked for a tracer or a
+    meter (a tracer from ``provider``, a meter from an in-memory meter provider)."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.provider = provider
+        self.meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
+        self.asked: list[str] = []
+
+    def get_tracer(self, name: str, *args: object) -> trace.Tracer:
+        self.asked.append("tracer")
+        return self.provider.get_tracer(name)
+
+    def get_meter(self, name: str, *args: object) -> object:
+        self.asked.append("meter")
+        return self.meters.get_meter(name)
 
 
 @pytest.mark.anyio
@@ -107,28 +124,16 @@ async def test_the_providers_are_resolved_once_when_the_manager_is_entered() -> 
     """A provider handed in is asked for its tracer and meter once per manager, however
     many children run."""
     provider, own = _own_provider()
-    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
-    asked: list[str] = []
-
-    class Counting:
-        def get_tracer(self, name: str, *args: object) -> trace.Tracer:
-            asked.append("tracer")
-            return provider.get_tracer(name)
-
-        def get_meter(self, name: str, *args: object) -> object:
-            asked.append("meter")
-            return meter_provider.get_meter(name)
-
-    counting = Counting()
+    counting = _Counting(provider)
     config = SubagentConfig(tracer_provider=counting, meter_provider=counting)
     manager = SubagentManager([spec("general")], config=config)
-    assert asked == []
+    assert counting.asked == []
     async with manager:
         for _ in range(3):
             await manager.spawn("general").wait()
-    assert asked == ["tracer", "meter"]
+    assert counting.asked == ["tracer", "meter"]
     assert len(own.get_finished_spans()) == 3
-    meter_provider.shutdown()
+    counting.meters.shutdown()
 
 
 def test_a_provider_must_have_its_getter() -> None:
@@ -159,28 +164,14 @@ async def test_a_broken_provider_leaves_the_manager_untraced(
 
 @pytest.mark.anyio
 async def test_tools_trace_with_the_managers_providers_resolved_once() -> None:
-    exported = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
-    asked: list[str] = []
-
-    class Counting:
-        def get_tracer(self, name: str, *args: object) -> trace.Tracer:
-            asked.append("tracer")
-            return provider.get_tracer(name)
-
-        def get_meter(self, name: str, *args: object) -> object:
-            asked.append("meter")
-            return meter_provider.get_meter(name)
-
-    counting = Counting()
+    provider, exported = _own_provider()
+    counting = _Counting(provider)
     config = SubagentConfig(tracer_provider=counting, meter_provider=counting)
     spec = AgentSpec(name="general", description="d", runner=_echo)
     async with SubagentManager([spec], config=config) as manager:
         for session in ("a", "b", "c"):
             await build_tools(manager, session).call("list_agents", {})
-    assert asked == ["tracer", "meter"]
+    assert counting.asked == ["tracer", "meter"]
     assert [s.name for s in exported.get_finished_spans()].count("execute_tool list_agents") == 3
 
 
