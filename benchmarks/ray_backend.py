@@ -16,8 +16,13 @@ shuts it down at the end.
   and a child has to ship one); and the same calls carrying the ``Request`` awaited one
   by one, each in a task of its own through ``ObjectRef.future()`` and the backend's
   bridge: what an async driver pays Ray per call, before the manager and the backend do
-  anything. Rounds alternate the paths after a warm-up; the table gives the median
+  anything; and the requests sent in calls of 64 to a ``run_many`` method, collected with
+  one ``ray.get``: the floor of a driver that batches by hand, as the backend's channel
+  does. Rounds alternate the paths after a warm-up; the table gives the median
   round's milliseconds per child, every round's, and the ratios of the medians.
+- **one child at a time**: ``n // 10`` children, each spawned once the one before has
+  ended, against as many bare calls awaited one after the other: a lone child's round
+  trip (the channel's submit and collect against one call).
 - **cancel**: an async runner that hangs, cancelled once it runs: seconds from
   ``manager.cancel`` to its envelope.
 - **watchdog**: the same runner under a 0.5 s watchdog: how long after the watchdog's
@@ -66,6 +71,9 @@ WATCHDOG = 0.5
 class Noop:
     async def run(self, request: Request | None = None) -> str:
         return "ok"
+
+    async def run_many(self, requests: list[Request]) -> list[str]:
+        return ["ok"] * len(requests)
 
 
 class Latch:
@@ -137,6 +145,33 @@ def bare_ray(actors: list[Any], n: int, request: Request | None) -> float:
     return (perf_counter() - start) / n
 
 
+def bare_batched(actors: list[Any], n: int, request: Request) -> float:
+    """``n`` requests in calls of 64 (as the backend's channel batches them), round robin,
+    collected with one ``ray.get``: Ray's floor for a driver that batches by hand."""
+    start = perf_counter()
+    refs = [
+        actors[i % len(actors)].run_many.remote([request] * min(64, n - first))
+        for i, first in enumerate(range(0, n, 64))
+    ]
+    results = [result for batch in ray.get(refs) for result in batch]
+    assert results == ["ok"] * n
+    return (perf_counter() - start) / n
+
+
+async def one_at_a_time(manager: SubagentManager, actors: list[Any], n: int) -> tuple[float, float]:
+    """Seconds per child when each is spawned only once the one before has ended, and per
+    bare call awaited the same way: the round trip of a lone child."""
+    start = perf_counter()
+    for _ in range(n):
+        assert (await manager.execute("noop")).output == "ok"
+    through = (perf_counter() - start) / n
+    request = Request(agent="noop")
+    start = perf_counter()
+    for i in range(n):
+        assert await settled(actors[i % len(actors)].run.remote(request).future()) == "ok"
+    return through, (perf_counter() - start) / n
+
+
 async def bare_awaited(actors: list[Any], n: int, request: Request) -> float:
     """``n`` calls carrying ``request``, each awaited in a task of its own through its
     ``ObjectRef.future()``, as the backend waits on a child's call."""
@@ -164,6 +199,7 @@ async def run(args: argparse.Namespace) -> None:
         await bare_awaited(actors, min(args.n, 100), request)
         paths: dict[str, list[float]] = {"bare, no argument": [], "bare, the Request": []}
         paths["bare, awaited"] = []
+        paths["bare, batched"] = []
         paths["RayBackend"] = []
         for _ in range(args.rounds):
             # Each path starts with no garbage of the one before it to collect.
@@ -174,14 +210,22 @@ async def run(args: argparse.Namespace) -> None:
             gc.collect()
             paths["bare, awaited"].append(await bare_awaited(actors, args.n, request))
             gc.collect()
+            paths["bare, batched"].append(bare_batched(actors, args.n, request))
+            gc.collect()
             paths["RayBackend"].append(await through_backend(manager, args.n))
         print(f"no-op children: n={args.n}, pool_size={pool}, rounds={args.rounds}, {args.backend}")
         medians = {name: statistics.median(samples) for name, samples in paths.items()}
         for name, samples in paths.items():
             rounds = ", ".join(f"{s * 1e3:.3f}" for s in samples)
             print(f"  {name:18} median {medians[name] * 1e3:.3f} ms/child ({rounds})")
-        for bare in ("bare, no argument", "bare, the Request", "bare, awaited"):
+        for bare in ("bare, no argument", "bare, the Request", "bare, awaited", "bare, batched"):
             print(f"  RayBackend / {bare}: {medians['RayBackend'] / medians[bare]:.2f}x")
+        lone = max(args.n // 10, 1)
+        through, bare_lone = await one_at_a_time(manager, actors, lone)
+        print(
+            f"one child at a time ({lone}): RayBackend {through * 1e3:.2f} ms/child, "
+            f"a bare call awaited {bare_lone * 1e3:.2f} ms ({through / bare_lone:.2f}x)"
+        )
         await latencies(manager, "actor", args.samples)
     await following(backend, max(args.n // 10, 1))
     async with make_manager(task_backend) as manager:

@@ -19,12 +19,12 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 import anyio
 from anyio.lowlevel import EventLoopToken, RunVar, current_token
 
-__all__ = ["done_event", "finished", "settled"]
+__all__ = ["Send", "doorbell", "done_event", "finished", "settled", "when_done"]
 
 T = TypeVar("T")
 
@@ -109,14 +109,30 @@ def _doorbell() -> _Doorbell:
     return doorbell
 
 
+Send: TypeAlias = "Callable[[Callable[[], object]], None]"
+"""An event loop's way in: ``send(call)`` runs ``call`` in that loop, from any thread,
+without waiting for it (dropped once the loop has ended)."""
+
+
+def doorbell() -> Send:
+    """The current event loop's :data:`Send`, to keep for use outside its tasks (a
+    callback the loop runs is not in a task, and anyio cannot tell its loop there)."""
+    return _doorbell().send
+
+
+def when_done(future: Future[T], call: Callable[[Future[T]], object], into: Send) -> None:
+    """Run ``call(future)`` in the loop of ``into`` once ``future`` is done (at once, if
+    it is)."""
+    if future.done():
+        call(future)
+        return
+    future.add_done_callback(lambda done: into(lambda: call(done)))
+
+
 def done_event(future: Future[T]) -> anyio.Event:
     """An event of the current loop, set once ``future`` is done."""
     event = anyio.Event()
-    if future.done():
-        event.set()
-        return event
-    send = _doorbell().send
-    future.add_done_callback(lambda _: send(event.set))
+    when_done(future, lambda _: event.set(), doorbell())
     return event
 
 

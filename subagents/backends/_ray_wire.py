@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from .._spec import Request, Result
 
 __all__ = [
+    "CANCELLED",
+    "FAILED",
+    "REPLIED",
+    "Completion",
     "Exported",
     "RemoteContext",
     "RemoteRunnerError",
@@ -45,6 +49,7 @@ __all__ = [
     "Snapshot",
     "Target",
     "by_value",
+    "portable",
     "revived",
     "serve",
     "target_of",
@@ -56,6 +61,14 @@ Target: TypeAlias = "str | bytes | Runner"
 worker process), or the callable itself."""
 Dumps: TypeAlias = "Callable[[object], bytes]"
 """How the worker pickles what goes back: the same pickler as the reply's."""
+
+REPLIED, FAILED, CANCELLED = 0, 1, 2
+"""How an actor's call ended: with a pickled :class:`Reply`; with an exception outside the
+runner's (its payload would not unpickle), pickled by :func:`portable`; or cancelled, as
+the driver asked, with nothing."""
+Completion: TypeAlias = "tuple[int, int, bytes]"
+"""One ended call as an actor hands it back: the call's number, how it ended, and what
+it left."""
 
 
 class RemoteRunnerError(Exception):

@@ -1,9 +1,11 @@
 """The worker's side of :mod:`subagents.backends.ray`: the remote functions and actors.
 
-An attempt arrives as one ``bytes`` argument (:func:`pack` of the runner, the ``Request``
-and the :class:`~._ray_wire.Shipped` context) and leaves as one ``bytes`` reply; each
-report goes to the progress sink actor as well, for the driver to read while the call
-runs or to salvage when no reply comes.
+An attempt travels as one ``bytes`` payload (:func:`pack` of the runner, the ``Request``
+and the :class:`~._ray_wire.Shipped` context) and leaves as one ``bytes`` reply: a task's
+argument and return value, or, on a pool actor, an entry of a batch that a channel submits
+and of what it collects (:mod:`._ray_channel`). Each report goes to the progress sink
+actor as well, for the driver to read while the call runs or to salvage when no reply
+comes.
 """
 
 from __future__ import annotations
@@ -15,9 +17,23 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 import ray
 
-from ._ray_wire import Reply, Runner, Shipped, Snapshot, Target, serve
+from ._ray_wire import (
+    CANCELLED,
+    FAILED,
+    REPLIED,
+    Completion,
+    Reply,
+    Runner,
+    Shipped,
+    Snapshot,
+    Target,
+    portable,
+    serve,
+)
 
 if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
     from .._progress import Report
     from .._spec import Request
 
@@ -27,6 +43,11 @@ logger = logging.getLogger("subagents.backends.ray")
 
 _TICK: Final = 0.02
 """Seconds between wake-ups of a task's event loop, so a cancel reaches a sleeping runner."""
+_IDLE: Final = 30.0
+"""Seconds an actor's collect waits for an ended run before it answers with none."""
+_CANCELLED_EARLY: Final = 4096
+"""Cancels of runs not yet arrived that an actor keeps; past them it forgets the oldest
+(such a run then goes on until the driver stops it by force)."""
 
 _RUNNERS: dict[str | bytes, Runner] = {}
 """Runners resolved by this worker process, by import path or pickled code."""
@@ -103,10 +124,97 @@ def unpack(blob: bytes) -> Any:
 
 
 class _WorkerActor:
-    """An async actor of the pool: each call runs one attempt in the actor's event loop."""
+    """An async actor of the pool, running attempts in its event loop for the driver's
+    channels (:mod:`._ray_channel`), each known by its name: :meth:`submit` hands over a
+    batch of attempts, :meth:`collect` takes what the ones ended since the last left (a
+    submit may collect too), and :meth:`cancel` cancels some. Every run belongs to one
+    task group, which :meth:`serve` (the first call the driver makes) holds open for the
+    actor's life; at most ``max_concurrency`` runs go at once, the rest wait in turn."""
 
-    async def run(self, payload: bytes) -> bytes:
-        return pack(await _serve(*unpack(payload)))
+    def __init__(self, max_concurrency: int) -> None:
+        self._max_concurrency = max_concurrency
+        self._started: anyio.Event | None = None
+        self._group: TaskGroup | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._scopes: dict[tuple[str, int], anyio.CancelScope] = {}
+        """The runs not yet ended, by channel and number."""
+        self._ended: dict[str, list[Completion]] = {}
+        """What ended runs left, by channel, until it collects them."""
+        self._collectors: dict[str, anyio.Event] = {}
+        self._cancelled_early: dict[tuple[str, int], None] = {}
+        """Runs cancelled before they arrived, oldest first."""
+
+    def _start(self) -> anyio.Event:
+        # Made in the actor's loop: an anyio event needs one.
+        if self._started is None:
+            self._started = anyio.Event()
+        return self._started
+
+    async def serve(self) -> None:
+        async with anyio.create_task_group() as group:
+            self._limiter = anyio.CapacityLimiter(self._max_concurrency)
+            self._group = group
+            self._start().set()
+            await anyio.sleep_forever()
+
+    async def submit(self, channel: str, batch: bytes, collects: bool = False) -> bytes | None:
+        """Start the runs of ``batch``; if ``collects``, then answer as :meth:`collect`."""
+        await self._start().wait()
+        assert self._group is not None
+        for number, payload in unpack(batch):
+            key = (channel, number)
+            if key in self._cancelled_early:
+                del self._cancelled_early[key]
+                self._end(channel, (number, CANCELLED, b""))
+                continue
+            scope = self._scopes[key] = anyio.CancelScope()
+            self._group.start_soon(self._run, channel, number, payload, scope)
+        return await self.collect(channel) if collects else None
+
+    async def _run(
+        self, channel: str, number: int, payload: bytes, scope: anyio.CancelScope
+    ) -> None:
+        assert self._limiter is not None
+        ended: Completion = (number, CANCELLED, b"")
+        try:
+            with scope:
+                async with self._limiter:
+                    reply = await _serve(*unpack(payload))
+                ended = (number, REPLIED, pack(reply))
+        except Exception as exc:  # the payload did not unpickle, or the reply did not pickle
+            ended = (number, FAILED, portable(exc, pack))
+        finally:
+            del self._scopes[(channel, number)]
+            self._end(channel, ended)
+
+    def _end(self, channel: str, ended: Completion) -> None:
+        self._ended.setdefault(channel, []).append(ended)
+        collector = self._collectors.pop(channel, None)
+        if collector is not None:
+            collector.set()
+
+    async def collect(self, channel: str) -> bytes:
+        """What the runs of ``channel`` that ended since the last collect left; none after
+        :data:`_IDLE` seconds (a collect whose driver is gone does not wait forever)."""
+        with anyio.move_on_after(_IDLE):
+            while channel not in self._ended:
+                collector = self._collectors[channel] = anyio.Event()
+                await collector.wait()
+        self._collectors.pop(channel, None)
+        return pack(self._ended.pop(channel, []))
+
+    async def cancel(self, channel: str, numbers: list[int]) -> None:
+        for number in numbers:
+            key = (channel, number)
+            scope = self._scopes.get(key)
+            if scope is not None:
+                scope.cancel()
+            elif not any(ended[0] == number for ended in self._ended.get(channel, ())):
+                # Not arrived yet (or ended and already collected: then a stale entry
+                # that the bound drops in time).
+                self._cancelled_early[key] = None
+                if len(self._cancelled_early) > _CANCELLED_EARLY:
+                    del self._cancelled_early[next(iter(self._cancelled_early))]
 
 
 async def _ticking(target: Target, request: Request, shipped: Shipped) -> Reply:

@@ -4,8 +4,10 @@ This module and :mod:`._ray_worker` (the worker's side) import ray (the ``subage
 extra). Admission, the watchdog, sessions, mailboxes, retries and envelopes stay in the
 driver's manager; this backend
 ships each attempt (the ``Request`` and a small context, :mod:`._ray_wire`) to an async
-actor of a pool, or to a task, and waits on its ``ObjectRef.future()`` through
-:mod:`._ray_bridge`, so the driver may run on asyncio or trio. See ``design/backends.md``.
+actor of a pool, batched with the others of the same turn of the event loop
+(:mod:`._ray_channel`), or to a task, whose ``ObjectRef.future()`` it waits on; completions
+reach the event loop through :mod:`._ray_bridge`, so the driver may run on asyncio or
+trio. See ``design/backends.md``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import anyio
 import anyio.to_thread
@@ -29,7 +31,8 @@ from .._progress import Progress
 from .._retry import run_with_retries
 from .._tracing import trace_carrier
 from .._validators import count, number, seconds, text
-from ._ray_bridge import done_event, finished, settled
+from ._ray_bridge import done_event, settled
+from ._ray_channel import Slot
 from ._ray_targets import Targets
 from ._ray_wire import (
     RemoteContext,
@@ -67,6 +70,10 @@ _POLL: Final = 0.25
 """Seconds between the driver's checks on a running call: that Ray is still up, and (for a
 child with a token budget or progress listeners) what it has reported."""
 _INIT_LOCK = threading.Lock()
+_ACTOR_CALLS: Final = 256
+"""Ray calls one actor of the pool takes at once: its ``serve``, a ``collect`` per driver
+loop, and ``submit`` and ``cancel`` calls, which return at once. Runs are not Ray calls
+there: the actor's own limiter holds them to ``max_concurrency``."""
 
 
 class ClusterLostError(RuntimeError):
@@ -76,14 +83,41 @@ class ClusterLostError(RuntimeError):
 # ------------------------------------------------------------------ the driver's side
 
 
-class _Slot:
-    """One actor of the pool and the calls it is running."""
+class _Call(Protocol):
+    """One attempt on Ray, as the driver waits on it: a task, or a call of a channel."""
 
-    __slots__ = ("actor", "busy")
+    @property
+    def done(self) -> anyio.Event: ...
 
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-        self.busy = 0
+    def result(self) -> bytes: ...
+
+    def reply(self) -> bytes | None: ...
+
+    def cancel(self) -> None: ...
+
+
+class _TaskCall:
+    """One attempt as a Ray task: its reference and its future."""
+
+    __slots__ = ("_future", "_ref", "done")
+
+    def __init__(self, ref: Any) -> None:
+        self._ref = ref
+        self._future: Future[bytes] = ref.future()
+        self.done = done_event(self._future)
+
+    def result(self) -> bytes:
+        return self._future.result()
+
+    def reply(self) -> bytes | None:
+        future = self._future
+        return future.result() if future.done() and future.exception() is None else None
+
+    def cancel(self) -> None:
+        ray.cancel(self._ref)
+
+    def force(self) -> None:
+        ray.cancel(self._ref, force=True)
 
 
 def _placement(resources: Mapping[str, object] | None) -> dict[str, Any]:
@@ -139,7 +173,7 @@ class RayBackend:
             an event loop of its own (one worker process per running child; for runners
             that block).
         pool_size: actors in the pool (actor mode), started as children first need them.
-        max_concurrency: concurrent calls one actor runs (actor mode).
+        max_concurrency: attempts one actor runs at once (actor mode); more wait in it.
         force_after: seconds from a cancel to the forced stop.
         runtime_env: Ray's ``runtime_env`` for the actors or tasks.
         resources: what each actor (actor mode) or task needs, e.g. ``{"CPU": 1}`` or
@@ -180,15 +214,15 @@ class RayBackend:
             "num_cpus": 0,
             **({"runtime_env": options["runtime_env"]} if "runtime_env" in options else {}),
         }
-        concurrency = count("max_concurrency", max_concurrency, minimum=1)
+        self._max_concurrency = count("max_concurrency", max_concurrency, minimum=1)
         self._actor_options = {
             **options,
-            "max_concurrency": concurrency,
+            "max_concurrency": _ACTOR_CALLS,
             "max_restarts": 0,
             "max_task_retries": 0,
         }
         self._task = _run_task.options(**options, max_retries=0)
-        self._pool: list[_Slot] = []
+        self._pool: list[Slot] = []
         self._sink: Any = None
         self._sink_name = ""
         self._targets = Targets(partial(_pack, by_value=True))
@@ -211,7 +245,7 @@ class RayBackend:
             except Exception:  # already gone, or Ray shut down
                 logger.debug("killing a Ray actor failed", exc_info=True)
 
-    def _forget(self) -> tuple[list[_Slot], Any]:
+    def _forget(self) -> tuple[list[Slot], Any]:
         pool, self._pool = self._pool, []
         sink, self._sink = self._sink, None
         return pool, sink
@@ -242,16 +276,17 @@ class RayBackend:
             if not ray.is_initialized():
                 ray.init(address=self._address)
 
-    def _slot(self) -> _Slot:
+    def _slot(self) -> Slot:
         """The actor for the next call: a new one while the pool is short, else the
         least busy."""
         if len(self._pool) < self._pool_size:
-            slot = _Slot(_Worker.options(**self._actor_options).remote())
+            actor = _Worker.options(**self._actor_options).remote(self._max_concurrency)
+            slot = Slot(actor)
             self._pool.append(slot)
             return slot
         return min(self._pool, key=_busy)
 
-    def _retire(self, slot: _Slot) -> None:
+    def _retire(self, slot: Slot) -> None:
         """Take a dead (or killed) actor out of the pool; the next call starts another."""
         if slot in self._pool:
             self._pool.remove(slot)
@@ -287,20 +322,19 @@ class RayBackend:
         )
         payload = _pack((target, request, shipped), by_value=not isinstance(target, (str, bytes)))
         slot = None
+        call: _Call
         if self._mode == "task":
-            ref = self._task.remote(payload)
+            call = _TaskCall(self._task.remote(payload))
         else:
             slot = self._slot()
-            ref = slot.actor.run.remote(payload)
-        future: Future[bytes] = ref.future()
-        if slot is not None:
             slot.busy += 1
+            call = await slot.channel().call(payload)
         try:
-            reply: Reply = _unpack(await self._settle(future, reported))
+            reply: Reply = _unpack(await self._settle(call, reported))
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await self._stop(ref, future, slot)
-                await self._salvage(reported, future)
+                await self._stop(call, slot)
+                await self._salvage(reported, call)
             raise
         except ray.exceptions.RayError as exc:  # the worker, the actor or the reply was lost
             if slot is not None and isinstance(exc, ray.exceptions.RayActorError):
@@ -313,20 +347,20 @@ class RayBackend:
                 slot.busy -= 1
         return reply
 
-    async def _settle(self, future: Future[bytes], reported: _Reported) -> bytes:
+    async def _settle(self, call: _Call, reported: _Reported) -> bytes:
         """The call's reply. Every :data:`_POLL` seconds meanwhile: whether Ray is still
         up (Ray never completes a call's future after ``ray.shutdown()``), and, for a child
         with a token budget or progress listeners, its progress from the sink, so a budget
         stops it mid-run and ``subagent.progress`` events flow as it reports."""
         ctx = reported.ctx
-        done = done_event(future)
+        done = call.done
         live = _watched(ctx)
         seen: object = None
         while True:
             with anyio.move_on_after(_POLL):
                 await done.wait()
-            if future.done():
-                return future.result()
+            if done.is_set():
+                return call.result()
             if not ray.is_initialized():
                 self._forget()  # its actors went with the cluster
                 raise ClusterLostError(f"Ray shut down while child {ctx.task_id!r} ran")
@@ -349,39 +383,42 @@ class RayBackend:
             return snapshot
         return None
 
-    async def _stop(self, ref: Any, future: Future[bytes], slot: _Slot | None) -> None:
-        """Ray's cancel of ``ref``; if it still runs ``force_after`` seconds later, the
-        forced stop: a forced cancel of its task, or its actor killed. Never with Ray shut
-        down: its calls would start a new local cluster."""
+    async def _stop(self, call: _Call, slot: Slot | None) -> None:
+        """The call cancelled (Ray's cancel of a task, the actor's of its run); if it
+        still runs ``force_after`` seconds later, the forced stop: a forced cancel of its
+        task, or its actor killed. Never with Ray shut down: its calls would start a new
+        local cluster."""
         if not ray.is_initialized():
             return
         try:
-            ray.cancel(ref)
+            call.cancel()
         except Exception:
-            logger.exception("ray.cancel of a child's call failed")
+            logger.exception("cancelling a child's call failed")
         with anyio.move_on_after(self._force_after):
-            await finished(future)
+            await call.done.wait()
             return
         if not ray.is_initialized():
             return
         try:
             if slot is None:
-                ray.cancel(ref, force=True)
+                assert isinstance(call, _TaskCall)
+                call.force()
             else:
                 self._retire(slot)
                 ray.kill(slot.actor, no_restart=True)
         except Exception:
             logger.exception("stopping a child's call by force failed")
         with anyio.move_on_after(_SETTLE):
-            await finished(future)
+            await call.done.wait()
 
-    async def _salvage(self, reported: _Reported, future: Future[bytes] | None) -> None:
+    async def _salvage(self, reported: _Reported, call: _Call | None) -> None:
         """Bring what a run without a usable reply reported into its envelope: from a
         reply that came after all, else from the sink."""
         task_id = reported.ctx.task_id
         progress = None
-        if future is not None and future.done() and future.exception() is None:
-            reply: Reply = _unpack(future.result())
+        reply_blob = call.reply() if call is not None else None
+        if reply_blob is not None:
+            reply: Reply = _unpack(reply_blob)
             progress = reply.progress
         if progress is None and self._sink is not None and ray.is_initialized():
             with anyio.move_on_after(_COLLECT):
@@ -393,7 +430,7 @@ class RayBackend:
             reported.absorb(progress)
 
 
-def _busy(slot: _Slot) -> int:
+def _busy(slot: Slot) -> int:
     return slot.busy
 
 

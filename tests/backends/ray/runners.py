@@ -65,6 +65,10 @@ async def noop(request: Request, ctx: RunContext) -> str:
     return "ok"
 
 
+async def echoes(request: Request, ctx: RunContext) -> str:
+    return f"echo {request.input}"
+
+
 async def traced(request: Request, ctx: RunContext) -> str:
     """Opens a span under the context the driver sent; returns its trace id, its parent's
     span id and the task id the baggage carried."""

@@ -1,0 +1,214 @@
+"""The pool actor's side of a channel, as a plain object in this process (no cluster):
+batches submitted and their replies collected, cancels before and after a run arrives,
+payloads that fail, the concurrency limit, channels kept apart, the idle collect.
+Skipped unless ray is installed (its module imports it); run with ``-m ray``."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+from trio.testing import MockClock
+
+pytest.importorskip("ray")
+
+from subagents import Budget, Request, Ruleset
+from subagents.backends import _ray_worker
+from subagents.backends._ray_wire import CANCELLED, FAILED, REPLIED, Reply, Shipped
+
+pytestmark = [pytest.mark.ray, pytest.mark.anyio]
+
+HERE = __name__
+
+
+class Gate:
+    """Runners of this module wait here; it counts how many run at once."""
+
+    running = 0
+    most = 0
+    opened: anyio.Event | None = None
+
+
+async def echo(request: Request, ctx: object) -> str:
+    return f"echo {request.input}"
+
+
+async def hangs(request: Request, ctx: object) -> str:
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+async def waits_at_the_gate(request: Request, ctx: object) -> str:
+    Gate.running += 1
+    Gate.most = max(Gate.most, Gate.running)
+    try:
+        assert Gate.opened is not None
+        await Gate.opened.wait()
+    finally:
+        Gate.running -= 1
+    return "through"
+
+
+def payload(runner: str, text: str = "") -> bytes:
+    shipped = Shipped(
+        task_id=f"t-{text}",
+        parent_session_id="default",
+        agent="worker",
+        agent_path="/root/worker",
+        parent_path="/root",
+        attempt=1,
+        permissions=Ruleset(),
+        remaining=None,
+        budget=Budget(),
+        carrier={},
+        sink="no-sink",
+    )
+    return pickle.dumps((f"{HERE}:{runner}", Request(agent="worker", input=text), shipped))
+
+
+def batch(*payloads: tuple[int, bytes]) -> bytes:
+    return pickle.dumps(list(payloads))
+
+
+@asynccontextmanager
+async def serving(max_concurrency: int = 1000) -> AsyncIterator[_ray_worker._WorkerActor]:
+    actor = _ray_worker._WorkerActor(max_concurrency)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(actor.serve)
+        yield actor
+        tg.cancel_scope.cancel()
+
+
+async def collected(
+    actor: _ray_worker._WorkerActor, channel: str, n: int
+) -> dict[int, tuple[int, bytes]]:
+    """What ``n`` ended runs of ``channel`` left, by number, over as many collects as it
+    takes."""
+    ended: dict[int, tuple[int, bytes]] = {}
+    with anyio.fail_after(10):
+        while len(ended) < n:
+            for number, how, blob in pickle.loads(await actor.collect(channel)):
+                assert number not in ended, f"run {number} ended twice"
+                ended[number] = (how, blob)
+    return ended
+
+
+def output(blob: bytes) -> str | None:
+    reply: Reply = pickle.loads(blob)
+    assert reply.result is not None
+    return reply.result.output
+
+
+async def test_a_submitted_batch_runs_and_collect_hands_back_each_reply() -> None:
+    async with serving() as actor:
+        await actor.submit("c", batch((0, payload("echo", "a")), (1, payload("echo", "b"))))
+        ended = await collected(actor, "c", 2)
+    assert {number: how for number, (how, _) in ended.items()} == {0: REPLIED, 1: REPLIED}
+    assert output(ended[0][1]) == "echo a"
+    assert output(ended[1][1]) == "echo b"
+
+
+async def test_a_submit_that_collects_answers_with_what_ended_as_collect_does() -> None:
+    async with serving() as actor:
+        with anyio.fail_after(10):
+            answer = pickle.loads(await actor.submit("c", batch((0, payload("echo", "x"))), True))
+    assert [(number, how) for number, how, _ in answer] == [(0, REPLIED)]
+    assert output(answer[0][2]) == "echo x"
+
+
+async def test_a_submit_that_arrives_before_serve_waits_for_it() -> None:
+    actor = _ray_worker._WorkerActor(10)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(actor.submit, "c", batch((0, payload("echo", "early"))))
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(actor.serve)
+        ended = await collected(actor, "c", 1)
+        tg.cancel_scope.cancel()
+    assert output(ended[0][1]) == "echo early"
+
+
+async def test_a_cancel_ends_that_run_as_cancelled_and_no_other() -> None:
+    async with serving() as actor:
+        await actor.submit("c", batch((0, payload("hangs")), (1, payload("hangs"))))
+        await anyio.wait_all_tasks_blocked()
+        await actor.cancel("c", [0])
+        ended = await collected(actor, "c", 1)
+        assert ended == {0: (CANCELLED, b"")}
+        await actor.cancel("c", [1])
+        assert await collected(actor, "c", 1) == {1: (CANCELLED, b"")}
+
+
+async def test_a_cancel_that_comes_before_its_run_ends_it_on_arrival_unrun() -> None:
+    async with serving() as actor:
+        await actor.cancel("c", [7])
+        await actor.submit("c", batch((7, payload("hangs")), (8, payload("echo", "x"))))
+        ended = await collected(actor, "c", 2)
+    assert ended[7] == (CANCELLED, b"")
+    assert output(ended[8][1]) == "echo x"
+
+
+async def test_a_cancel_of_a_run_that_ended_uncollected_is_not_kept() -> None:
+    async with serving() as actor:
+        await actor.submit("c", batch((0, payload("echo", "done"))))
+        await anyio.wait_all_tasks_blocked()
+        await actor.cancel("c", [0])
+        ended = await collected(actor, "c", 1)
+        assert ended[0][0] == REPLIED
+        assert actor._cancelled_early == {}
+
+
+async def test_cancels_kept_for_runs_not_arrived_are_bounded_oldest_first() -> None:
+    bound = _ray_worker._CANCELLED_EARLY
+    async with serving() as actor:
+        await actor.cancel("c", list(range(bound + 10)))
+        assert len(actor._cancelled_early) == bound
+        assert ("c", 0) not in actor._cancelled_early
+        assert ("c", bound + 9) in actor._cancelled_early
+
+
+async def test_a_payload_that_does_not_unpickle_ends_failed_with_its_error() -> None:
+    async with serving() as actor:
+        await actor.submit("c", batch((0, b"not a pickle"), (1, payload("echo", "fine"))))
+        ended = await collected(actor, "c", 2)
+    how, blob = ended[0]
+    assert how == FAILED
+    assert isinstance(pickle.loads(blob), pickle.UnpicklingError)
+    assert output(ended[1][1]) == "echo fine"
+
+
+async def test_runs_past_max_concurrency_wait_their_turn() -> None:
+    Gate.running = Gate.most = 0
+    Gate.opened = anyio.Event()
+    async with serving(max_concurrency=2) as actor:
+        await actor.submit("c", batch(*((i, payload("waits_at_the_gate")) for i in range(5))))
+        await anyio.wait_all_tasks_blocked()
+        assert Gate.running == 2
+        Gate.opened.set()
+        ended = await collected(actor, "c", 5)
+    assert Gate.most == 2
+    assert {how for how, _ in ended.values()} == {REPLIED}
+
+
+async def test_each_channel_collects_only_its_own_runs() -> None:
+    async with serving() as actor:
+        await actor.submit("one", batch((0, payload("echo", "for one"))))
+        await actor.submit("two", batch((0, payload("echo", "for two"))))
+        one = await collected(actor, "one", 1)
+        two = await collected(actor, "two", 1)
+    assert output(one[0][1]) == "echo for one"
+    assert output(two[0][1]) == "echo for two"
+
+
+# Trio's mock clock only: the idle wait is 30 s of real time anywhere else.
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))]
+)
+async def test_a_collect_with_nothing_ended_answers_empty_after_the_idle_wait() -> None:
+    async with serving() as actor:
+        start = anyio.current_time()
+        assert pickle.loads(await actor.collect("nobody")) == []
+        assert anyio.current_time() - start == pytest.approx(_ray_worker._IDLE)
+        assert actor._collectors == {}

@@ -1,0 +1,93 @@
+"""Children that reach an actor together share its Ray calls (the channel), and each still
+ends on its own: its own reply, its own cancel, and an error for each when the actor dies.
+Skipped unless ray is installed; run with ``-m ray``."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("ray")
+
+from subagents import AgentSpec, Status, SubagentConfig, SubagentManager
+from subagents.backends._ray_bridge import settled
+from subagents.backends.ray import RayBackend
+from tests.backends.ray import runners
+
+pytestmark = [pytest.mark.ray, pytest.mark.anyio]
+
+AGENTS = [
+    AgentSpec(name="echoes", runner=runners.echoes),
+    AgentSpec(name="hangs", runner=runners.starts_then_hangs),
+    AgentSpec(name="noop", runner=runners.noop),
+]
+
+
+@pytest.fixture(scope="module")
+def backend(cluster: None) -> Iterator[RayBackend]:
+    """One actor, so every child of a test shares its channel."""
+    made = RayBackend(pool_size=1, force_after=0.5)
+    yield made
+    made.close()
+
+
+def manager(backend: RayBackend) -> SubagentManager:
+    return SubagentManager(
+        AGENTS, backend=backend, config=SubagentConfig(max_concurrent_spawns=100)
+    )
+
+
+async def all_started(latch: tuple[str, Any], n: int) -> list[int]:
+    """The worker pids of the first ``n`` runs that set ``latch``, once all have."""
+    with anyio.fail_after(60):
+        return [await settled(latch[1].wait.remote(i).future()) for i in range(n)]
+
+
+async def test_children_spawned_together_each_get_their_own_reply(backend: RayBackend) -> None:
+    async with manager(backend) as m:
+        handles = [m.spawn("echoes", f"item-{i}") for i in range(300)]
+        envelopes = [await handle.wait() for handle in handles]
+    assert [envelope.output for envelope in envelopes] == [f"echo item-{i}" for i in range(300)]
+    assert {envelope.status for envelope in envelopes} == {Status.COMPLETED}
+
+
+async def test_one_child_cancelled_among_many_running_ends_alone_in_cancelled(
+    backend: RayBackend, latch: tuple[str, Any]
+) -> None:
+    async with manager(backend) as m:
+        handles = [m.spawn("hangs", latch[0]) for _ in range(20)]
+        await all_started(latch, 20)
+        start = anyio.current_time()
+        assert m.cancel(handles[7].task_id)
+        envelope = await handles[7].wait()
+        elapsed = anyio.current_time() - start
+        assert envelope.status is Status.CANCELLED
+        assert envelope.output == "partial before the hang"
+        assert elapsed <= 1.0, f"the cancelled child's envelope came {elapsed:.3f} s after"
+        assert not any(handle.done.is_set() for i, handle in enumerate(handles) if i != 7)
+        assert (await m.execute("echoes", "still served")).output == "echo still served"
+    assert all(handle.result.status is Status.CANCELLED for handle in handles)
+
+
+async def test_a_killed_actor_ends_every_child_it_ran_in_an_error_envelope(
+    backend: RayBackend, latch: tuple[str, Any]
+) -> None:
+    async with manager(backend) as m:
+        handles = [m.spawn("hangs", latch[0]) for _ in range(10)]
+        pids = await all_started(latch, 10)
+        assert len(set(pids)) == 1, "one actor ran them all"
+        start = anyio.current_time()
+        os.kill(pids[0], signal.SIGKILL)
+        envelopes = [await handle.wait() for handle in handles]
+        elapsed = anyio.current_time() - start
+        assert elapsed <= 5.0, f"the last error envelope came {elapsed:.1f} s after the kill"
+        after = await m.execute("noop")
+    assert {envelope.status for envelope in envelopes} == {Status.ERROR}
+    assert {envelope.error_type for envelope in envelopes} == {"ray.exceptions.ActorDiedError"}
+    assert {envelope.output for envelope in envelopes} == {"partial before the hang"}
+    assert after.status is Status.COMPLETED, after.error
