@@ -36,6 +36,7 @@ CPU, the whole process waits with it. ``subprocess`` waits for the ``exec`` with
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import select
@@ -55,7 +56,40 @@ from anyio.lowlevel import RunVar
 
 from . import _warden
 
-__all__ = ["AVAILABLE", "REAP_TIMEOUT", "Outcome", "keep_tail", "run_command", "signal_group"]
+__all__ = [
+    "AVAILABLE",
+    "REAP_TIMEOUT",
+    "Outcome",
+    "keep_tail",
+    "reaped",
+    "run_command",
+    "signal_group",
+]
+
+
+def reaped(pid: int, pidfd: int) -> int:
+    """Reap the exited child ``pid`` (its pidfd ``pidfd``) and return its exit code, as
+    ``subprocess`` gives it (``-N`` for signal ``N``). Through the pidfd where the kernel
+    takes one (Linux 5.4): exactly that process, even if something else in this process
+    reaped it and its pid went to another child of ours; by the pid where not.
+
+    Raises:
+        ChildProcessError: the child was reaped already.
+    """
+    if _WAITID_PIDFD:
+        try:
+            result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # EINVAL: a kernel without P_PIDFD (5.3)
+                raise
+        else:
+            assert result is not None  # no WNOHANG: it waited for the exit
+            return result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+_WAITID_PIDFD: Final = hasattr(os, "P_PIDFD") and hasattr(os, "waitid")
 
 
 def _pidfds_work() -> bool:
@@ -364,11 +398,9 @@ class _Process:
     def _reap(self) -> None:
         assert self.popen is not None
         try:
-            _, status = os.waitpid(self.pid, 0)  # the pidfd is readable: it has exited
+            self.code = reaped(self.pid, self.pidfd)  # the pidfd is readable: it has exited
         except ChildProcessError:  # reaped by someone else (a process-wide child reaper)
             self.code = 255
-        else:
-            self.code = os.waitstatus_to_exitcode(status)
         self.popen.returncode = self.code  # reaped: subprocess must not wait for it
 
     def _feed(self) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import select
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -146,3 +148,60 @@ def test_a_linux_kernel_with_pidfds_runs_the_pidfd_path() -> None:
     release = tuple(int(part) for part in re.findall(r"\d+", os.uname().release)[:2])
     if release >= (5, 3):
         assert _spawn._pidfds_work()  # the probe itself: the module patches AVAILABLE
+
+
+def _exited(*argv: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A child run to its exit, unreaped, and its pidfd."""
+    child = subprocess.Popen(argv)
+    pidfd = os.pidfd_open(child.pid)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    assert poller.poll(10_000), "the child did not exit"
+    return child, pidfd
+
+
+def _pidfd_waitid_works() -> bool:
+    if not _spawn._WAITID_PIDFD:
+        return False
+    child, pidfd = _exited("true")
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+    except OSError:  # a kernel without P_PIDFD
+        os.waitpid(child.pid, 0)
+        return False
+    finally:
+        child.returncode = 0
+        os.close(pidfd)
+    return True
+
+
+@pytest.mark.skipif(not _spawn.AVAILABLE, reason="pidfds are Linux 5.3's")
+@pytest.mark.parametrize("through_pidfd", [True, False], ids=["waitid-pidfd", "waitpid"])
+def test_the_reap_gives_the_exit_code_and_a_signal_as_its_negative(
+    through_pidfd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_spawn, "_WAITID_PIDFD", through_pidfd and _spawn._WAITID_PIDFD)
+    for argv, code in [(("sh", "-c", "exit 3"), 3), (("sh", "-c", "kill -9 $$"), -9)]:
+        child, pidfd = _exited(*argv)
+        try:
+            assert _spawn.reaped(child.pid, pidfd) == code
+            with pytest.raises(ChildProcessError):
+                _spawn.reaped(child.pid, pidfd)
+        finally:
+            child.returncode = code
+            os.close(pidfd)
+
+
+@pytest.mark.skipif(not (_spawn.AVAILABLE and _pidfd_waitid_works()), reason="Linux 5.4's")
+def test_a_reap_through_the_pidfd_takes_that_process_whatever_pid_it_is_given() -> None:
+    # The pid is what a reap by pid would trust: once reaped elsewhere, it may name
+    # another child of ours. Through the pidfd, the pid given does not matter.
+    first, first_fd = _exited("sh", "-c", "exit 4")
+    other, other_fd = _exited("sh", "-c", "exit 5")
+    try:
+        assert _spawn.reaped(other.pid, first_fd) == 4
+        assert os.waitstatus_to_exitcode(os.waitpid(other.pid, 0)[1]) == 5, "left unreaped"
+    finally:
+        first.returncode, other.returncode = 4, 5
+        os.close(first_fd)
+        os.close(other_fd)
