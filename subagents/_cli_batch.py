@@ -34,9 +34,10 @@ __all__ = ["register"]
 _EPILOG = """\
 Each line of --out is {"id": ..., "envelope": {DelegateResult}}, written once the
 envelope is committed to the store. Exit status: 0 every item completed; 1-100 the number
-that did not (malformed input lines included); 101 more; 2 a usage error; 130 Ctrl-C;
-143 SIGTERM. In a template, {{ and the }} that closes it are a literal { and };
-any other brace stays as written (jq '{a: {b: .x}}'). Example:
+that did not (malformed input lines included); 101 more; 2 a usage error; 1 a failed
+write to the results or the store; 130 Ctrl-C; 143 SIGTERM (even after a failed write).
+In a template, {{ and the }} that closes it are a literal { and }; any other brace stays
+as written (jq '{a: {b: .x}}'). Example:
   subagents batch run --input items.jsonl --out results.jsonl -j 8 \\
       --command 'wc -c {path}'
   (a shell, the field its argument: --command 'sh -c "wc -c \\"$1\\"" sh {path}')"""

@@ -430,7 +430,9 @@ async def run_batch(settings: Settings, items: Items, err: TextIO) -> int:
     print_summary(tally, err, seconds=time.monotonic() - started, stopped=run.stopped)
     if failures:
         print(f"subagents batch run: {_describe(failures[0])}", file=err)
-        return 1
+        # An interrupted run says so whatever else went wrong: a script that resumes
+        # after Ctrl-C must not take it for a failure of its own.
+        return status if run.interrupted is not None else 1
     return status
 
 

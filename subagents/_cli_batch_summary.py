@@ -2,7 +2,8 @@
 
 Exit status, as GNU parallel's: 0 when every item of the results file completed, else
 the number that did not (a malformed input line counts as one), 101 past 100; 2 is a
-usage error, 130 a run stopped by Ctrl-C, 143 by SIGTERM. The count is of the whole
+usage error, 130 a run stopped by Ctrl-C, 143 by SIGTERM (even if a write failed as well;
+1 for such a failure otherwise). The count is of the whole
 results file, earlier runs' lines included, so ``0`` always means "every id completed".
 """
 

@@ -8,6 +8,8 @@ import signal
 from contextlib import suppress
 from pathlib import Path
 
+import pytest
+
 from tests.batch.support import (
     alive,
     batch,
@@ -198,3 +200,19 @@ def test_a_sigterm_ends_the_batch_with_its_commands(tmp_path: Path) -> None:
     process.send_signal(signal.SIGTERM)
     process.communicate(timeout=30)
     _ended_else_killed(pids)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_ctrl_c_exits_130_even_when_the_results_could_not_be_written(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "items.jsonl", [{"id": f"s{n}", "sleep": 60} for n in range(2)])
+    runs = tmp_path / "runs"
+    process = start(
+        "run", "--input", "items.jsonl", "--out", "/dev/full", "--id-field", "id",
+        "--agent", AGENT, "-j", "2", "--grace", "0.1", "--progress", "none",
+        "--store", str(tmp_path / "batch.db"), cwd=tmp_path, runs=runs,
+    )  # fmt: skip
+    wait_until(lambda: len(runs_of(runs)) == 2, "2 runs")
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130, stderr
+    assert "No space left on device" in stderr, "the failed write is still reported"
