@@ -13,8 +13,10 @@ A channel belongs to one event loop (an anyio ``RunVar``): its completions wake 
 loop's waiters, through :func:`~._ray_bridge.when_done`. It names itself to the actor by a
 random name, under which the actor keeps what its calls left. When the actor dies (it was
 killed, its process crashed, its node was lost), the pending ``collect`` fails, and so does
-every call of the channel, with Ray's error. Nothing here imports ray: the actor's handle
-comes from :mod:`subagents.backends.ray`, which also makes the ``Worker`` actors.
+every call of the channel, with Ray's error. No Ray call goes out once Ray has shut down
+(Ray would start a new local cluster for it): the calls end in ``ClusterLostError``.
+Nothing here imports ray: the actor's handle and the check that Ray is up come from
+:mod:`subagents.backends.ray`, which also makes the ``Worker`` actors.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 import pickle
 import uuid
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 from typing import Any, Final
@@ -34,9 +37,17 @@ import anyio.lowlevel
 from anyio.lowlevel import RunVar
 
 from ._ray_bridge import doorbell, when_done
-from ._ray_wire import CANCELLED, FAILED, REPLIED, Completion, Exported, RemoteRunnerError
+from ._ray_wire import (
+    CANCELLED,
+    FAILED,
+    REPLIED,
+    ClusterLostError,
+    Completion,
+    Exported,
+    RemoteRunnerError,
+)
 
-__all__ = ["Call", "Cancelled", "Channel", "Slot"]
+__all__ = ["Call", "Channel", "Slot"]
 
 logger = logging.getLogger("subagents.backends.ray")
 
@@ -45,23 +56,29 @@ _BATCH: Final = 64
 carries (a larger batch goes as several)."""
 _QUIET: Final = 4
 """Turns of the event loop with no call joining after which a batch is sent."""
-"""Calls past which a batch is sent without waiting for more."""
-
-
-class Cancelled(Exception):
-    """The actor cancelled the call, as the driver asked; it left no reply."""
 
 
 class Slot:
-    """One actor of the pool, the calls it is running, and its channel in each loop."""
+    """One actor of the pool, the calls it is running, and its channel in each loop.
 
-    __slots__ = ("__weakref__", "actor", "busy", "serving")
+    ``alive`` says whether Ray is up (``ray.is_initialized``): no call goes out when not.
+    """
 
-    def __init__(self, actor: Any) -> None:
+    __slots__ = ("__weakref__", "_alive", "actor", "busy", "ended")
+
+    def __init__(self, actor: Any, alive: Callable[[], bool]) -> None:
         self.actor = actor
+        self._alive = alive
         self.busy = 0
-        self.serving = actor.serve.remote()
-        """The actor's ``serve`` call, which holds its runs' task group for its life."""
+        self.ended = False
+        """Whether the actor's ``serve`` call has ended (the actor died, or its runs' task
+        group failed): it takes no more runs. Set from Ray's thread."""
+        serving: Future[None] = actor.serve.remote().future()
+        serving.add_done_callback(self._serving_ended)
+
+    def _serving_ended(self, _: Future[None]) -> None:
+        # In Ray's thread: a flag the event loop reads, nothing that could wait.
+        self.ended = True
 
     def channel(self) -> Channel:
         """This actor's channel in the current event loop."""
@@ -71,7 +88,7 @@ class Slot:
             _CHANNELS.set(channels)
         channel = channels.get(self)
         if channel is None:
-            channel = channels[self] = Channel(self.actor)
+            channel = channels[self] = Channel(self.actor, self._alive)
         return channel
 
 
@@ -102,7 +119,7 @@ class Call:
         return self._reply
 
     def cancel(self) -> None:
-        """Ask the actor to cancel the run (it ends :class:`Cancelled`, or, if the runner
+        """Ask the actor to cancel the run (it ends with no reply, or, if the runner
         ignores it, not at all)."""
         self._channel.cancel(self.number)
 
@@ -111,9 +128,10 @@ class Call:
             self._reply = blob
         elif how == FAILED:
             self._error = _exception(blob)
-        else:
-            assert how == CANCELLED, how
-            self._error = Cancelled(f"the actor cancelled call {self.number}")
+        elif how == CANCELLED:  # as the driver asked, or the actor is closing
+            self._error = RemoteRunnerError("the run was cancelled on its actor")
+        else:  # an actor of another version of this package
+            self._error = RemoteRunnerError(f"the actor ended the run in an unknown way: {how}")
         self.done.set()
 
     def fail(self, error: BaseException) -> None:
@@ -124,8 +142,9 @@ class Call:
 class Channel:
     """One event loop's calls to one actor."""
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: Any, alive: Callable[[], bool]) -> None:
         self._actor = actor
+        self._alive = alive
         self.name = uuid.uuid4().hex
         self._calls: dict[int, Call] = {}
         """The calls sent and not yet ended, by number."""
@@ -158,10 +177,17 @@ class Channel:
         return call
 
     def cancel(self, number: int) -> None:
+        if not self._alive():
+            self._lost()
+            return
         try:
             self._actor.cancel.remote(self.name, [number])
-        except Exception:  # Ray shut down, or the actor is gone: nothing left to cancel
-            logger.exception("cancelling a child's call on its actor failed")
+        except Exception:  # the actor is gone: nothing left to cancel
+            logger.debug("cancelling a child's call on its actor failed", exc_info=True)
+
+    def _lost(self) -> None:
+        """Ray has shut down: no answer will come, and no call may go out."""
+        self._fail(list(self._calls), ClusterLostError("Ray shut down while the call ran"))
 
     def _send(self) -> None:
         batch, self._batch = self._batch, []
@@ -173,6 +199,9 @@ class Channel:
         """One ``submit``; with no collect pending, it is the collect too (a lone call
         makes one Ray call, as a bare one does)."""
         numbers = [number for number, _ in batch]
+        if not self._alive():
+            self._lost()
+            return
         collects = not self._collecting
         try:
             sent = self._actor.submit.remote(self.name, pickle.dumps(batch, protocol=5), collects)
@@ -196,6 +225,9 @@ class Channel:
         """Keep one ``collect`` pending while any call runs."""
         if self._collecting or not self._calls:
             return
+        if not self._alive():
+            self._lost()
+            return
         try:
             future: Future[bytes] = self._actor.collect.remote(self.name).future()
         except Exception as exc:  # Ray shut down under us
@@ -210,12 +242,22 @@ class Channel:
         if error is not None:  # the actor is gone, and every call with it
             self._fail(list(self._calls), error)
             return
-        ended: list[Completion] = pickle.loads(future.result())
-        for number, how, blob in ended:
-            call = self._calls.pop(number, None)
-            if call is not None:
-                call.end(how, blob)
-        self._collect()
+        try:
+            ended: list[Completion] = pickle.loads(future.result())
+        except Exception as exc:  # an actor of another version of this package
+            self._fail(list(self._calls), exc)
+            return
+        try:
+            for number, how, blob in ended:
+                call = self._calls.pop(number, None)
+                if call is None:
+                    continue
+                try:
+                    call.end(how, blob)
+                except Exception as exc:  # one call's answer must not strand the rest
+                    call.fail(exc)
+        finally:
+            self._collect()
 
     def _fail(self, numbers: list[int], error: BaseException) -> None:
         for number in numbers:
@@ -239,6 +281,6 @@ def _exception(blob: bytes) -> BaseException:
     """The exception an actor's call failed with, outside its runner."""
     try:
         error: BaseException | Exported = pickle.loads(blob)
+        return error.revive() if isinstance(error, Exported) else error
     except Exception as exc:
         return RemoteRunnerError(f"a call failed on its actor, and its error did not travel: {exc}")
-    return error.revive() if isinstance(error, Exported) else error

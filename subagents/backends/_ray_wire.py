@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANCELLED",
+    "ClusterLostError",
     "FAILED",
     "REPLIED",
     "Completion",
@@ -69,6 +70,10 @@ the driver asked, with nothing."""
 Completion: TypeAlias = "tuple[int, int, bytes]"
 """One ended call as an actor hands it back: the call's number, how it ended, and what
 it left."""
+
+
+class ClusterLostError(RuntimeError):
+    """Ray shut down (or the driver lost its cluster) while a child ran on it."""
 
 
 class RemoteRunnerError(Exception):

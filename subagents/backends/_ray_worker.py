@@ -11,6 +11,7 @@ comes.
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 from typing import TYPE_CHECKING, Any, Final
 
@@ -22,6 +23,7 @@ from ._ray_wire import (
     FAILED,
     REPLIED,
     Completion,
+    RemoteRunnerError,
     Reply,
     Runner,
     Shipped,
@@ -181,6 +183,12 @@ class _WorkerActor:
                 async with self._limiter:
                     reply = await _serve(*unpack(payload))
                 ended = (number, REPLIED, pack(reply))
+        except anyio.get_cancelled_exc_class() as exc:
+            if anyio.current_effective_deadline() == -math.inf:
+                raise  # the actor's task group is closing: this run ends with it
+            # The runner's own: asyncio code raises it when a task it awaited was
+            # cancelled. Let into the task group, it would end every run of the actor.
+            ended = (number, FAILED, portable(_stray(exc), pack))
         except Exception as exc:  # the payload did not unpickle, or the reply did not pickle
             ended = (number, FAILED, portable(exc, pack))
         finally:
@@ -196,11 +204,13 @@ class _WorkerActor:
     async def collect(self, channel: str) -> bytes:
         """What the runs of ``channel`` that ended since the last collect left; none after
         :data:`_IDLE` seconds (a collect whose driver is gone does not wait forever)."""
-        with anyio.move_on_after(_IDLE):
-            while channel not in self._ended:
-                collector = self._collectors[channel] = anyio.Event()
-                await collector.wait()
-        self._collectors.pop(channel, None)
+        try:
+            with anyio.move_on_after(_IDLE):
+                while channel not in self._ended:
+                    collector = self._collectors[channel] = anyio.Event()
+                    await collector.wait()
+        finally:
+            self._collectors.pop(channel, None)
         return pack(self._ended.pop(channel, []))
 
     async def cancel(self, channel: str, numbers: list[int]) -> None:
@@ -215,6 +225,16 @@ class _WorkerActor:
                 self._cancelled_early[key] = None
                 if len(self._cancelled_early) > _CANCELLED_EARLY:
                     del self._cancelled_early[next(iter(self._cancelled_early))]
+
+
+def _stray(exc: BaseException) -> RemoteRunnerError:
+    """What a runner's own cancellation exception (not the actor's cancel) ends its run
+    with: an error that names it, which the driver can raise (a cancellation exception
+    raised there would look like the driver's own cancellation)."""
+    return RemoteRunnerError(
+        f"the runner raised {type(exc).__module__}.{type(exc).__qualname__} "
+        f"without being cancelled: {exc}"
+    )
 
 
 async def _ticking(target: Target, request: Request, shipped: Shipped) -> Reply:

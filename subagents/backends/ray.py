@@ -35,6 +35,7 @@ from ._ray_bridge import done_event, settled
 from ._ray_channel import Slot
 from ._ray_targets import Targets
 from ._ray_wire import (
+    ClusterLostError,
     RemoteContext,
     RemoteRunnerError,
     Reply,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["ClusterLostError", "RayBackend", "RemoteContext", "RemoteRunnerError"]
 
 # Public here, where users import them (and where envelopes name them).
+ClusterLostError.__module__ = __name__
 RemoteContext.__module__ = __name__
 RemoteRunnerError.__module__ = __name__
 
@@ -74,10 +76,6 @@ _ACTOR_CALLS: Final = 256
 """Ray calls one actor of the pool takes at once: its ``serve``, a ``collect`` per driver
 loop, and ``submit`` and ``cancel`` calls, which return at once. Runs are not Ray calls
 there: the actor's own limiter holds them to ``max_concurrency``."""
-
-
-class ClusterLostError(RuntimeError):
-    """Ray shut down (or the driver lost its cluster) while a child ran on it."""
 
 
 # ------------------------------------------------------------------ the driver's side
@@ -278,18 +276,28 @@ class RayBackend:
 
     def _slot(self) -> Slot:
         """The actor for the next call: a new one while the pool is short, else the
-        least busy."""
+        least busy. An actor that takes no more runs (its ``serve`` ended) leaves the
+        pool first."""
+        for ended in [slot for slot in self._pool if slot.ended]:
+            self._retire(ended)
         if len(self._pool) < self._pool_size:
             actor = _Worker.options(**self._actor_options).remote(self._max_concurrency)
-            slot = Slot(actor)
+            slot = Slot(actor, ray.is_initialized)
             self._pool.append(slot)
             return slot
         return min(self._pool, key=_busy)
 
     def _retire(self, slot: Slot) -> None:
-        """Take a dead (or killed) actor out of the pool; the next call starts another."""
-        if slot in self._pool:
-            self._pool.remove(slot)
+        """Take an actor out of the pool, and kill it (it may be alive but unable to
+        serve, or unreachable for now): the next call starts another."""
+        if slot not in self._pool:
+            return
+        self._pool.remove(slot)
+        if ray.is_initialized():  # a kill with Ray down would start a new cluster
+            try:
+                ray.kill(slot.actor, no_restart=True)
+            except Exception:  # dead already
+                logger.debug("killing a retired Ray actor failed", exc_info=True)
 
     async def _attempt(self, spec: AgentSpec, request: Request, reported: _Reported) -> Result:
         reply = await self._call(self._targets.target(spec.runner), request, reported)
@@ -388,7 +396,7 @@ class RayBackend:
         still runs ``force_after`` seconds later, the forced stop: a forced cancel of its
         task, or its actor killed. Never with Ray shut down: its calls would start a new
         local cluster."""
-        if not ray.is_initialized():
+        if not ray.is_initialized() or call.done.is_set():
             return
         try:
             call.cancel()
@@ -404,8 +412,7 @@ class RayBackend:
                 assert isinstance(call, _TaskCall)
                 call.force()
             else:
-                self._retire(slot)
-                ray.kill(slot.actor, no_restart=True)
+                self._retire(slot)  # which kills it
         except Exception:
             logger.exception("stopping a child's call by force failed")
         with anyio.move_on_after(_SETTLE):

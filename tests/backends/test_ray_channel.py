@@ -13,8 +13,16 @@ from typing import Any
 import anyio
 import pytest
 
-from subagents.backends._ray_channel import _BATCH, Call, Cancelled, Channel, Slot
-from subagents.backends._ray_wire import CANCELLED, FAILED, REPLIED, portable
+from subagents.backends._ray_channel import _BATCH, Call, Channel, Slot
+from subagents.backends._ray_wire import (
+    CANCELLED,
+    FAILED,
+    REPLIED,
+    ClusterLostError,
+    Exported,
+    RemoteRunnerError,
+    portable,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -77,6 +85,11 @@ class FakeActor:
         return [pickle.loads(blob) for _, blob, _ in self.submit.calls]
 
 
+def up() -> bool:
+    """Ray is up."""
+    return True
+
+
 def from_ray_thread(
     future: Future[Any], value: object = None, error: BaseException | None = None
 ) -> None:
@@ -113,7 +126,7 @@ async def calls(channel: Channel, n: int) -> list[Call]:
 
 async def test_calls_made_together_travel_in_one_submit_that_collects() -> None:
     actor = FakeActor()
-    channel = Channel(actor)
+    channel = Channel(actor, up)
     made = await calls(channel, 10)
     (batch,) = actor.batches()
     assert sorted(payload for _, payload in batch) == sorted(
@@ -128,7 +141,7 @@ async def test_calls_made_together_travel_in_one_submit_that_collects() -> None:
 
 async def test_a_large_batch_travels_in_submits_of_at_most_the_batch_size() -> None:
     actor = FakeActor()
-    made = await calls(Channel(actor), 3 * _BATCH + 1)
+    made = await calls(Channel(actor, up), 3 * _BATCH + 1)
     batches = actor.batches()
     assert [len(batch) for batch in batches] == [_BATCH, _BATCH, _BATCH, 1]
     sent = sorted(number for batch in batches for number, _ in batch)
@@ -139,7 +152,7 @@ async def test_a_large_batch_travels_in_submits_of_at_most_the_batch_size() -> N
 
 async def test_a_lone_call_is_sent_without_waiting_for_company() -> None:
     actor = FakeActor()
-    channel = Channel(actor)
+    channel = Channel(actor, up)
     with anyio.fail_after(5):
         call = await channel.call(b"alone")
     assert actor.batches() == [[(call.number, b"alone")]]
@@ -147,7 +160,7 @@ async def test_a_lone_call_is_sent_without_waiting_for_company() -> None:
 
 async def test_a_collect_wakes_only_the_calls_it_names_and_the_next_collect_follows() -> None:
     actor = FakeActor()
-    first, second, third = await calls(Channel(actor), 3)
+    first, second, third = await calls(Channel(actor, up), 3)
     answer(actor, 0, (first.number, REPLIED, b"reply-0"))
     with anyio.fail_after(5):
         await first.done.wait()
@@ -165,7 +178,7 @@ async def test_a_collect_wakes_only_the_calls_it_names_and_the_next_collect_foll
 
 async def test_a_collect_that_answers_nothing_is_followed_by_another() -> None:
     actor = FakeActor()
-    (call,) = await calls(Channel(actor), 1)
+    (call,) = await calls(Channel(actor, up), 1)
     answer(actor, 0)  # the actor's idle timeout
     with anyio.fail_after(5):
         await actor.collect.called(1)
@@ -177,7 +190,7 @@ async def test_a_collect_that_answers_nothing_is_followed_by_another() -> None:
 
 async def test_a_new_call_after_all_ended_starts_a_new_collect() -> None:
     actor = FakeActor()
-    channel = Channel(actor)
+    channel = Channel(actor, up)
     (first,) = await calls(channel, 1)
     answer(actor, 0, (first.number, REPLIED, b"one"))
     with anyio.fail_after(5):
@@ -191,7 +204,7 @@ async def test_a_new_call_after_all_ended_starts_a_new_collect() -> None:
 
 async def test_a_failed_collect_ends_every_call_of_the_channel_with_its_error() -> None:
     actor = FakeActor()
-    channel = Channel(actor)
+    channel = Channel(actor, up)
     made = await calls(channel, 3)
     made += await calls(channel, 2)  # sent while the first submit collects
     assert [collects for _, _, collects in actor.submit.calls] == [True, False]
@@ -210,7 +223,7 @@ async def test_a_failed_collect_ends_every_call_of_the_channel_with_its_error() 
 
 async def test_a_failed_submit_that_does_not_collect_ends_the_calls_it_carried() -> None:
     actor = FakeActor()
-    channel = Channel(actor)
+    channel = Channel(actor, up)
     first = await calls(channel, 2)
     second = await calls(channel, 3)
     from_ray_thread(actor.submit.futures[1], error=OSError("the batch was lost"))
@@ -224,7 +237,7 @@ async def test_a_failed_submit_that_does_not_collect_ends_the_calls_it_carried()
 
 async def test_a_submit_that_raises_at_once_ends_its_calls_instead_of_raising() -> None:
     actor = FakeActor(submit_raises=RuntimeError("Ray is shut down"))
-    made = await calls(Channel(actor), 2)
+    made = await calls(Channel(actor, up), 2)
     for call in made:
         assert call.done.is_set()
         with pytest.raises(RuntimeError, match="Ray is shut down"):
@@ -233,21 +246,21 @@ async def test_a_submit_that_raises_at_once_ends_its_calls_instead_of_raising() 
 
 async def test_a_call_the_actor_failed_or_cancelled_raises_what_it_sent() -> None:
     actor = FakeActor()
-    failed, cancelled = await calls(Channel(actor), 2)
+    failed, cancelled = await calls(Channel(actor, up), 2)
     error = portable(ValueError("the payload did not unpickle"), pickle.dumps)
     answer(actor, 0, (failed.number, FAILED, error), (cancelled.number, CANCELLED, b""))
     with anyio.fail_after(5):
         await cancelled.done.wait()
     with pytest.raises(ValueError, match="the payload did not unpickle"):
         failed.result()
-    with pytest.raises(Cancelled):
+    with pytest.raises(RemoteRunnerError, match="cancelled on its actor"):
         cancelled.result()
     assert cancelled.reply() is None
 
 
 async def test_an_answer_for_a_call_already_ended_is_ignored() -> None:
     actor = FakeActor()
-    first, second = await calls(Channel(actor), 2)
+    first, second = await calls(Channel(actor, up), 2)
     answer(actor, 0, (first.number, REPLIED, b"one"), (first.number, REPLIED, b"again"))
     with anyio.fail_after(5):
         await first.done.wait()
@@ -257,14 +270,14 @@ async def test_an_answer_for_a_call_already_ended_is_ignored() -> None:
 
 async def test_cancel_asks_the_actor_to_cancel_the_calls_number() -> None:
     actor = FakeActor()
-    channel = Channel(actor)
+    channel = Channel(actor, up)
     _, second = await calls(channel, 2)
     second.cancel()
     assert actor.cancel.calls == [(channel.name, [second.number])]
 
 
 def test_each_event_loop_has_a_channel_of_its_own_to_an_actor(anyio_backend: str) -> None:
-    slot = Slot(FakeActor())
+    slot = Slot(FakeActor(), up)
 
     async def names() -> tuple[str, str]:
         return slot.channel().name, slot.channel().name
@@ -273,3 +286,82 @@ def test_each_event_loop_has_a_channel_of_its_own_to_an_actor(anyio_backend: str
     second = anyio.run(names, backend=anyio_backend)
     assert first[0] == first[1], "one channel per loop"
     assert first[0] != second[0], "a later loop gets a new one"
+
+
+class _Unrevivable(Exception):
+    """An exception class the driver's copy of which cannot be made from what the worker
+    sent (as when the driver and the workers run different versions of its module)."""
+
+    def __new__(cls, *args: object) -> _Unrevivable:
+        raise TypeError("this version of the class takes other arguments")
+
+
+async def test_an_error_that_does_not_revive_ends_its_call_and_the_others_still_end() -> None:
+    actor = FakeActor()
+    channel = Channel(actor, up)
+    broken, replied, later = await calls(channel, 3)
+    error = pickle.dumps(Exported(_Unrevivable, ("from the worker",), {}))
+    answer(actor, 0, (broken.number, FAILED, error), (replied.number, REPLIED, b"reply"))
+    with anyio.fail_after(5):
+        await replied.done.wait()
+        await broken.done.wait()
+    assert replied.result() == b"reply"
+    with pytest.raises(Exception, match=r"from the worker|did not travel|other arguments"):
+        broken.result()
+    with anyio.fail_after(5):
+        await actor.collect.called(1)  # the channel still collects for the call running
+    answer(actor, 1, (later.number, REPLIED, b"later"))
+    with anyio.fail_after(5):
+        await later.done.wait()
+
+
+async def test_no_call_goes_out_once_ray_is_down_and_the_calls_end_cluster_lost() -> None:
+    # A Ray call made after ray.shutdown() would start a new local cluster.
+    actor = FakeActor()
+    running = True
+    channel = Channel(actor, lambda: running)
+    first, second = await calls(channel, 2)
+    running = False
+    answer(actor, 0, (first.number, REPLIED, b"one"))
+    with anyio.fail_after(5):
+        await second.done.wait()
+    assert first.result() == b"one"
+    with pytest.raises(ClusterLostError):
+        second.result()
+    assert actor.collect.calls == [], "a collect went out with Ray down"
+    late = await channel.call(b"late")
+    assert late.done.is_set()
+    with pytest.raises(ClusterLostError):
+        late.result()
+    late.cancel()
+    assert len(actor.submit.calls) == 1
+    assert actor.cancel.calls == []
+
+
+async def test_an_answer_that_does_not_unpickle_ends_every_call_of_the_channel() -> None:
+    actor = FakeActor()
+    made = await calls(Channel(actor, up), 2)
+    from_ray_thread(actor.collecting[0], b"not a pickle")
+    with anyio.fail_after(5):
+        for call in made:
+            await call.done.wait()
+            with pytest.raises(pickle.UnpicklingError):
+                call.result()
+
+
+async def test_a_way_of_ending_the_driver_does_not_know_is_an_error_naming_it() -> None:
+    actor = FakeActor()
+    (call,) = await calls(Channel(actor, up), 1)
+    answer(actor, 0, (call.number, 9, b""))
+    with anyio.fail_after(5):
+        await call.done.wait()
+    with pytest.raises(RemoteRunnerError, match="unknown way: 9"):
+        call.result()
+
+
+def test_a_slot_whose_actor_stops_serving_says_so() -> None:
+    actor = FakeActor()
+    slot = Slot(actor, up)
+    assert not slot.ended
+    from_ray_thread(actor.serve.futures[0], error=ConnectionError("the actor died"))
+    assert slot.ended

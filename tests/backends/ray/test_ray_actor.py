@@ -5,6 +5,7 @@ Skipped unless ray is installed (its module imports it); run with ``-m ray``."""
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,7 +18,14 @@ pytest.importorskip("ray")
 
 from subagents import Budget, Request, Ruleset
 from subagents.backends import _ray_worker
-from subagents.backends._ray_wire import CANCELLED, FAILED, REPLIED, Reply, Shipped
+from subagents.backends._ray_wire import (
+    CANCELLED,
+    FAILED,
+    REPLIED,
+    RemoteRunnerError,
+    Reply,
+    Shipped,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
 
@@ -50,6 +58,11 @@ async def waits_at_the_gate(request: Request, ctx: object) -> str:
     finally:
         Gate.running -= 1
     return "through"
+
+
+async def raises_cancelled_error(request: Request, ctx: object) -> str:
+    # Asyncio code does this when a task it awaits was cancelled by someone else.
+    raise asyncio.CancelledError("a task this runner awaited was cancelled")
 
 
 def payload(runner: str, text: str = "") -> bytes:
@@ -212,3 +225,29 @@ async def test_a_collect_with_nothing_ended_answers_empty_after_the_idle_wait() 
         assert pickle.loads(await actor.collect("nobody")) == []
         assert anyio.current_time() - start == pytest.approx(_ray_worker._IDLE)
         assert actor._collectors == {}
+
+
+# The actor's loop is asyncio; a stray CancelledError is an asyncio runner's.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_runner_raising_cancelled_error_ends_only_its_run_and_the_actor_serves_on() -> None:
+    Gate.opened = anyio.Event()
+    async with serving() as actor:
+        await actor.submit(
+            "c", batch((0, payload("waits_at_the_gate")), (1, payload("raises_cancelled_error")))
+        )
+        first = await collected(actor, "c", 1)
+        how, blob = first[1]
+        assert how == FAILED
+        error = pickle.loads(blob)
+        assert isinstance(error, RemoteRunnerError), error
+        assert "asyncio.exceptions.CancelledError without being cancelled" in str(error)
+        await anyio.wait_all_tasks_blocked()
+        try:
+            await actor.submit("c", batch((2, payload("echo", "after"))))
+        except RuntimeError as exc:
+            pytest.fail(f"the actor takes no more runs: {exc}")
+        ended = {**first, **await collected(actor, "c", 1)}
+        assert 0 not in ended, "a runner's own CancelledError ended another run"
+        assert output(ended[2][1]) == "echo after"
+        Gate.opened.set()
+        assert output((await collected(actor, "c", 1))[0][1]) == "through"

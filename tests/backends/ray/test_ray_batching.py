@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import anyio
@@ -91,3 +92,50 @@ async def test_a_killed_actor_ends_every_child_it_ran_in_an_error_envelope(
     assert {envelope.error_type for envelope in envelopes} == {"ray.exceptions.ActorDiedError"}
     assert {envelope.output for envelope in envelopes} == {"partial before the hang"}
     assert after.status is Status.COMPLETED, after.error
+
+
+class _FakeActor:
+    """An actor handle whose ``serve`` call the test ends."""
+
+    def __init__(self) -> None:
+        self.serving: Future[None] = Future()
+        self.serve = self
+
+    def remote(self) -> _FakeActor:
+        return self
+
+    def future(self) -> Future[None]:
+        return self.serving
+
+
+class _FakeWorker:
+    def __init__(self) -> None:
+        self.made: list[_FakeActor] = []
+
+    def options(self, **options: object) -> _FakeWorker:
+        return self
+
+    def remote(self, max_concurrency: int) -> _FakeActor:
+        self.made.append(_FakeActor())
+        return self.made[-1]
+
+
+def test_an_actor_that_stops_serving_leaves_the_pool_killed_and_the_next_call_gets_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its serve call holds the task group of its runs: once it has ended the actor takes
+    # no more, whether it died or not.
+    from subagents.backends import ray as ray_backend
+
+    worker, killed = _FakeWorker(), []
+    monkeypatch.setattr(ray_backend, "_Worker", worker)
+    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray_backend.ray, "kill", lambda actor, **_: killed.append(actor))
+    backend = RayBackend(pool_size=1)
+    first = backend._slot()
+    assert backend._slot() is first
+    first.actor.serving.set_exception(RuntimeError("serve ended"))
+    second = backend._slot()
+    assert second is not first
+    assert killed == [first.actor]
+    assert worker.made == [first.actor, second.actor]

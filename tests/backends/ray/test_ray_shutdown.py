@@ -6,6 +6,8 @@ not start a new local cluster. It shuts the suite's shared cluster down, so it r
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import Future
+from typing import Any
 
 import anyio
 import pytest
@@ -13,6 +15,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from subagents import AgentSpec, Status, SubagentManager  # noqa: E402
+from subagents.backends import _ray_channel  # noqa: E402
 from subagents.backends._ray_bridge import settled  # noqa: E402
 from subagents.backends.ray import RayBackend  # noqa: E402
 from tests.backends.ray import runners  # noqa: E402
@@ -41,5 +44,55 @@ async def test_a_child_running_when_ray_shuts_down_ends_without_a_new_cluster(
         assert envelope is not None, "no envelope 5 s after ray.shutdown()"
         assert envelope.status is Status.ERROR
         assert not restarted, "stopping the child started a new local Ray cluster"
+    finally:
+        ray.shutdown()
+
+
+def _latch() -> tuple[str, Any]:
+    name = f"latch-{uuid.uuid4().hex}"
+    return name, ray.remote(runners.Latch).options(name=name, num_cpus=0).remote()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_answer_that_reaches_the_driver_after_ray_shut_down_starts_no_new_cluster(
+    cluster: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child's end, answered by the actor just before ``ray.shutdown()`` and handed to the
+    loop just after, while another child still runs on the actor."""
+    if not ray.is_initialized():  # the test above shut the suite's cluster down
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        awaited: list[Future[Any]] = []  # what the channels wait on, in order
+        original = _ray_channel.when_done
+
+        def recording(future: Future[Any], call: Any, into: Any) -> None:
+            awaited.append(future)
+            original(future, call, into)
+
+        monkeypatch.setattr(_ray_channel, "when_done", recording)
+        (hung, hung_latch), (started, started_latch), (go, go_latch) = (_latch() for _ in "abc")
+        for latch in (hung_latch, started_latch, go_latch):
+            await settled(latch.ready.remote().future())
+        specs = [
+            AgentSpec(name="hangs", runner=runners.starts_then_hangs),
+            AgentSpec(name="let_go", runner=runners.reports_once_let_go),
+        ]
+        backend = RayBackend(pool_size=1, force_after=0.5)
+        async with SubagentManager(specs, backend=backend) as m:
+            hangs = m.spawn("hangs", hung)
+            await settled(hung_latch.wait.remote().future())
+            m.spawn("let_go", f"{started} {go}")
+            await settled(started_latch.wait.remote().future())
+            collecting = awaited[0]  # the first submit, which collects while "hangs" runs
+            assert not collecting.done()
+            # Without yielding to the loop: the actor answers that "let_go" ended, and Ray
+            # shuts down before the loop takes the answer.
+            go_latch.set.remote("go")
+            collecting.result(timeout=30)
+            ray.shutdown()
+            with anyio.move_on_after(5):
+                await hangs.wait()
+        restarted = ray.is_initialized()
+        assert not restarted, "the channel's next collect started a new local Ray cluster"
     finally:
         ray.shutdown()
