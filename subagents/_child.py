@@ -8,7 +8,6 @@ exactly one envelope per spawn, whatever races.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -28,6 +27,7 @@ from ._limiter import SpawnLimiter
 from ._notifier import CompletionNotifier
 from ._outcome import envelope_for
 from ._record import NO_LEND, QUEUED, RUNNING, SETTLED, ChildRecord
+from ._runner_errors import interrupts, runner_error
 from ._sessions import Sessions
 from ._spec import Result
 from ._tracing import Telemetry
@@ -142,7 +142,7 @@ class ChildRunner:
                     pending, check = self._start_runner(record, ctx)
                     result = check(record.spec.name, await pending)
                 except BaseException as exc:
-                    error = _runner_error(exc)
+                    error = runner_error(exc)
                     if error is None:
                         raise
             # Decided now, before cleanup awaits: a cancel arriving during cleanup is too
@@ -159,7 +159,7 @@ class ChildRunner:
             # runner interrupted the program: the envelope is still produced, then the
             # exception goes on.
             record.ending = True
-            fatal = exc if _interrupts(exc) else None
+            fatal = exc if interrupts(exc) else None
             status = self._interrupted(record, worker_scope, fatal)
             live = self._runner_over(record, worker_scope)
             if live:
@@ -415,54 +415,3 @@ def _plain_or_result(agent: str, returned: object) -> Result | str:
 def _checked(agent: str, returned: object) -> Result | str:
     """What run_local returned: checked already."""
     return cast("Result | str", returned)
-
-
-def _runner_error(exc: BaseException) -> BaseException | None:
-    """What the runner's exception ``exc`` makes of the child: its error (the envelope
-    names it), or ``None`` when it must propagate: a real cancellation of this task, or an
-    interrupt of the program (it goes on up after the envelope)."""
-    if isinstance(exc, Exception):
-        return exc
-    if isinstance(exc, anyio.get_cancelled_exc_class()):
-        if _being_cancelled():
-            return None  # a real cancellation: the watchdog, a cancel, or from outside
-        # Nothing cancelled us: the runner raised a cancellation of its own (on asyncio: it
-        # awaited a future someone else cancelled). Its error, not ours to propagate (that
-        # would kill this worker and stall the queue).
-        error = RuntimeError(f"the runner raised {type(exc).__qualname__} but nothing cancelled it")
-        error.__cause__ = exc
-        return error
-    # Not an Exception: KeyboardInterrupt, SystemExit, GeneratorExit, or one of the
-    # runner's own; a group holding this task's cancellation is never swallowed.
-    if _interrupts(exc) or (
-        isinstance(exc, BaseExceptionGroup)
-        and exc.subgroup(anyio.get_cancelled_exc_class())
-        and _being_cancelled()
-    ):
-        return None
-    return exc  # the runner's error, like any other: the worker goes on
-
-
-def _interrupts(exc: BaseException) -> bool:
-    """A KeyboardInterrupt or SystemExit, alone or in an exception group: it must go on
-    up and stop the program, as README promises."""
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.subgroup((KeyboardInterrupt, SystemExit)) is not None
-    return isinstance(exc, (KeyboardInterrupt, SystemExit))
-
-
-def _being_cancelled() -> bool:
-    """Whether the current task is being cancelled, so a cancellation the runner raised is
-    this task's to propagate rather than the runner's own error.
-
-    anyio's scopes cover the watchdog, ``cancel`` and a host's anyio or trio timeout. On
-    asyncio a host may also cancel natively (``task.cancel()``, ``asyncio.timeout``,
-    ``wait_for``), which no anyio scope sees: the task's ``cancelling()`` count says so.
-    """
-    if anyio.current_effective_deadline() == -math.inf:
-        return True
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # not on asyncio
-        return False
-    return task is not None and task.cancelling() > 0

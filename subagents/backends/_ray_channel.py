@@ -243,21 +243,36 @@ class Channel:
             self._fail(list(self._calls), error)
             return
         try:
-            ended: list[Completion] = pickle.loads(future.result())
+            ended: list[Completion] = list(pickle.loads(future.result()))
         except Exception as exc:  # an actor of another version of this package
+            # Which calls it answered is unknown, and the actor has handed them over.
             self._fail(list(self._calls), exc)
             return
         try:
-            for number, how, blob in ended:
-                call = self._calls.pop(number, None)
-                if call is None:
-                    continue
-                try:
-                    call.end(how, blob)
-                except Exception as exc:  # one call's answer must not strand the rest
-                    call.fail(exc)
+            for entry in ended:
+                self._answer(entry)
         finally:
             self._collect()
+
+    def _answer(self, entry: Completion) -> None:
+        """Hand one call its end. An entry of another shape (an actor of another version
+        of this package) ends the call it names with the error, or, naming none it can
+        tell, every call of the channel: the actor has handed them over, and no call may
+        wait for ever."""
+        try:
+            number, how, blob = entry
+            call = self._calls.pop(number, None)
+        except Exception as exc:
+            named = entry[0] if isinstance(entry, (tuple, list)) and entry else None
+            known = isinstance(named, int) and named in self._calls
+            self._fail([named] if known else list(self._calls), exc)
+            return
+        if call is None:
+            return
+        try:
+            call.end(how, blob)
+        except Exception as exc:  # one call's answer must not strand the rest
+            call.fail(exc)
 
     def _fail(self, numbers: list[int], error: BaseException) -> None:
         for number in numbers:

@@ -11,19 +11,18 @@ comes.
 from __future__ import annotations
 
 import logging
-import math
 import pickle
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import ray
 
+from .._runner_errors import runner_error
 from ._ray_wire import (
     CANCELLED,
     FAILED,
     REPLIED,
     Completion,
-    RemoteRunnerError,
     Reply,
     Runner,
     Shipped,
@@ -49,7 +48,8 @@ _IDLE: Final = 30.0
 """Seconds an actor's collect waits for an ended run before it answers with none."""
 _CANCELLED_EARLY: Final = 4096
 """Cancels of runs not yet arrived that an actor keeps; past them it forgets the oldest
-(such a run then goes on until the driver stops it by force)."""
+(such a run then goes on until the driver stops it by force, which kills the actor and
+ends every other run on it)."""
 
 _RUNNERS: dict[str | bytes, Runner] = {}
 """Runners resolved by this worker process, by import path or pickled code."""
@@ -183,14 +183,14 @@ class _WorkerActor:
                 async with self._limiter:
                     reply = await _serve(*unpack(payload))
                 ended = (number, REPLIED, pack(reply))
-        except anyio.get_cancelled_exc_class() as exc:
-            if anyio.current_effective_deadline() == -math.inf:
-                raise  # the actor's task group is closing: this run ends with it
-            # The runner's own: asyncio code raises it when a task it awaited was
-            # cancelled. Let into the task group, it would end every run of the actor.
-            ended = (number, FAILED, portable(_stray(exc), pack))
-        except Exception as exc:  # the payload did not unpickle, or the reply did not pickle
-            ended = (number, FAILED, portable(exc, pack))
+        except BaseException as exc:
+            # The runner's (or the payload's, or the reply's pickling): the run's error, as
+            # the engine judges a local runner's. Let into the task group, it would end
+            # every run of the actor.
+            error = runner_error(exc)
+            if error is None:
+                raise  # the actor's task group is closing, or the process is interrupted
+            ended = (number, FAILED, portable(error, pack))
         finally:
             del self._scopes[(channel, number)]
             self._end(channel, ended)
@@ -225,16 +225,6 @@ class _WorkerActor:
                 self._cancelled_early[key] = None
                 if len(self._cancelled_early) > _CANCELLED_EARLY:
                     del self._cancelled_early[next(iter(self._cancelled_early))]
-
-
-def _stray(exc: BaseException) -> RemoteRunnerError:
-    """What a runner's own cancellation exception (not the actor's cancel) ends its run
-    with: an error that names it, which the driver can raise (a cancellation exception
-    raised there would look like the driver's own cancellation)."""
-    return RemoteRunnerError(
-        f"the runner raised {type(exc).__module__}.{type(exc).__qualname__} "
-        f"without being cancelled: {exc}"
-    )
 
 
 async def _ticking(target: Target, request: Request, shipped: Shipped) -> Reply:

@@ -25,14 +25,13 @@ import anyio.to_thread
 import ray
 import ray.exceptions
 
-from .._context import absorb
 from .._errors import ConfigError
-from .._progress import Progress
 from .._retry import run_with_retries
 from .._tracing import trace_carrier
 from .._validators import count, number, seconds, text
 from ._ray_bridge import done_event, settled
 from ._ray_channel import Slot
+from ._ray_progress import Reported, mark, watched
 from ._ray_targets import Targets
 from ._ray_wire import (
     ClusterLostError,
@@ -73,9 +72,10 @@ _POLL: Final = 0.25
 child with a token budget or progress listeners) what it has reported."""
 _INIT_LOCK = threading.Lock()
 _ACTOR_CALLS: Final = 256
-"""Ray calls one actor of the pool takes at once: its ``serve``, a ``collect`` per driver
-loop, and ``submit`` and ``cancel`` calls, which return at once. Runs are not Ray calls
-there: the actor's own limiter holds them to ``max_concurrency``."""
+"""Ray calls one actor of the pool takes at once: its ``serve``, one collect per driver
+loop (a ``collect``, or a ``submit`` that collects, held up to 30 s), and the other
+``submit`` and ``cancel`` calls, which return once their runs are started or cancelled.
+Runs are not Ray calls there: the actor's own limiter holds them to ``max_concurrency``."""
 
 
 # ------------------------------------------------------------------ the driver's side
@@ -151,9 +151,12 @@ class RayBackend:
     ``ctx.report()`` in the worker reaches the envelope. The runner cannot delegate:
     ``ctx.spawn`` and ``ctx.execute`` raise :class:`~subagents.SpawnRejected` (``remote``).
 
-    A cancellation or the watchdog calls ``ray.cancel``; a run still going ``force_after``
-    seconds later is stopped by force: its task cancelled with ``force=True``, or (actor
-    mode) its actor killed, which ends every run on that actor in an error envelope. A dead
+    A cancellation or the watchdog cancels the run (in actor mode the actor cancels it in
+    its event loop, as ``ray.cancel`` of an async actor call would; a task gets
+    ``ray.cancel``); a run still going ``force_after`` seconds later is stopped by force:
+    its task cancelled with ``force=True``, or (actor mode) its actor killed, which ends
+    every run on that actor in an error envelope (so ``force_after=0`` there kills an
+    actor at every cancel). A dead
     worker or actor ends the child in an ``error`` envelope whose ``error_type`` is Ray's
     (``ray.exceptions.ActorDiedError``, ``ray.exceptions.WorkerCrashedError``). Ray's own
     retries are off; the agent's ``RetryPolicy`` decides, each attempt a new call.
@@ -221,6 +224,8 @@ class RayBackend:
         }
         self._task = _run_task.options(**options, max_retries=0)
         self._pool: list[Slot] = []
+        self._joined: tuple[str, str] | None = None
+        """The cluster the pool and the sink belong to (see :func:`_cluster`)."""
         self._sink: Any = None
         self._sink_name = ""
         self._targets = Targets(partial(_pack, by_value=True))
@@ -234,8 +239,9 @@ class RayBackend:
         """End this backend's actors (the pool and the progress sink); a later run
         starts new ones (a new sink under a new name). Runs still going on them end in
         error envelopes."""
+        up = self._up()
         pool, sink = self._forget()
-        if not ray.is_initialized():  # nothing to kill, and no new cluster to start
+        if not up:  # nothing to kill, and no new cluster to start
             return
         for actor in [slot.actor for slot in pool] + ([sink] if sink is not None else []):
             try:
@@ -251,7 +257,7 @@ class RayBackend:
     async def __call__(self, spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
         """Run ``spec``'s runner on the cluster, retrying under ``spec.retry``."""
         await self._ready()
-        reported = _Reported(ctx)
+        reported = Reported(ctx)
         if spec.retry is None:
             return await self._attempt(spec, request, reported)
 
@@ -265,9 +271,17 @@ class RayBackend:
     async def _ready(self) -> None:
         if not ray.is_initialized():
             await anyio.to_thread.run_sync(self._init)
+        cluster = _cluster()
+        if cluster != self._joined:  # first use, or Ray was shut down and started again
+            self._forget()  # their handles belong to a cluster that is gone
+            self._joined = cluster
         if self._sink is None:
             self._sink_name = f"subagents-progress-{uuid.uuid4().hex}"
             self._sink = _Sink.options(name=self._sink_name, **self._sink_options).remote()
+
+    def _up(self) -> bool:
+        """Whether Ray is up, on the cluster this backend's actors belong to."""
+        return self._joined is not None and _cluster() == self._joined
 
     def _init(self) -> None:
         with _INIT_LOCK:  # two first children, one cluster
@@ -282,7 +296,7 @@ class RayBackend:
             self._retire(ended)
         if len(self._pool) < self._pool_size:
             actor = _Worker.options(**self._actor_options).remote(self._max_concurrency)
-            slot = Slot(actor, ray.is_initialized)
+            slot = Slot(actor, self._up)
             self._pool.append(slot)
             return slot
         return min(self._pool, key=_busy)
@@ -293,13 +307,13 @@ class RayBackend:
         if slot not in self._pool:
             return
         self._pool.remove(slot)
-        if ray.is_initialized():  # a kill with Ray down would start a new cluster
+        if self._up():  # a kill with Ray down would start a new cluster
             try:
                 ray.kill(slot.actor, no_restart=True)
             except Exception:  # dead already
                 logger.debug("killing a retired Ray actor failed", exc_info=True)
 
-    async def _attempt(self, spec: AgentSpec, request: Request, reported: _Reported) -> Result:
+    async def _attempt(self, spec: AgentSpec, request: Request, reported: Reported) -> Result:
         reply = await self._call(self._targets.target(spec.runner), request, reported)
         if reply.missing:  # the workers cannot import the runner's module: send its code
             reply = await self._call(self._targets.copy(spec.runner), request, reported)
@@ -312,9 +326,12 @@ class RayBackend:
         assert reply.result is not None
         return reply.result
 
-    async def _call(self, target: Target, request: Request, reported: _Reported) -> Reply:
+    async def _call(self, target: Target, request: Request, reported: Reported) -> Reply:
         """One Ray call running ``target``: its reply, or the error that ended it."""
         ctx = reported.ctx
+        if not self._up():  # a retry after Ray went down: no call, which would start one
+            self._forget()
+            raise ClusterLostError(f"Ray shut down before child {ctx.task_id!r} could run")
         shipped = Shipped(
             task_id=ctx.task_id,
             parent_session_id=ctx.parent_session_id,
@@ -335,7 +352,7 @@ class RayBackend:
             call = _TaskCall(self._task.remote(payload))
         else:
             slot = self._slot()
-            slot.busy += 1
+            slot.busy += 1  # given back in the finally below: the call cannot raise
             call = await slot.channel().call(payload)
         try:
             reply: Reply = _unpack(await self._settle(call, reported))
@@ -344,7 +361,7 @@ class RayBackend:
                 await self._stop(call, slot)
                 await self._salvage(reported, call)
             raise
-        except ray.exceptions.RayError as exc:  # the worker, the actor or the reply was lost
+        except Exception as exc:  # the worker, the actor, the reply or the cluster was lost
             if slot is not None and isinstance(exc, ray.exceptions.RayActorError):
                 self._retire(slot)
             with anyio.CancelScope(shield=True):
@@ -355,27 +372,27 @@ class RayBackend:
                 slot.busy -= 1
         return reply
 
-    async def _settle(self, call: _Call, reported: _Reported) -> bytes:
+    async def _settle(self, call: _Call, reported: Reported) -> bytes:
         """The call's reply. Every :data:`_POLL` seconds meanwhile: whether Ray is still
         up (Ray never completes a call's future after ``ray.shutdown()``), and, for a child
         with a token budget or progress listeners, its progress from the sink, so a budget
         stops it mid-run and ``subagent.progress`` events flow as it reports."""
         ctx = reported.ctx
         done = call.done
-        live = _watched(ctx)
+        live = watched(ctx)
         seen: object = None
         while True:
             with anyio.move_on_after(_POLL):
                 await done.wait()
             if done.is_set():
                 return call.result()
-            if not ray.is_initialized():
+            if not self._up():  # shut down (and maybe started again: another cluster)
                 self._forget()  # its actors went with the cluster
                 raise ClusterLostError(f"Ray shut down while child {ctx.task_id!r} ran")
             if live:
                 snapshot = await self._peek(ctx.task_id)
-                if snapshot is not None and _mark(snapshot) != seen:
-                    seen = _mark(snapshot)
+                if snapshot is not None and mark(snapshot) != seen:
+                    seen = mark(snapshot)
                     reported.absorb(snapshot)
 
     async def _peek(self, task_id: str) -> Snapshot | None:
@@ -385,7 +402,7 @@ class RayBackend:
         with anyio.move_on_after(_COLLECT):
             try:
                 snapshot: Snapshot | None = await settled(sink.peek.remote(task_id).future())
-            except ray.exceptions.RayError:
+            except Exception:  # Ray's errors, or a handle of a cluster that is gone
                 logger.debug("reading the progress of child %r failed", task_id, exc_info=True)
                 return None
             return snapshot
@@ -396,7 +413,7 @@ class RayBackend:
         still runs ``force_after`` seconds later, the forced stop: a forced cancel of its
         task, or its actor killed. Never with Ray shut down: its calls would start a new
         local cluster."""
-        if not ray.is_initialized() or call.done.is_set():
+        if not self._up() or call.done.is_set():
             return
         try:
             call.cancel()
@@ -405,7 +422,7 @@ class RayBackend:
         with anyio.move_on_after(self._force_after):
             await call.done.wait()
             return
-        if not ray.is_initialized():
+        if not self._up():
             return
         try:
             if slot is None:
@@ -418,7 +435,7 @@ class RayBackend:
         with anyio.move_on_after(_SETTLE):
             await call.done.wait()
 
-    async def _salvage(self, reported: _Reported, call: _Call | None) -> None:
+    async def _salvage(self, reported: Reported, call: _Call | None) -> None:
         """Bring what a run without a usable reply reported into its envelope: from a
         reply that came after all, else from the sink."""
         task_id = reported.ctx.task_id
@@ -427,54 +444,25 @@ class RayBackend:
         if reply_blob is not None:
             reply: Reply = _unpack(reply_blob)
             progress = reply.progress
-        if progress is None and self._sink is not None and ray.is_initialized():
+        if progress is None and self._sink is not None and self._up():
             with anyio.move_on_after(_COLLECT):
                 try:
                     progress = await settled(self._sink.take.remote(task_id).future())
-                except ray.exceptions.RayError:
+                except Exception:  # Ray's errors, or a handle of a cluster that is gone
                     logger.warning("the progress of child %r was lost", task_id)
         if progress is not None:
             reported.absorb(progress)
 
 
+def _cluster() -> tuple[str, str] | None:
+    """The cluster this driver is on (its node and its job), ``None`` with Ray down. A
+    cluster shut down and started again is another one: Ray never completes the old
+    one's calls, and the old handles cannot make new ones."""
+    if not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    return context.get_node_id(), context.get_job_id()
+
+
 def _busy(slot: Slot) -> int:
     return slot.busy
-
-
-def _watched(ctx: RunContext) -> bool:
-    """Whether the driver follows ``ctx``'s progress while it runs: a token budget limits
-    it, or someone listens to its events."""
-    if ctx.manager.events.active:
-        return True
-    budget = ctx.remaining_budget()
-    return not (
-        budget.tokens is None and budget.input_tokens is None and budget.output_tokens is None
-    )
-
-
-def _mark(snapshot: Snapshot) -> object:
-    """What changes when a run reports something new (a report of the same values, or of
-    paths already known, changes nothing the driver shows)."""
-    return (snapshot.usage, snapshot.iterations, snapshot.progress.output_chars)
-
-
-class _Reported:
-    """What one run's attempts reported, as one :class:`Progress`: each attempt's snapshot
-    follows what the attempts before it left, as a local run's attempts share one."""
-
-    __slots__ = ("ctx", "earlier", "latest")
-
-    def __init__(self, ctx: RunContext) -> None:
-        self.ctx = ctx
-        self.earlier: Progress | None = None
-        """The run's progress when the running attempt started."""
-        self.latest: Progress | None = None
-
-    def absorb(self, snapshot: Snapshot) -> None:
-        """Make the running attempt's ``snapshot`` (all it reported so far) the record's."""
-        earlier = self.earlier
-        progress = snapshot.progress
-        if earlier is not None:
-            progress = earlier.followed_by(progress, replaced=snapshot.replaced)
-        self.latest = progress
-        absorb(self.ctx, snapshot.totals(), progress)

@@ -365,3 +365,16 @@ def test_a_slot_whose_actor_stops_serving_says_so() -> None:
     assert not slot.ended
     from_ray_thread(actor.serve.futures[0], error=ConnectionError("the actor died"))
     assert slot.ended
+
+
+async def test_an_answer_whose_entries_do_not_read_strands_no_call() -> None:
+    # An actor of another version of this package may answer with entries of another shape:
+    # the actor has handed those completions over, so no later collect brings them, and a
+    # call left waiting is a spawn that never gets its envelope (as an answer that does not
+    # unpickle at all ends every call of the channel).
+    actor = FakeActor()
+    made = await calls(Channel(actor, up), 2)
+    from_ray_thread(actor.collecting[0], pickle.dumps([(made[0].number, REPLIED)]))
+    with anyio.fail_after(5):
+        await actor.collect.called(1)  # the answer was handled: the next collect went out
+    assert made[0].done.is_set(), "the call the answer named never ends"

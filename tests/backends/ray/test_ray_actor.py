@@ -22,7 +22,6 @@ from subagents.backends._ray_wire import (
     CANCELLED,
     FAILED,
     REPLIED,
-    RemoteRunnerError,
     Reply,
     Shipped,
 )
@@ -239,8 +238,8 @@ async def test_a_runner_raising_cancelled_error_ends_only_its_run_and_the_actor_
         how, blob = first[1]
         assert how == FAILED
         error = pickle.loads(blob)
-        assert isinstance(error, RemoteRunnerError), error
-        assert "asyncio.exceptions.CancelledError without being cancelled" in str(error)
+        assert isinstance(error, RuntimeError), error  # what a local runner's would be
+        assert "raised CancelledError but nothing cancelled it" in str(error)
         await anyio.wait_all_tasks_blocked()
         try:
             await actor.submit("c", batch((2, payload("echo", "after"))))
@@ -249,5 +248,55 @@ async def test_a_runner_raising_cancelled_error_ends_only_its_run_and_the_actor_
         ended = {**first, **await collected(actor, "c", 1)}
         assert 0 not in ended, "a runner's own CancelledError ended another run"
         assert output(ended[2][1]) == "echo after"
+        Gate.opened.set()
+        assert output((await collected(actor, "c", 1))[0][1]) == "through"
+
+
+class Abort(BaseException):
+    """A runner's own exception outside ``Exception`` (some libraries unwind with one)."""
+
+
+async def raises_a_base_exception(request: Request, ctx: object) -> str:
+    raise Abort("the runner gave up")
+
+
+@asynccontextmanager
+async def serving_watched(
+    stopped: list[BaseException],
+) -> AsyncIterator[_ray_worker._WorkerActor]:
+    """:func:`serving`, with what ended the actor's ``serve`` call (other than the test's
+    own cancellation at the end) kept in ``stopped`` rather than failing the test's group."""
+    actor = _ray_worker._WorkerActor(1000)
+
+    async def serve() -> None:
+        try:
+            await actor.serve()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:  # the point: whatever ended it
+            stopped.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve)
+        yield actor
+        tg.cancel_scope.cancel()
+
+
+async def test_a_runner_raising_a_base_exception_of_its_own_ends_only_its_run() -> None:
+    # Locally such an exception is the runner's error and the worker goes on
+    # (subagents._child._runner_error); on an actor it must not reach the task group every
+    # run belongs to, which would end every other run as "cancelled" and stop the actor.
+    Gate.opened = anyio.Event()
+    stopped: list[BaseException] = []
+    async with serving_watched(stopped) as actor:
+        await actor.submit(
+            "c", batch((0, payload("waits_at_the_gate")), (1, payload("raises_a_base_exception")))
+        )
+        first = await collected(actor, "c", 1)
+        assert 0 not in first, "a runner's BaseException ended another run of its actor"
+        assert stopped == [], "a runner's BaseException stopped the actor serving"
+        how, blob = first[1]
+        assert how == FAILED, "the run ended as if the driver had cancelled it"
+        assert "the runner gave up" in str(pickle.loads(blob))
         Gate.opened.set()
         assert output((await collected(actor, "c", 1))[0][1]) == "through"

@@ -129,9 +129,10 @@ def test_an_actor_that_stops_serving_leaves_the_pool_killed_and_the_next_call_ge
 
     worker, killed = _FakeWorker(), []
     monkeypatch.setattr(ray_backend, "_Worker", worker)
-    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray_backend, "_cluster", lambda: ("node", "job"))
     monkeypatch.setattr(ray_backend.ray, "kill", lambda actor, **_: killed.append(actor))
     backend = RayBackend(pool_size=1)
+    backend._joined = ("node", "job")  # as its first child's _ready() leaves it
     first = backend._slot()
     assert backend._slot() is first
     first.actor.serving.set_exception(RuntimeError("serve ended"))

@@ -14,10 +14,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from subagents import AgentSpec, Status, SubagentManager  # noqa: E402
+from subagents import AgentSpec, RetryPolicy, Status, SubagentManager  # noqa: E402
 from subagents.backends import _ray_channel  # noqa: E402
 from subagents.backends._ray_bridge import settled  # noqa: E402
-from subagents.backends.ray import RayBackend  # noqa: E402
+from subagents.backends.ray import ClusterLostError, RayBackend  # noqa: E402
 from tests.backends.ray import runners  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
@@ -94,5 +94,96 @@ async def test_an_answer_that_reaches_the_driver_after_ray_shut_down_starts_no_n
                 await hangs.wait()
         restarted = ray.is_initialized()
         assert not restarted, "the channel's next collect started a new local Ray cluster"
+    finally:
+        ray.shutdown()
+
+
+def _up() -> None:
+    """The suite's cluster, again (a test before shut it down)."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
+HANGS = AgentSpec(name="hangs", runner=runners.starts_then_hangs)
+NOOP = AgentSpec(name="noop", runner=runners.noop)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_child_running_when_ray_restarts_ends_in_cluster_lost_instead_of_waiting_forever(
+    cluster: None,
+) -> None:
+    """``ray.shutdown()`` then ``ray.init()`` before the driver's next look at Ray (a program
+    reconnecting): the child's call belongs to the cluster that went, whose futures Ray never
+    completes, and "Ray is initialised" no longer says that its cluster is up."""
+    _up()
+    try:
+        name, latch = _latch()
+        await settled(latch.ready.remote().future())
+        backend = RayBackend(pool_size=1, force_after=0.5)
+        envelope = None
+        async with SubagentManager([HANGS], backend=backend) as m:
+            handle = m.spawn("hangs", name)
+            await settled(latch.wait.remote().future())
+            ray.shutdown()  # and back, without yielding to the loop in between
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            with anyio.move_on_after(5):
+                envelope = await handle.wait()
+        assert envelope is not None, "no envelope 5 s after Ray restarted under the child"
+        assert envelope.status is Status.ERROR
+        assert (envelope.error_type or "").endswith("ClusterLostError"), envelope.error
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_backend_whose_child_was_stopped_while_ray_was_down_runs_children_once_it_is_back(
+    cluster: None,
+) -> None:
+    """A child cancelled before the driver's next look at Ray: its stop makes no Ray call,
+    and the backend must not keep the actors (and the sink) of the cluster that went."""
+    _up()
+    try:
+        name, latch = _latch()
+        await settled(latch.ready.remote().future())
+        backend = RayBackend(pool_size=1, force_after=0.5)
+        async with SubagentManager([HANGS, NOOP], backend=backend) as m:
+            handle = m.spawn("hangs", name)
+            await settled(latch.wait.remote().future())
+            ray.shutdown()
+            assert m.cancel(handle.task_id)
+            with anyio.fail_after(5):
+                stopped = await handle.wait()
+            assert stopped.status is Status.CANCELLED
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            with anyio.fail_after(60):
+                after = await m.execute("noop")
+        assert after.status is Status.COMPLETED, f"{after.error_type}: {after.error}"
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_child_retried_after_ray_shut_down_starts_no_new_cluster(cluster: None) -> None:
+    """An agent that retries ``ClusterLostError``: the retry must fail as the first attempt
+    did, not make an actor through Ray's auto-init (a new local cluster, whatever
+    ``address`` the backend was given)."""
+    _up()
+    try:
+        name, latch = _latch()
+        await settled(latch.ready.remote().future())
+        policy = RetryPolicy(attempts=2, initial=0.0, jitter=0.0, retry_on=(ClusterLostError,))
+        spec = AgentSpec(name="hangs", runner=runners.starts_then_hangs, retry=policy)
+        backend = RayBackend(pool_size=1, force_after=0.5)
+        envelope = None
+        async with SubagentManager([spec], backend=backend) as m:
+            handle = m.spawn("hangs", name)
+            await settled(latch.wait.remote().future())
+            ray.shutdown()
+            with anyio.move_on_after(10):
+                envelope = await handle.wait()
+            restarted = ray.is_initialized()
+        assert not restarted, "the retry started a new local Ray cluster"
+        assert envelope is not None
+        assert envelope.status is Status.ERROR
     finally:
         ray.shutdown()
