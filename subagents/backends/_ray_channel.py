@@ -61,7 +61,8 @@ _QUIET: Final = 4
 class Slot:
     """One actor of the pool, the calls it is running, and its channel in each loop.
 
-    ``alive`` says whether Ray is up (``ray.is_initialized``): no call goes out when not.
+    ``alive`` says whether Ray is up on the cluster the actor was made on: no call goes
+    out when not.
     """
 
     __slots__ = ("__weakref__", "_alive", "actor", "busy", "ended")
@@ -75,6 +76,10 @@ class Slot:
         group failed): it takes no more runs. Set from Ray's thread."""
         serving: Future[None] = actor.serve.remote().future()
         serving.add_done_callback(self._serving_ended)
+
+    def up(self) -> bool:
+        """Whether Ray is up on this actor's cluster."""
+        return self._alive()
 
     def _serving_ended(self, _: Future[None]) -> None:
         # In Ray's thread: a flag the event loop reads, nothing that could wait.

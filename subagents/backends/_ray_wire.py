@@ -30,6 +30,7 @@ from .._errors import SpawnRejected
 from .._paths import AgentPath
 from .._permissions import Ruleset
 from .._progress import Progress, Report
+from .._runner_errors import runner_error
 from .._tracing import joined
 
 if TYPE_CHECKING:
@@ -64,9 +65,11 @@ Dumps: TypeAlias = "Callable[[object], bytes]"
 """How the worker pickles what goes back: the same pickler as the reply's."""
 
 REPLIED, FAILED, CANCELLED = 0, 1, 2
-"""How an actor's call ended: with a pickled :class:`Reply`; with an exception outside the
-runner's (its payload would not unpickle), pickled by :func:`portable`; or cancelled, as
-the driver asked, with nothing."""
+"""How an actor's call ended: with a pickled :class:`Reply` (the runner's own errors
+included); with an exception :func:`serve` did not turn into one (its payload would not
+unpickle, its reply would not pickle, the runner raised ``KeyboardInterrupt`` or
+``SystemExit``), pickled by :func:`portable`; or cancelled, as the driver asked, with
+nothing."""
 Completion: TypeAlias = "tuple[int, int, bytes]"
 """One ended call as an actor hands it back: the call's number, how it ended, and what
 it left."""
@@ -445,8 +448,10 @@ async def serve(
 ) -> Reply:
     """Run the runner ``target`` names on ``request``, in the worker, to a :class:`Reply`.
 
-    A cancellation (Ray's cancel of this call) propagates; any exception of the runner,
-    or a bad return value, is the reply's error.
+    A cancellation (Ray's cancel of this call) propagates, and so do ``KeyboardInterrupt``
+    and ``SystemExit``; any other exception of the runner (one outside ``Exception`` of
+    its own, or a cancellation exception nothing here asked for, included: judged as
+    the engine judges a local runner's), or a bad return value, is the reply's error.
     """
     ctx = RemoteContext(shipped, sink)
     try:
@@ -462,8 +467,11 @@ async def serve(
         else:  # no trace to join (the driver records none)
             value = await awaitable(request.agent, runner(request, ctx))
         result = coerce_result(request.agent, value)
-    except Exception as exc:
-        error = portable(exc, dumps)
-        described = describe_exception(exc)
+    except BaseException as exc:
+        judged = runner_error(exc)
+        if judged is None:
+            raise
+        error = portable(judged, dumps)
+        described = describe_exception(judged)
         return Reply(result=None, error=error, error_type=described, progress=ctx.progress)
     return Reply(result=result, error=None, error_type=None, progress=ctx.progress)

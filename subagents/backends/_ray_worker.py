@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 import ray
 
-from .._runner_errors import runner_error
+from .._runner_errors import being_cancelled, runner_error
 from ._ray_wire import (
     CANCELLED,
     FAILED,
     REPLIED,
     Completion,
+    RemoteRunnerError,
     Reply,
     Runner,
     Shipped,
@@ -184,12 +185,16 @@ class _WorkerActor:
                     reply = await _serve(*unpack(payload))
                 ended = (number, REPLIED, pack(reply))
         except BaseException as exc:
-            # The runner's (or the payload's, or the reply's pickling): the run's error, as
-            # the engine judges a local runner's. Let into the task group, it would end
-            # every run of the actor.
+            # Let into the task group, it would end every run of the actor; out of the
+            # event loop (an interrupt), it would end Ray's thread running that loop and
+            # leave the actor alive and deaf. Only the group's own cancellation goes on.
+            if being_cancelled():
+                raise
             error = runner_error(exc)
-            if error is None:
-                raise  # the actor's task group is closing, or the process is interrupted
+            if error is None:  # an interrupt: on an actor, it stops this run only
+                error = RemoteRunnerError(
+                    f"the runner raised {type(exc).__qualname__} on its actor: {exc}"
+                )
             ended = (number, FAILED, portable(error, pack))
         finally:
             del self._scopes[(channel, number)]

@@ -162,7 +162,9 @@ class RayBackend:
     retries are off; the agent's ``RetryPolicy`` decides, each attempt a new call.
 
     Ray is initialised on first use (``ray.init(address=address)``, in a worker thread, so
-    the event loop keeps running) unless the program did so already. A child running when
+    the event loop keeps running) unless the program did so already; once it has shut
+    down, the backend starts no cluster (only the program does: an attempt before that
+    ends in :class:`ClusterLostError`). A child running when
     Ray shuts down ends in an ``error`` envelope (:class:`ClusterLostError`) within a
     quarter of a second.
 
@@ -256,7 +258,6 @@ class RayBackend:
 
     async def __call__(self, spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
         """Run ``spec``'s runner on the cluster, retrying under ``spec.retry``."""
-        await self._ready()
         reported = Reported(ctx)
         if spec.retry is None:
             return await self._attempt(spec, request, reported)
@@ -268,20 +269,31 @@ class RayBackend:
 
         return await run_with_retries(spec.retry, attempt, deadline=ctx.deadline)
 
-    async def _ready(self) -> None:
+    async def _ready(self) -> tuple[str, str]:
+        """The cluster the next attempt runs on, this backend's pool and sink made there.
+        Ray is initialised on the backend's first use only: once Ray has shut down, only
+        the program starts it again (an attempt before that is ``ClusterLostError``)."""
         if not ray.is_initialized():
+            if self._joined is not None:
+                raise ClusterLostError(
+                    "Ray was shut down, and this backend starts no new cluster: "
+                    "call ray.init() again (or use a new RayBackend)"
+                )
             await anyio.to_thread.run_sync(self._init)
         cluster = _cluster()
+        if cluster is None:  # shut down meanwhile, from another thread
+            raise ClusterLostError("Ray shut down as this backend joined it")
         if cluster != self._joined:  # first use, or Ray was shut down and started again
             self._forget()  # their handles belong to a cluster that is gone
             self._joined = cluster
         if self._sink is None:
             self._sink_name = f"subagents-progress-{uuid.uuid4().hex}"
             self._sink = _Sink.options(name=self._sink_name, **self._sink_options).remote()
+        return cluster
 
     def _up(self) -> bool:
         """Whether Ray is up, on the cluster this backend's actors belong to."""
-        return self._joined is not None and _cluster() == self._joined
+        return _on(self._joined)
 
     def _init(self) -> None:
         with _INIT_LOCK:  # two first children, one cluster
@@ -296,7 +308,9 @@ class RayBackend:
             self._retire(ended)
         if len(self._pool) < self._pool_size:
             actor = _Worker.options(**self._actor_options).remote(self._max_concurrency)
-            slot = Slot(actor, self._up)
+            # Up on the cluster the actor was made on (a closure over that, not over the
+            # backend, which the channels kept for the loop's life would keep alive).
+            slot = Slot(actor, partial(_on, self._joined))
             self._pool.append(slot)
             return slot
         return min(self._pool, key=_busy)
@@ -307,16 +321,18 @@ class RayBackend:
         if slot not in self._pool:
             return
         self._pool.remove(slot)
-        if self._up():  # a kill with Ray down would start a new cluster
+        if slot.up():  # a kill with Ray down would start a new cluster
             try:
                 ray.kill(slot.actor, no_restart=True)
             except Exception:  # dead already
                 logger.debug("killing a retired Ray actor failed", exc_info=True)
 
     async def _attempt(self, spec: AgentSpec, request: Request, reported: Reported) -> Result:
-        reply = await self._call(self._targets.target(spec.runner), request, reported)
+        cluster = await self._ready()
+        reply = await self._call(self._targets.target(spec.runner), request, reported, cluster)
         if reply.missing:  # the workers cannot import the runner's module: send its code
-            reply = await self._call(self._targets.copy(spec.runner), request, reported)
+            target = self._targets.copy(spec.runner)
+            reply = await self._call(target, request, reported, cluster)
             if reply.missing:
                 raise RemoteRunnerError(f"the Ray workers cannot import {spec.runner!r}")
         if reply.progress is not None:
@@ -326,11 +342,13 @@ class RayBackend:
         assert reply.result is not None
         return reply.result
 
-    async def _call(self, target: Target, request: Request, reported: Reported) -> Reply:
-        """One Ray call running ``target``: its reply, or the error that ended it."""
+    async def _call(
+        self, target: Target, request: Request, reported: Reported, cluster: tuple[str, str]
+    ) -> Reply:
+        """One Ray call running ``target`` on ``cluster``: its reply, or the error that
+        ended it."""
         ctx = reported.ctx
-        if not self._up():  # a retry after Ray went down: no call, which would start one
-            self._forget()
+        if not _on(cluster):  # gone since: no call, which would start a cluster
             raise ClusterLostError(f"Ray shut down before child {ctx.task_id!r} could run")
         shipped = Shipped(
             task_id=ctx.task_id,
@@ -355,24 +373,24 @@ class RayBackend:
             slot.busy += 1  # given back in the finally below: the call cannot raise
             call = await slot.channel().call(payload)
         try:
-            reply: Reply = _unpack(await self._settle(call, reported))
+            reply: Reply = _unpack(await self._settle(call, reported, cluster))
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await self._stop(call, slot)
-                await self._salvage(reported, call)
+                await self._stop(call, slot, cluster)
+                await self._salvage(reported, call, cluster)
             raise
         except Exception as exc:  # the worker, the actor, the reply or the cluster was lost
             if slot is not None and isinstance(exc, ray.exceptions.RayActorError):
                 self._retire(slot)
             with anyio.CancelScope(shield=True):
-                await self._salvage(reported, None)
+                await self._salvage(reported, None, cluster)
             raise
         finally:
             if slot is not None:
                 slot.busy -= 1
         return reply
 
-    async def _settle(self, call: _Call, reported: Reported) -> bytes:
+    async def _settle(self, call: _Call, reported: Reported, cluster: tuple[str, str]) -> bytes:
         """The call's reply. Every :data:`_POLL` seconds meanwhile: whether Ray is still
         up (Ray never completes a call's future after ``ray.shutdown()``), and, for a child
         with a token budget or progress listeners, its progress from the sink, so a budget
@@ -386,8 +404,9 @@ class RayBackend:
                 await done.wait()
             if done.is_set():
                 return call.result()
-            if not self._up():  # shut down (and maybe started again: another cluster)
-                self._forget()  # its actors went with the cluster
+            if not _on(cluster):  # shut down (and maybe started again: another cluster)
+                if self._joined == cluster:
+                    self._forget()  # its actors went with the cluster
                 raise ClusterLostError(f"Ray shut down while child {ctx.task_id!r} ran")
             if live:
                 snapshot = await self._peek(ctx.task_id)
@@ -408,12 +427,12 @@ class RayBackend:
             return snapshot
         return None
 
-    async def _stop(self, call: _Call, slot: Slot | None) -> None:
+    async def _stop(self, call: _Call, slot: Slot | None, cluster: tuple[str, str]) -> None:
         """The call cancelled (Ray's cancel of a task, the actor's of its run); if it
         still runs ``force_after`` seconds later, the forced stop: a forced cancel of its
         task, or its actor killed. Never with Ray shut down: its calls would start a new
         local cluster."""
-        if not self._up() or call.done.is_set():
+        if not _on(cluster) or call.done.is_set():
             return
         try:
             call.cancel()
@@ -422,7 +441,7 @@ class RayBackend:
         with anyio.move_on_after(self._force_after):
             await call.done.wait()
             return
-        if not self._up():
+        if not _on(cluster):
             return
         try:
             if slot is None:
@@ -435,7 +454,9 @@ class RayBackend:
         with anyio.move_on_after(_SETTLE):
             await call.done.wait()
 
-    async def _salvage(self, reported: Reported, call: _Call | None) -> None:
+    async def _salvage(
+        self, reported: Reported, call: _Call | None, cluster: tuple[str, str]
+    ) -> None:
         """Bring what a run without a usable reply reported into its envelope: from a
         reply that came after all, else from the sink."""
         task_id = reported.ctx.task_id
@@ -444,7 +465,7 @@ class RayBackend:
         if reply_blob is not None:
             reply: Reply = _unpack(reply_blob)
             progress = reply.progress
-        if progress is None and self._sink is not None and self._up():
+        if progress is None and self._sink is not None and self._joined == cluster and _on(cluster):
             with anyio.move_on_after(_COLLECT):
                 try:
                     progress = await settled(self._sink.take.remote(task_id).future())
@@ -460,8 +481,16 @@ def _cluster() -> tuple[str, str] | None:
     one's calls, and the old handles cannot make new ones."""
     if not ray.is_initialized():
         return None
-    context = ray.get_runtime_context()
-    return context.get_node_id(), context.get_job_id()
+    try:
+        context = ray.get_runtime_context()
+        return context.get_node_id(), context.get_job_id()
+    except Exception:  # shutting down in another thread
+        return None
+
+
+def _on(cluster: tuple[str, str] | None) -> bool:
+    """Whether Ray is up on ``cluster`` (not down, nor up on another one)."""
+    return cluster is not None and _cluster() == cluster
 
 
 def _busy(slot: Slot) -> int:

@@ -176,3 +176,20 @@ async def reads_budget(request: Request, ctx: RunContext) -> str:
     left = ctx.remaining_budget()
     seconds = left.seconds is not None and 0 < left.seconds <= 30
     return f"tokens={left.tokens} seconds={seconds}"
+
+
+async def raises_keyboard_interrupt(request: Request, ctx: RunContext) -> str:
+    raise KeyboardInterrupt
+
+
+async def raises_system_exit(request: Request, ctx: RunContext) -> str:
+    raise SystemExit(3)
+
+
+class Abort(BaseException):
+    """A runner's own exception outside ``Exception`` (some libraries unwind with one)."""
+
+
+async def reports_then_aborts(request: Request, ctx: RunContext) -> str:
+    ctx.report(output="before the abort", iterations=3)
+    raise Abort("the runner gave up")

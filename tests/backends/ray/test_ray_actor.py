@@ -24,6 +24,7 @@ from subagents.backends._ray_wire import (
     REPLIED,
     Reply,
     Shipped,
+    revived,
 )
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
@@ -106,6 +107,16 @@ async def collected(
                 assert number not in ended, f"run {number} ended twice"
                 ended[number] = (how, blob)
     return ended
+
+
+def runner_error_of(ended: tuple[int, bytes]) -> BaseException:
+    """The runner's error a run ended with: in its reply, with its progress, as a local
+    run's would be."""
+    how, blob = ended
+    assert how == REPLIED, "the run ended without its reply (cancelled, or failed outside)"
+    reply: Reply = pickle.loads(blob)
+    assert reply.error is not None, reply
+    return revived(reply)
 
 
 def output(blob: bytes) -> str | None:
@@ -235,9 +246,7 @@ async def test_a_runner_raising_cancelled_error_ends_only_its_run_and_the_actor_
             "c", batch((0, payload("waits_at_the_gate")), (1, payload("raises_cancelled_error")))
         )
         first = await collected(actor, "c", 1)
-        how, blob = first[1]
-        assert how == FAILED
-        error = pickle.loads(blob)
+        error = runner_error_of(first[1])
         assert isinstance(error, RuntimeError), error  # what a local runner's would be
         assert "raised CancelledError but nothing cancelled it" in str(error)
         await anyio.wait_all_tasks_blocked()
@@ -284,7 +293,7 @@ async def serving_watched(
 
 async def test_a_runner_raising_a_base_exception_of_its_own_ends_only_its_run() -> None:
     # Locally such an exception is the runner's error and the worker goes on
-    # (subagents._child._runner_error); on an actor it must not reach the task group every
+    # (subagents._runner_errors.runner_error); on an actor it must not reach the task group every
     # run belongs to, which would end every other run as "cancelled" and stop the actor.
     Gate.opened = anyio.Event()
     stopped: list[BaseException] = []
@@ -295,8 +304,8 @@ async def test_a_runner_raising_a_base_exception_of_its_own_ends_only_its_run() 
         first = await collected(actor, "c", 1)
         assert 0 not in first, "a runner's BaseException ended another run of its actor"
         assert stopped == [], "a runner's BaseException stopped the actor serving"
-        how, blob = first[1]
-        assert how == FAILED, "the run ended as if the driver had cancelled it"
-        assert "the runner gave up" in str(pickle.loads(blob))
+        error = runner_error_of(first[1])
+        assert isinstance(error, Abort), error
+        assert "the runner gave up" in str(error)
         Gate.opened.set()
         assert output((await collected(actor, "c", 1))[0][1]) == "through"

@@ -140,3 +140,41 @@ def test_an_actor_that_stops_serving_leaves_the_pool_killed_and_the_next_call_ge
     assert second is not first
     assert killed == [first.actor]
     assert worker.made == [first.actor, second.actor]
+
+
+INTERRUPTING = [
+    AgentSpec(name="hangs", runner=runners.starts_then_hangs),
+    AgentSpec(name="interrupts", runner=runners.raises_keyboard_interrupt),
+    AgentSpec(name="exits", runner=runners.raises_system_exit),
+    AgentSpec(name="noop", runner=runners.noop),
+]
+
+
+# The actor's loop is Ray's, whatever the driver runs on.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("agent", ["interrupts", "exits"])
+async def test_a_runner_raising_an_interrupt_on_an_actor_strands_no_child_of_it(
+    cluster: None, latch: tuple[str, Any], agent: str
+) -> None:
+    """A pool actor's runs are tasks of an event loop Ray runs in a thread of its own; a
+    ``KeyboardInterrupt`` or ``SystemExit`` let out of a run's task stops that loop (which
+    is why Ray's ``exit_actor()`` raises neither in an async actor), and the actor, alive,
+    answers nothing again: not the run that raised it, not the others on it, and its
+    ``serve`` never ends, so it stays in the pool and takes the next children too."""
+    fresh = RayBackend(pool_size=1, force_after=0.5)
+    try:
+        async with SubagentManager(INTERRUPTING, backend=fresh) as m:
+            hangs = m.spawn("hangs", latch[0])
+            await all_started(latch, 1)
+            raised = after = None
+            with anyio.move_on_after(20):
+                raised = await m.execute(agent)
+            assert raised is not None, f"the child whose runner raised ({agent}) never ended"
+            assert raised.status is Status.ERROR
+            with anyio.move_on_after(20):
+                after = await m.execute("noop")
+            assert after is not None, "the next child went to the actor that stopped answering"
+            assert after.status is Status.COMPLETED, f"{after.error_type}: {after.error}"
+            assert m.cancel(hangs.task_id)
+    finally:
+        fresh.close()

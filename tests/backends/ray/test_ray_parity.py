@@ -240,3 +240,35 @@ async def test_the_backend_keeps_no_runner_alive_after_its_manager_is_gone(
     del runner, m
     gc.collect()
     assert alive() is None, "the backend still holds a runner whose manager has ended"
+
+
+async def test_a_runner_raising_a_base_exception_of_its_own_keeps_its_progress_as_locally(
+    backend: RayBackend,
+) -> None:
+    """Locally a runner's own ``BaseException`` (not an interrupt) is its error, and what
+    it reported stays in the envelope; on an actor its run now ends alone, but the driver
+    must still salvage the progress the run left in the sink (the run made no reply)."""
+    spec = AgentSpec(name="aborts", runner=runners.reports_then_aborts)
+    here, there = await both(spec, backend)
+    assert here.status is Status.ERROR
+    assert (here.output, here.iterations) == ("before the abort", 3)
+    assert (there.status, there.error_type) == (here.status, here.error_type), there.error
+    assert (there.output, there.iterations) == (here.output, here.iterations)
+
+
+async def test_a_backend_dropped_without_close_is_freed_while_the_event_loop_runs_on(
+    cluster: None,
+) -> None:
+    """A program that makes a backend per job and drops it (no ``close()``) must not keep
+    it for the event loop's life: its channels, kept per loop, must not hold it, nor so its
+    pool's actor handles (Ray ends an actor, and frees what it holds of the cluster, once no
+    handle to it is left)."""
+    made = RayBackend(pool_size=1)
+    freed = weakref.ref(made)
+    spec = AgentSpec(name="noop", runner=runners.noop)
+    with anyio.fail_after(60):  # a hang detector
+        async with SubagentManager([spec], backend=made) as m:
+            assert (await m.execute("noop")).status is Status.COMPLETED
+    del made, m
+    gc.collect()
+    assert freed() is None, "the event loop's channels keep a dropped backend and its actors"

@@ -6,7 +6,7 @@ not start a new local cluster. It shuts the suite's shared cluster down, so it r
 from __future__ import annotations
 
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import anyio
@@ -14,7 +14,13 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from subagents import AgentSpec, RetryPolicy, Status, SubagentManager  # noqa: E402
+from subagents import (  # noqa: E402
+    AgentSpec,
+    DelegateResult,
+    RetryPolicy,
+    Status,
+    SubagentManager,
+)
 from subagents.backends import _ray_channel  # noqa: E402
 from subagents.backends._ray_bridge import settled  # noqa: E402
 from subagents.backends.ray import ClusterLostError, RayBackend  # noqa: E402
@@ -99,7 +105,8 @@ async def test_an_answer_that_reaches_the_driver_after_ray_shut_down_starts_no_n
 
 
 def _up() -> None:
-    """The suite's cluster, again (a test before shut it down)."""
+    """The suite's cluster, again (a test before shut it down). A test that starts Ray
+    again itself leaves that cluster up for the next: each start costs seconds."""
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
@@ -116,23 +123,20 @@ async def test_a_child_running_when_ray_restarts_ends_in_cluster_lost_instead_of
     reconnecting): the child's call belongs to the cluster that went, whose futures Ray never
     completes, and "Ray is initialised" no longer says that its cluster is up."""
     _up()
-    try:
-        name, latch = _latch()
-        await settled(latch.ready.remote().future())
-        backend = RayBackend(pool_size=1, force_after=0.5)
-        envelope = None
-        async with SubagentManager([HANGS], backend=backend) as m:
-            handle = m.spawn("hangs", name)
-            await settled(latch.wait.remote().future())
-            ray.shutdown()  # and back, without yielding to the loop in between
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-            with anyio.move_on_after(5):
-                envelope = await handle.wait()
-        assert envelope is not None, "no envelope 5 s after Ray restarted under the child"
-        assert envelope.status is Status.ERROR
-        assert (envelope.error_type or "").endswith("ClusterLostError"), envelope.error
-    finally:
-        ray.shutdown()
+    name, latch = _latch()
+    await settled(latch.ready.remote().future())
+    backend = RayBackend(pool_size=1, force_after=0.5)
+    envelope = None
+    async with SubagentManager([HANGS], backend=backend) as m:
+        handle = m.spawn("hangs", name)
+        await settled(latch.wait.remote().future())
+        ray.shutdown()  # and back, without yielding to the loop in between
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        with anyio.move_on_after(5):
+            envelope = await handle.wait()
+    assert envelope is not None, "no envelope 5 s after Ray restarted under the child"
+    assert envelope.status is Status.ERROR
+    assert (envelope.error_type or "").endswith("ClusterLostError"), envelope.error
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -185,5 +189,73 @@ async def test_a_child_retried_after_ray_shut_down_starts_no_new_cluster(cluster
         assert not restarted, "the retry started a new local Ray cluster"
         assert envelope is not None
         assert envelope.status is Status.ERROR
+    finally:
+        ray.shutdown()
+
+
+def _noop_in_another_loop(backend: RayBackend) -> DelegateResult:
+    """A ``noop`` child of ``backend`` run to its end in an event loop of another thread,
+    while this one waits (blocked: its own children get no turn meanwhile)."""
+
+    async def run() -> DelegateResult:
+        async with SubagentManager([NOOP], backend=backend) as m:
+            with anyio.fail_after(60):
+                return await m.execute("noop")
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(anyio.run, run).result()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_child_of_the_cluster_that_went_ends_though_another_started_on_the_new_one(
+    cluster: None,
+) -> None:
+    """Ray shut down and started again, and another child of the backend (of another event
+    loop here; of the same one it is a race) starts on the new cluster before the running
+    child's next look at Ray: the backend now belongs to the new cluster, but the running
+    child's call belongs to the one that went, whose futures Ray never completes."""
+    _up()
+    name, latch = _latch()
+    await settled(latch.ready.remote().future())
+    backend = RayBackend(pool_size=1, force_after=0.5)
+    envelope = None
+    async with SubagentManager([HANGS], backend=backend) as m:
+        handle = m.spawn("hangs", name)
+        await settled(latch.wait.remote().future())
+        ray.shutdown()  # and back, and the other child, without yielding to this loop
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        other = _noop_in_another_loop(backend)
+        assert other.status is Status.COMPLETED, f"{other.error_type}: {other.error}"
+        with anyio.move_on_after(5):
+            envelope = await handle.wait()
+    assert envelope is not None, "the child of the cluster that went waits for ever"
+    assert envelope.status is Status.ERROR
+    assert (envelope.error_type or "").endswith("ClusterLostError"), envelope.error
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_child_spawned_after_ray_shut_down_starts_no_new_local_cluster(
+    cluster: None,
+) -> None:
+    """The program initialised Ray itself (its own cluster; here the suite's), so the
+    backend has no address; once Ray has shut down, a new child must not ``ray.init()`` a
+    new local cluster (the children would run on this machine, not on the cluster the
+    program chose, as a retry's auto-init would have): it ends in ``ClusterLostError``."""
+    _up()
+    try:
+        backend = RayBackend(pool_size=1, force_after=0.5)
+        after = None
+        async with SubagentManager([NOOP], backend=backend) as m:
+            with anyio.fail_after(60):
+                first = await m.execute("noop")
+            assert first.status is Status.COMPLETED, f"{first.error_type}: {first.error}"
+            ray.shutdown()
+            with anyio.move_on_after(60):
+                after = await m.execute("noop")
+            restarted = ray.is_initialized()
+        assert not restarted, "a child spawned after ray.shutdown() started a local cluster"
+        assert after is not None
+        assert after.status is Status.ERROR
+        assert (after.error_type or "").endswith("ClusterLostError"), after.error
     finally:
         ray.shutdown()
