@@ -209,7 +209,7 @@ class Channel:
             return
         collects = not self._collecting
         try:
-            sent = self._actor.submit.remote(self.name, pickle.dumps(batch, protocol=5), collects)
+            sent = self._actor.submit.remote(pickle.dumps((self.name, collects, batch), protocol=5))
         except Exception as exc:  # Ray shut down under us
             self._fail(numbers, exc)
             return

@@ -160,11 +160,14 @@ class _WorkerActor:
             self._start().set()
             await anyio.sleep_forever()
 
-    async def submit(self, channel: str, batch: bytes, collects: bool = False) -> bytes | None:
-        """Start the runs of ``batch``; if ``collects``, then answer as :meth:`collect`."""
+    async def submit(self, blob: bytes) -> bytes | None:
+        """Start the runs of a batch (``blob``: the channel, whether this call collects,
+        and the runs, pickled as one argument: Ray's cost grows with each); if it
+        collects, then answer as :meth:`collect`."""
+        channel, collects, batch = unpack(blob)
         await self._start().wait()
         assert self._group is not None
-        for number, payload in unpack(batch):
+        for number, payload in batch:
             key = (channel, number)
             if key in self._cancelled_early:
                 del self._cancelled_early[key]

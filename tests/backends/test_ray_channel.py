@@ -77,12 +77,16 @@ class FakeActor:
         self.collecting: list[Future[Any]] = []
         """The futures of the calls that collect (a submit that does, or a collect)."""
         self.serve = _Method(self.collecting)
-        self.submit = _Method(self.collecting, lambda args: bool(args[2]), submit_raises)
+        self.submit = _Method(self.collecting, lambda args: pickle.loads(args[0])[1], submit_raises)
         self.collect = _Method(self.collecting, lambda args: True)
         self.cancel = _Method(self.collecting)
 
     def batches(self) -> list[list[tuple[int, bytes]]]:
-        return [pickle.loads(blob) for _, blob, _ in self.submit.calls]
+        return [batch for _, _, batch in self.submitted()]
+
+    def submitted(self) -> list[tuple[str, bool, list[tuple[int, bytes]]]]:
+        """Each submit's one argument: its channel, whether it collects, its runs."""
+        return [pickle.loads(blob) for (blob,) in self.submit.calls]
 
 
 def up() -> bool:
@@ -133,8 +137,8 @@ async def test_calls_made_together_travel_in_one_submit_that_collects() -> None:
         f"payload-{i}".encode() for i in range(10)
     )
     assert sorted(number for number, _ in batch) == [call.number for call in made]
-    assert actor.submit.calls[0][0] == channel.name
-    assert actor.submit.calls[0][2] is True, "the one Ray call of the batch collects"
+    assert actor.submitted()[0][0] == channel.name
+    assert actor.submitted()[0][1] is True, "the one Ray call of the batch collects"
     assert actor.collect.calls == []
     assert not any(call.done.is_set() for call in made)
 
@@ -146,7 +150,7 @@ async def test_a_large_batch_travels_in_submits_of_at_most_the_batch_size() -> N
     assert [len(batch) for batch in batches] == [_BATCH, _BATCH, _BATCH, 1]
     sent = sorted(number for batch in batches for number, _ in batch)
     assert sent == [call.number for call in made]
-    assert [collects for _, _, collects in actor.submit.calls] == [True, False, False, False]
+    assert [collects for _, collects, _ in actor.submitted()] == [True, False, False, False]
     assert actor.collect.calls == []
 
 
@@ -196,7 +200,7 @@ async def test_a_new_call_after_all_ended_starts_a_new_collect() -> None:
     with anyio.fail_after(5):
         await first.done.wait()
     second = await channel.call(b"two")
-    assert [collects for _, _, collects in actor.submit.calls] == [True, True]
+    assert [collects for _, collects, _ in actor.submitted()] == [True, True]
     answer(actor, 1, (second.number, REPLIED, b"two"))
     with anyio.fail_after(5):
         await second.done.wait()
@@ -207,7 +211,7 @@ async def test_a_failed_collect_ends_every_call_of_the_channel_with_its_error() 
     channel = Channel(actor, up)
     made = await calls(channel, 3)
     made += await calls(channel, 2)  # sent while the first submit collects
-    assert [collects for _, _, collects in actor.submit.calls] == [True, False]
+    assert [collects for _, collects, _ in actor.submitted()] == [True, False]
     from_ray_thread(actor.collecting[0], error=ConnectionError("the actor died"))
     with anyio.fail_after(5):
         for call in made:

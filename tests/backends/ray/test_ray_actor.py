@@ -82,8 +82,9 @@ def payload(runner: str, text: str = "") -> bytes:
     return pickle.dumps((f"{HERE}:{runner}", Request(agent="worker", input=text), shipped))
 
 
-def batch(*payloads: tuple[int, bytes]) -> bytes:
-    return pickle.dumps(list(payloads))
+def batch(channel: str, *payloads: tuple[int, bytes], collects: bool = False) -> bytes:
+    """A submit's one argument: the channel, whether it collects, the runs."""
+    return pickle.dumps((channel, collects, list(payloads)))
 
 
 @asynccontextmanager
@@ -127,7 +128,7 @@ def output(blob: bytes) -> str | None:
 
 async def test_a_submitted_batch_runs_and_collect_hands_back_each_reply() -> None:
     async with serving() as actor:
-        await actor.submit("c", batch((0, payload("echo", "a")), (1, payload("echo", "b"))))
+        await actor.submit(batch("c", (0, payload("echo", "a")), (1, payload("echo", "b"))))
         ended = await collected(actor, "c", 2)
     assert {number: how for number, (how, _) in ended.items()} == {0: REPLIED, 1: REPLIED}
     assert output(ended[0][1]) == "echo a"
@@ -137,7 +138,9 @@ async def test_a_submitted_batch_runs_and_collect_hands_back_each_reply() -> Non
 async def test_a_submit_that_collects_answers_with_what_ended_as_collect_does() -> None:
     async with serving() as actor:
         with anyio.fail_after(10):
-            answer = pickle.loads(await actor.submit("c", batch((0, payload("echo", "x"))), True))
+            answer = pickle.loads(
+                await actor.submit(batch("c", (0, payload("echo", "x")), collects=True))
+            )
     assert [(number, how) for number, how, _ in answer] == [(0, REPLIED)]
     assert output(answer[0][2]) == "echo x"
 
@@ -145,7 +148,7 @@ async def test_a_submit_that_collects_answers_with_what_ended_as_collect_does() 
 async def test_a_submit_that_arrives_before_serve_waits_for_it() -> None:
     actor = _ray_worker._WorkerActor(10)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(actor.submit, "c", batch((0, payload("echo", "early"))))
+        tg.start_soon(actor.submit, batch("c", (0, payload("echo", "early"))))
         await anyio.wait_all_tasks_blocked()
         tg.start_soon(actor.serve)
         ended = await collected(actor, "c", 1)
@@ -155,7 +158,7 @@ async def test_a_submit_that_arrives_before_serve_waits_for_it() -> None:
 
 async def test_a_cancel_ends_that_run_as_cancelled_and_no_other() -> None:
     async with serving() as actor:
-        await actor.submit("c", batch((0, payload("hangs")), (1, payload("hangs"))))
+        await actor.submit(batch("c", (0, payload("hangs")), (1, payload("hangs"))))
         await anyio.wait_all_tasks_blocked()
         await actor.cancel("c", [0])
         ended = await collected(actor, "c", 1)
@@ -167,7 +170,7 @@ async def test_a_cancel_ends_that_run_as_cancelled_and_no_other() -> None:
 async def test_a_cancel_that_comes_before_its_run_ends_it_on_arrival_unrun() -> None:
     async with serving() as actor:
         await actor.cancel("c", [7])
-        await actor.submit("c", batch((7, payload("hangs")), (8, payload("echo", "x"))))
+        await actor.submit(batch("c", (7, payload("hangs")), (8, payload("echo", "x"))))
         ended = await collected(actor, "c", 2)
     assert ended[7] == (CANCELLED, b"")
     assert output(ended[8][1]) == "echo x"
@@ -175,7 +178,7 @@ async def test_a_cancel_that_comes_before_its_run_ends_it_on_arrival_unrun() -> 
 
 async def test_a_cancel_of_a_run_that_ended_uncollected_is_not_kept() -> None:
     async with serving() as actor:
-        await actor.submit("c", batch((0, payload("echo", "done"))))
+        await actor.submit(batch("c", (0, payload("echo", "done"))))
         await anyio.wait_all_tasks_blocked()
         await actor.cancel("c", [0])
         ended = await collected(actor, "c", 1)
@@ -194,7 +197,7 @@ async def test_cancels_kept_for_runs_not_arrived_are_bounded_oldest_first() -> N
 
 async def test_a_payload_that_does_not_unpickle_ends_failed_with_its_error() -> None:
     async with serving() as actor:
-        await actor.submit("c", batch((0, b"not a pickle"), (1, payload("echo", "fine"))))
+        await actor.submit(batch("c", (0, b"not a pickle"), (1, payload("echo", "fine"))))
         ended = await collected(actor, "c", 2)
     how, blob = ended[0]
     assert how == FAILED
@@ -206,7 +209,7 @@ async def test_runs_past_max_concurrency_wait_their_turn() -> None:
     Gate.running = Gate.most = 0
     Gate.opened = anyio.Event()
     async with serving(max_concurrency=2) as actor:
-        await actor.submit("c", batch(*((i, payload("waits_at_the_gate")) for i in range(5))))
+        await actor.submit(batch("c", *((i, payload("waits_at_the_gate")) for i in range(5))))
         await anyio.wait_all_tasks_blocked()
         assert Gate.running == 2
         Gate.opened.set()
@@ -217,8 +220,8 @@ async def test_runs_past_max_concurrency_wait_their_turn() -> None:
 
 async def test_each_channel_collects_only_its_own_runs() -> None:
     async with serving() as actor:
-        await actor.submit("one", batch((0, payload("echo", "for one"))))
-        await actor.submit("two", batch((0, payload("echo", "for two"))))
+        await actor.submit(batch("one", (0, payload("echo", "for one"))))
+        await actor.submit(batch("two", (0, payload("echo", "for two"))))
         one = await collected(actor, "one", 1)
         two = await collected(actor, "two", 1)
     assert output(one[0][1]) == "echo for one"
@@ -243,7 +246,7 @@ async def test_a_runner_raising_cancelled_error_ends_only_its_run_and_the_actor_
     Gate.opened = anyio.Event()
     async with serving() as actor:
         await actor.submit(
-            "c", batch((0, payload("waits_at_the_gate")), (1, payload("raises_cancelled_error")))
+            batch("c", (0, payload("waits_at_the_gate")), (1, payload("raises_cancelled_error")))
         )
         first = await collected(actor, "c", 1)
         error = runner_error_of(first[1])
@@ -251,7 +254,7 @@ async def test_a_runner_raising_cancelled_error_ends_only_its_run_and_the_actor_
         assert "raised CancelledError but nothing cancelled it" in str(error)
         await anyio.wait_all_tasks_blocked()
         try:
-            await actor.submit("c", batch((2, payload("echo", "after"))))
+            await actor.submit(batch("c", (2, payload("echo", "after"))))
         except RuntimeError as exc:
             pytest.fail(f"the actor takes no more runs: {exc}")
         ended = {**first, **await collected(actor, "c", 1)}
@@ -299,7 +302,7 @@ async def test_a_runner_raising_a_base_exception_of_its_own_ends_only_its_run() 
     stopped: list[BaseException] = []
     async with serving_watched(stopped) as actor:
         await actor.submit(
-            "c", batch((0, payload("waits_at_the_gate")), (1, payload("raises_a_base_exception")))
+            batch("c", (0, payload("waits_at_the_gate")), (1, payload("raises_a_base_exception")))
         )
         first = await collected(actor, "c", 1)
         assert 0 not in first, "a runner's BaseException ended another run of its actor"
