@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 import anyio
@@ -182,19 +183,23 @@ async def test_a_run_cancelled_before_its_exit_does_not_wait_for_a_pipe_held_pas
     # command runs: its group ends within the grace, and nobody reads the output of a
     # cancelled run, so the run must not then drain the held pipe for REAP_TIMEOUT (as a
     # run cancelled after the exit does not).
-    pids = tmp_path / "pids"
-    script = f"setsid sleep 30 & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}; sleep 30"
+    # The descendant writes its pid once it is in its new session: written before, the
+    # group's kill could still reach it, and nothing would hold the pipe.
+    pid = tmp_path / "pid"
+    held = f"echo $$ > {pid}.tmp && mv {pid}.tmp {pid} && exec sleep 30"
+    script = f"setsid sh -c '{held}' & sleep 30"
     runner = CommandRunner(["sh", "-c", script], grace=0.1)
     cut = ScopedRun(runner)
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(cut.run)
-            await anyio.to_thread.run_sync(wait_until, pids.exists, "the pids")
+            await anyio.to_thread.run_sync(wait_until, pid.exists, "the descendant's pid")
             cut.cancel()
             with anyio.move_on_after(_spawn.REAP_TIMEOUT / 2):  # bounds the failure only
                 await cut.returned.wait()
             assert cut.returned.is_set(), "the cancelled run drained the held pipe to its bound"
     finally:
-        if pids.exists():
-            os.kill(int(pids.read_text().split()[1]), signal.SIGKILL)
+        if pid.exists():
+            with suppress(ProcessLookupError):
+                os.kill(int(pid.read_text()), signal.SIGKILL)

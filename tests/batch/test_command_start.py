@@ -7,6 +7,7 @@ import errno
 import os
 import signal
 import threading
+from contextlib import suppress
 from pathlib import Path
 
 import anyio
@@ -66,21 +67,31 @@ async def test_a_run_cancelled_while_its_pipes_drain_after_the_exit_ends_at_once
 ) -> None:
     # A descendant in a session of its own holds stdout past the command's exit: the
     # run drains it for up to REAP_TIMEOUT, but a cancellation ends that wait at once.
-    pids = tmp_path / "pids"
-    script = f"setsid sleep 30 & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}"
+    # The descendant writes its pid once it is in its new session, and the shell exits
+    # only then: before, the group's kill at the exit could still reach it.
+    held_file, shell_file = tmp_path / "held", tmp_path / "shell"
+    held_script = f"echo $$ > {held_file}.tmp && mv {held_file}.tmp {held_file} && exec sleep 30"
+    script = (
+        f"setsid sh -c '{held_script}' & while [ ! -s {held_file} ]; do sleep 0.01; done; "
+        f"echo $$ > {shell_file}.tmp; mv {shell_file}.tmp {shell_file}"
+    )
     runner = CommandRunner(["sh", "-c", script], grace=0.1)
     cut = ScopedRun(runner)
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(cut.run)
-        await anyio.to_thread.run_sync(wait_until, pids.exists, "the pids")
-        shell, held = (int(p) for p in pids.read_text().split())
-        await anyio.to_thread.run_sync(wait_ended, [shell])  # exited and reaped
-        cut.cancel()
-        with anyio.move_on_after(_spawn.REAP_TIMEOUT / 2):  # bounds the failure only
-            await cut.returned.wait()
-        assert cut.returned.is_set(), "the cancelled run waited for the held pipe's bound"
-    os.kill(held, signal.SIGKILL)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cut.run)
+            await anyio.to_thread.run_sync(wait_until, shell_file.exists, "the shell's pid")
+            shell = int(shell_file.read_text())
+            await anyio.to_thread.run_sync(wait_ended, [shell])  # exited and reaped
+            cut.cancel()
+            with anyio.move_on_after(_spawn.REAP_TIMEOUT / 2):  # bounds the failure only
+                await cut.returned.wait()
+            assert cut.returned.is_set(), "the cancelled run waited for the held pipe's bound"
+    finally:
+        if held_file.exists():
+            with suppress(ProcessLookupError):
+                os.kill(int(held_file.read_text()), signal.SIGKILL)
 
 
 async def test_a_run_cancelled_after_its_thread_failed_to_begin_ends_cancelled(

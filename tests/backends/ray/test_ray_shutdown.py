@@ -6,6 +6,7 @@ not start a new local cluster. It shuts the suite's shared cluster down, so it r
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -122,21 +123,9 @@ async def test_a_child_running_when_ray_restarts_ends_in_cluster_lost_instead_of
     """``ray.shutdown()`` then ``ray.init()`` before the driver's next look at Ray (a program
     reconnecting): the child's call belongs to the cluster that went, whose futures Ray never
     completes, and "Ray is initialised" no longer says that its cluster is up."""
-    _up()
-    name, latch = _latch()
-    await settled(latch.ready.remote().future())
-    backend = RayBackend(pool_size=1, force_after=0.5)
-    envelope = None
-    async with SubagentManager([HANGS], backend=backend) as m:
-        handle = m.spawn("hangs", name)
-        await settled(latch.wait.remote().future())
-        ray.shutdown()  # and back, without yielding to the loop in between
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        with anyio.move_on_after(5):
-            envelope = await handle.wait()
+    envelope = await _restarted_under_a_hung_child(lambda backend: None)
     assert envelope is not None, "no envelope 5 s after Ray restarted under the child"
-    assert envelope.status is Status.ERROR
-    assert (envelope.error_type or "").endswith("ClusterLostError"), envelope.error
+    _assert_cluster_lost(envelope)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -193,6 +182,33 @@ async def test_a_child_retried_after_ray_shut_down_starts_no_new_cluster(cluster
         ray.shutdown()
 
 
+async def _restarted_under_a_hung_child(
+    meanwhile: Callable[[RayBackend], None],
+) -> DelegateResult | None:
+    """A hung child of a new backend, Ray shut down and started again under it, then
+    ``meanwhile(backend)``, all without yielding to the loop: the child's envelope, or
+    ``None`` if none came within 5 s. Ray is left up, on the new cluster."""
+    _up()
+    name, latch = _latch()
+    await settled(latch.ready.remote().future())
+    backend = RayBackend(pool_size=1, force_after=0.5)
+    envelope = None
+    async with SubagentManager([HANGS], backend=backend) as m:
+        handle = m.spawn("hangs", name)
+        await settled(latch.wait.remote().future())
+        ray.shutdown()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        meanwhile(backend)
+        with anyio.move_on_after(5):
+            envelope = await handle.wait()
+    return envelope
+
+
+def _assert_cluster_lost(envelope: DelegateResult) -> None:
+    assert envelope.status is Status.ERROR
+    assert (envelope.error_type or "").endswith("ClusterLostError"), envelope.error
+
+
 def _noop_in_another_loop(backend: RayBackend) -> DelegateResult:
     """A ``noop`` child of ``backend`` run to its end in an event loop of another thread,
     while this one waits (blocked: its own children get no turn meanwhile)."""
@@ -214,23 +230,14 @@ async def test_a_child_of_the_cluster_that_went_ends_though_another_started_on_t
     loop here; of the same one it is a race) starts on the new cluster before the running
     child's next look at Ray: the backend now belongs to the new cluster, but the running
     child's call belongs to the one that went, whose futures Ray never completes."""
-    _up()
-    name, latch = _latch()
-    await settled(latch.ready.remote().future())
-    backend = RayBackend(pool_size=1, force_after=0.5)
-    envelope = None
-    async with SubagentManager([HANGS], backend=backend) as m:
-        handle = m.spawn("hangs", name)
-        await settled(latch.wait.remote().future())
-        ray.shutdown()  # and back, and the other child, without yielding to this loop
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def another_child(backend: RayBackend) -> None:
         other = _noop_in_another_loop(backend)
         assert other.status is Status.COMPLETED, f"{other.error_type}: {other.error}"
-        with anyio.move_on_after(5):
-            envelope = await handle.wait()
+
+    envelope = await _restarted_under_a_hung_child(another_child)
     assert envelope is not None, "the child of the cluster that went waits for ever"
-    assert envelope.status is Status.ERROR
-    assert (envelope.error_type or "").endswith("ClusterLostError"), envelope.error
+    _assert_cluster_lost(envelope)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
