@@ -384,6 +384,9 @@ class RayBackend:
                 self._retire(slot)
             with anyio.CancelScope(shield=True):
                 await self._salvage(reported, None, cluster)
+            if not isinstance(exc, ClusterLostError) and not _on(cluster):
+                # Ray shutting down may fail the call first (its actors "died"): a loss.
+                raise ClusterLostError(f"Ray shut down while child {ctx.task_id!r} ran") from exc
             raise
         finally:
             if slot is not None:
