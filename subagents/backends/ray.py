@@ -331,6 +331,8 @@ class RayBackend:
         cluster = await self._ready()
         reply = await self._call(self._targets.target(spec.runner), request, reported, cluster)
         if reply.missing:  # the workers cannot import the runner's module: send its code
+            if not _on(cluster):  # gone since: no call, which would start a cluster
+                raise ClusterLostError(f"Ray shut down before {reported.ctx.task_id!r} ran")
             target = self._targets.copy(spec.runner)
             reply = await self._call(target, request, reported, cluster)
             if reply.missing:
@@ -345,11 +347,9 @@ class RayBackend:
     async def _call(
         self, target: Target, request: Request, reported: Reported, cluster: tuple[str, str]
     ) -> Reply:
-        """One Ray call running ``target`` on ``cluster``: its reply, or the error that
-        ended it."""
+        """One Ray call running ``target`` on ``cluster`` (up: just checked): its reply,
+        or the error that ended it."""
         ctx = reported.ctx
-        if not _on(cluster):  # gone since: no call, which would start a cluster
-            raise ClusterLostError(f"Ray shut down before child {ctx.task_id!r} could run")
         shipped = Shipped(
             task_id=ctx.task_id,
             parent_session_id=ctx.parent_session_id,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 
 import anyio
@@ -150,3 +152,19 @@ class ScopedRun:
 
     def cancel(self) -> None:
         self.scope.cancel()
+
+
+def pipe_holder(pid_file: Path) -> str:
+    """A shell fragment that starts, in the background, a descendant in a session of its
+    own that holds the command's stdout for 30 s. It writes its pid to ``pid_file`` once
+    it is in its new session: written before, the group's kill could still reach it, and
+    nothing would hold the pipe."""
+    held = f"echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file} && exec sleep 30"
+    return f"setsid sh -c '{held}' &"
+
+
+def kill_pipe_holder(pid_file: Path) -> None:
+    """End what :func:`pipe_holder` started, if it did start (and has not ended)."""
+    if pid_file.exists():
+        with suppress(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from contextlib import suppress
 from pathlib import Path
 
 import anyio
@@ -20,7 +19,13 @@ from subagents.backends.command import (
     command_agent,
     fill_template,
 )
-from tests.batch.support import ScopedRun, wait_ended, wait_until
+from tests.batch.support import (
+    ScopedRun,
+    kill_pipe_holder,
+    pipe_holder,
+    wait_ended,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("process_start")]
 
@@ -183,11 +188,8 @@ async def test_a_run_cancelled_before_its_exit_does_not_wait_for_a_pipe_held_pas
     # command runs: its group ends within the grace, and nobody reads the output of a
     # cancelled run, so the run must not then drain the held pipe for REAP_TIMEOUT (as a
     # run cancelled after the exit does not).
-    # The descendant writes its pid once it is in its new session: written before, the
-    # group's kill could still reach it, and nothing would hold the pipe.
     pid = tmp_path / "pid"
-    held = f"echo $$ > {pid}.tmp && mv {pid}.tmp {pid} && exec sleep 30"
-    script = f"setsid sh -c '{held}' & sleep 30"
+    script = f"{pipe_holder(pid)} sleep 30"
     runner = CommandRunner(["sh", "-c", script], grace=0.1)
     cut = ScopedRun(runner)
 
@@ -200,6 +202,4 @@ async def test_a_run_cancelled_before_its_exit_does_not_wait_for_a_pipe_held_pas
                 await cut.returned.wait()
             assert cut.returned.is_set(), "the cancelled run drained the held pipe to its bound"
     finally:
-        if pid.exists():
-            with suppress(ProcessLookupError):
-                os.kill(int(pid.read_text()), signal.SIGKILL)
+        kill_pipe_holder(pid)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import threading
-from contextlib import suppress
 from pathlib import Path
 
 import anyio
@@ -16,7 +14,13 @@ import pytest
 
 from subagents.backends import _spawn
 from subagents.backends.command import CommandRunner
-from tests.batch.support import ScopedRun, wait_ended, wait_until
+from tests.batch.support import (
+    ScopedRun,
+    kill_pipe_holder,
+    pipe_holder,
+    wait_ended,
+    wait_until,
+)
 
 pytestmark = [
     pytest.mark.anyio,
@@ -67,12 +71,10 @@ async def test_a_run_cancelled_while_its_pipes_drain_after_the_exit_ends_at_once
 ) -> None:
     # A descendant in a session of its own holds stdout past the command's exit: the
     # run drains it for up to REAP_TIMEOUT, but a cancellation ends that wait at once.
-    # The descendant writes its pid once it is in its new session, and the shell exits
-    # only then: before, the group's kill at the exit could still reach it.
+    # The shell exits only once the descendant is in its new session.
     held_file, shell_file = tmp_path / "held", tmp_path / "shell"
-    held_script = f"echo $$ > {held_file}.tmp && mv {held_file}.tmp {held_file} && exec sleep 30"
     script = (
-        f"setsid sh -c '{held_script}' & while [ ! -s {held_file} ]; do sleep 0.01; done; "
+        f"{pipe_holder(held_file)} while [ ! -s {held_file} ]; do sleep 0.01; done; "
         f"echo $$ > {shell_file}.tmp; mv {shell_file}.tmp {shell_file}"
     )
     runner = CommandRunner(["sh", "-c", script], grace=0.1)
@@ -89,9 +91,7 @@ async def test_a_run_cancelled_while_its_pipes_drain_after_the_exit_ends_at_once
                 await cut.returned.wait()
             assert cut.returned.is_set(), "the cancelled run waited for the held pipe's bound"
     finally:
-        if held_file.exists():
-            with suppress(ProcessLookupError):
-                os.kill(int(held_file.read_text()), signal.SIGKILL)
+        kill_pipe_holder(held_file)
 
 
 async def test_a_run_cancelled_after_its_thread_failed_to_begin_ends_cancelled(

@@ -124,8 +124,7 @@ async def test_a_child_running_when_ray_restarts_ends_in_cluster_lost_instead_of
     reconnecting): the child's call belongs to the cluster that went, whose futures Ray never
     completes, and "Ray is initialised" no longer says that its cluster is up."""
     envelope = await _restarted_under_a_hung_child(lambda backend: None)
-    assert envelope is not None, "no envelope 5 s after Ray restarted under the child"
-    _assert_cluster_lost(envelope)
+    _assert_cluster_lost(envelope, "no envelope 5 s after Ray restarted under the child")
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -204,7 +203,8 @@ async def _restarted_under_a_hung_child(
     return envelope
 
 
-def _assert_cluster_lost(envelope: DelegateResult) -> None:
+def _assert_cluster_lost(envelope: DelegateResult | None, missing: str) -> None:
+    assert envelope is not None, missing
     assert envelope.status is Status.ERROR
     assert (envelope.error_type or "").endswith("ClusterLostError"), envelope.error
 
@@ -236,8 +236,7 @@ async def test_a_child_of_the_cluster_that_went_ends_though_another_started_on_t
         assert other.status is Status.COMPLETED, f"{other.error_type}: {other.error}"
 
     envelope = await _restarted_under_a_hung_child(another_child)
-    assert envelope is not None, "the child of the cluster that went waits for ever"
-    _assert_cluster_lost(envelope)
+    _assert_cluster_lost(envelope, "the child of the cluster that went waits for ever")
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
