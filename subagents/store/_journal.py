@@ -65,6 +65,7 @@ class SqliteJournal:
         origin: str,
         path: str,
         submit: Callable[[Write], int],
+        amend: Callable[[Callable[[], bool]], bool],
         read: Read,
         wait_committed: Callable[[int], Awaitable[None]],
         decode: Callable[[bytes], DelegateResult],
@@ -74,6 +75,7 @@ class SqliteJournal:
         self._origin = origin
         self._path = path
         self._submit = submit
+        self._amend = amend
         self._read = read
         self._wait = wait_committed
         self._decode = decode
@@ -82,15 +84,27 @@ class SqliteJournal:
         self._delivered = delivered  # the journal puts into a session's mailbox itself
         self._mine: list[SpawnEntry] = []
         self._forgetting: set[str] = set()
+        # Unkeyed spawn writes until their task starts (or ends unstarted), which the
+        # writer may not have taken yet: a start counted in one of those is a write less
+        # (SpawnWrite.count_start).
+        self._spawns: dict[str, SpawnWrite] = {}
 
     def spawned(self, entry: SpawnEntry) -> int:
         """Queue the spawn's ``tasks`` and ``names`` rows; returns the write's sequence
         number (what :meth:`wait_journaled` waits for). Never blocks."""
-        return self._submit(SpawnWrite(entry, self._origin))
+        write = SpawnWrite(entry, self._origin)
+        seq = self._submit(write)
+        if entry.idempotency_key is None:
+            self._spawns[entry.task_id] = write
+        return seq
 
     def started(self, task_id: str) -> int:
-        """Queue: the task is ``running`` (``attempts + 1``); returns the write's sequence
-        number. Never blocks."""
+        """Queue: the task is ``running`` (``attempts + 1``), in its spawn's row if the
+        writer has not taken that yet; returns the sequence number of the write that
+        carries it. Never blocks."""
+        spawn = self._spawns.pop(task_id, None)
+        if spawn is not None and self._amend(spawn.count_start):
+            return spawn.seq
         return self._submit(StartWrite(task_id))
 
     def ended(
@@ -105,6 +119,7 @@ class SqliteJournal:
         if none did, to one written here: with ``deliver``, unread in the session's
         mailbox); ``then()`` runs on the event loop once that is committed, or once the
         store has failed first. Never blocks."""
+        self._spawns.pop(task_id, None)
         if deliver:  # it may put the envelope into the mailbox itself, which no put counts
             then = functools.partial(self._delivered_then, session_id, then)
         self._last_end = self._submit(

@@ -15,6 +15,10 @@ the mailbox's rows. A keyed spawn keeps its place: it frees its key from an ende
 whose end must come first. An end links its task's newest envelope row when the end is
 applied, so a put of the same task id submitted after its end (a user's own put into the
 mailbox, in the same batch) is the one it links: either is that task's envelope.
+
+A task's start and end that meet its spawn in one run are written by it (``merge_ends``):
+the spawn then goes after the ends (order 4), and commutes with what a lower order holds
+for the same reasons, its own start and end being the ones it writes.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, Self
+from typing import Final, Self, cast
 
 import attrs
 
@@ -43,6 +47,7 @@ __all__ = [
     "SpawnWrite",
     "StartWrite",
     "deliver_unread",
+    "merge_ends",
 ]
 
 logger = logging.getLogger("subagents.store")
@@ -56,7 +61,8 @@ _INSERT_TASK: Final = (
     "idempotency_key, state, attempts, owner, created_ms, updated_ms) "
     "VALUES (:task_id, :session, :parent, :agent, :path, :request, CASE WHEN :key IS NULL "
     "THEN NULL WHEN EXISTS (SELECT 1 FROM tasks WHERE session = :session AND "
-    "idempotency_key = :key) THEN NULL ELSE :key END, 'queued', 0, :owner, :ms, :ms)"
+    "idempotency_key = :key) THEN NULL ELSE :key END, "
+    "CASE WHEN :attempts > 0 THEN 'running' ELSE 'queued' END, :attempts, :owner, :ms, :ms)"
 )
 # A key is free again once its task is forgotten (its envelope unlinked), or, for a task
 # this store journaled, once its record is dropped here (a spawn with the key found none).
@@ -75,8 +81,30 @@ _INSERT_TASKS: Final = (
     "state, attempts, owner, created_ms, updated_ms) "
     "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
     "json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), "
-    "CAST(json_extract(value, '$[5]') AS BLOB), 'queued', 0, :owner, :ms, :ms "
+    "CAST(json_extract(value, '$[5]') AS BLOB), "
+    "CASE WHEN json_extract(value, '$[6]') > 0 THEN 'running' ELSE 'queued' END, "
+    "json_extract(value, '$[6]'), :owner, :ms, :ms "
     "FROM json_each(:rows) ORDER BY key"
+)
+# Spawns whose end came in the same batch (``merge_ends``), after its puts: each row is
+# ended at once, linked to its task's newest envelope row, when a put wrote one.
+_INSERT_ENDED_TASKS: Final = (
+    "INSERT INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
+    "state, attempts, owner, envelope_id, created_ms, updated_ms) "
+    "SELECT task_id, session, parent_task, agent, agent_path, request, "
+    "CASE WHEN envelope_id IS NOT NULL THEN 'ended' WHEN attempts > 0 THEN 'running' "
+    "ELSE 'queued' END, attempts, :owner, envelope_id, :ms, :ms FROM ("
+    "SELECT key, json_extract(value, '$[0]') AS task_id, json_extract(value, '$[1]') AS session, "
+    "json_extract(value, '$[2]') AS parent_task, json_extract(value, '$[3]') AS agent, "
+    "json_extract(value, '$[4]') AS agent_path, "
+    "CAST(json_extract(value, '$[5]') AS BLOB) AS request, "
+    "json_extract(value, '$[6]') AS attempts, (SELECT max(e.id) FROM envelopes e "
+    "WHERE e.task_id = json_extract(value, '$[0]')) AS envelope_id "
+    "FROM json_each(:rows)) ORDER BY key"
+)
+_UNENDED: Final = (
+    "SELECT j.value FROM json_each(:ids) j JOIN tasks t ON t.task_id = j.value "
+    "WHERE t.state <> 'ended'"
 )
 _INSERT_NAMES: Final = (
     "INSERT OR IGNORE INTO names (session, agent_path, task_id) "
@@ -103,6 +131,15 @@ _END_LINKED: Final = (
     "WHERE task_id IN (SELECT value FROM json_each(:ids)) AND state <> 'ended' "
     "AND EXISTS (SELECT 1 FROM envelopes e WHERE e.task_id = tasks.task_id)"
 )
+# The same for ends whose start came in the same batch (merge_ends): its try counted too,
+# as _START_TASK would (only a queued task's).
+_END_LINKED_STARTED: Final = (
+    "UPDATE tasks SET state = 'ended', updated_ms = :ms, "
+    "attempts = attempts + (state = 'queued'), "
+    "envelope_id = (SELECT max(e.id) FROM envelopes e WHERE e.task_id = tasks.task_id) "
+    "WHERE task_id IN (SELECT value FROM json_each(:ids)) AND state <> 'ended' "
+    "AND EXISTS (SELECT 1 FROM envelopes e WHERE e.task_id = tasks.task_id)"
+)
 _DELETE_TASK: Final = "DELETE FROM tasks WHERE task_id = ? AND state = 'ended'"
 # Its deliveries go by the cascade; the foreign key from tasks.envelope_id is checked by
 # the index tasks_envelope (without it every delete would scan the tasks).
@@ -114,17 +151,43 @@ TASK_STATE: Final = "SELECT state, envelope_id FROM tasks WHERE task_id = ?"
 
 
 class SpawnWrite(Write):
-    __slots__ = ("entry", "owner")
+    """A spawn's ``tasks`` and ``names`` rows. While the writer has not taken it, a start
+    of its task is counted in it (:meth:`count_start`) instead of updating the row after;
+    in the writer, an end of its task in the same run of the batch is written by it too
+    (:func:`merge_ends`): its row is then inserted ended, after the puts."""
+
+    __slots__ = ("end", "entry", "open", "owner", "starts")
 
     ORDER = 0
+    ENDED_ORDER: Final = 4  # with its end: after the puts, whose rows it links
 
     def __init__(self, entry: SpawnEntry, owner: str) -> None:
         super().__init__()
         self.entry = entry
         self.owner = owner
+        self.open = True  # neither taken nor handed back (changes under the writer's lock)
+        self.starts = 0
+        self.end: EndWrite | None = None
 
     def order(self) -> int | None:
-        return None if self.entry.idempotency_key is not None else self.ORDER
+        if self.entry.idempotency_key is not None:
+            return None
+        return self.ORDER if self.end is None else self.ENDED_ORDER
+
+    def take(self) -> bool:
+        self.open = False
+        return True
+
+    def release(self) -> None:
+        self.open = False
+
+    def count_start(self) -> bool:
+        """Under the writer's lock: one more try of the task, written in this row itself
+        if the writer has not taken it yet (else False: the start is a write of its own)."""
+        if not self.open:
+            return False
+        self.starts += 1
+        return True
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
@@ -139,12 +202,22 @@ class SpawnWrite(Write):
             # written earlier in this run included.
             _insert_rows(conn, [(w, dumps(w.entry.request)) for w in writes], ms)
             return
+        ended = writes[0].end is not None  # a run is all of one order
         rows = [(w, dumps(w.entry.request)) for w in writes]
         for as_json, part in segments(conn, rows, size=_request_size, nul=_spawn_nul):
             if as_json:
-                _insert_list(conn, part, ms)
+                _insert_list(conn, part, ms, ended)
             else:
                 _insert_rows(conn, part, ms)
+        if ended:
+            ids = [w.entry.task_id for w in writes]
+            unended = (
+                set(ids)  # their rows went in unended, row by row: each linked below
+                if has_nul(ids)
+                else {row[0] for row in conn.execute(_UNENDED, {"ids": dumps_str(ids)})}
+            )
+            if unended:
+                _end_each(conn, [w.end for w in writes if w.end and w.end.task_id in unended])
 
 
 _SpawnRow = tuple[SpawnWrite, bytes]  # a spawn write and its request as JSON
@@ -159,16 +232,17 @@ def _spawn_nul(row: _SpawnRow) -> bool:
     return has_nul((e.task_id, e.session_id, e.parent_task, e.agent, e.agent_path))
 
 
-def _insert_list(conn: sqlite3.Connection, rows: Sequence[_SpawnRow], ms: int) -> None:
+def _insert_list(conn: sqlite3.Connection, rows: Sequence[_SpawnRow], ms: int, ended: bool) -> None:
     """Unkeyed spawns, their rows as one JSON list (one owner: every write of a store
-    carries its origin)."""
+    carries its origin); ``ended``: each linked to its task's envelope, if one is written."""
     listed = [
-        (e.task_id, e.session_id, e.parent_task, e.agent, e.agent_path, request.decode())
+        (e.task_id, e.session_id, e.parent_task, e.agent, e.agent_path, request.decode(), w.starts)
         for w, request in rows
         for e in (w.entry,)
     ]
     text = dumps_str(listed)
-    conn.execute(_INSERT_TASKS, {"owner": rows[0][0].owner, "ms": ms, "rows": text})
+    insert = _INSERT_ENDED_TASKS if ended else _INSERT_TASKS
+    conn.execute(insert, {"owner": rows[0][0].owner, "ms": ms, "rows": text})
     conn.execute(_INSERT_NAMES, {"rows": text})
 
 
@@ -184,6 +258,7 @@ def _insert_rows(conn: sqlite3.Connection, rows: Sequence[_SpawnRow], ms: int) -
                 "path": e.agent_path,
                 "request": request,
                 "key": e.idempotency_key,
+                "attempts": w.starts,
                 "owner": w.owner,
                 "ms": ms,
             }
@@ -197,18 +272,21 @@ def _insert_rows(conn: sqlite3.Connection, rows: Sequence[_SpawnRow], ms: int) -
 
 
 class StartWrite(Write):
-    __slots__ = ("task_id",)
+    __slots__ = ("merged", "task_id")
 
     ORDER = 1
 
     def __init__(self, task_id: str) -> None:
         super().__init__()
         self.task_id = task_id
+        self.merged = False  # counted by its task's spawn, in the same batch (merge_ends)
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         ms = now_ms()
-        ids = [w.task_id for w in writes]
+        ids = [w.task_id for w in writes if not w.merged]
+        if not ids:
+            return
         if has_nul(ids):  # never a task id this library draws; json_each would cut it
             conn.executemany(_START_TASK, [(ms, task_id) for task_id in ids])
         else:
@@ -227,7 +305,7 @@ def _insert_envelope(conn: sqlite3.Connection, session: str, task_id: str, body:
 
 
 class EndWrite(Write):
-    __slots__ = ("deliver", "envelope", "origin", "session", "task_id", "then")
+    __slots__ = ("deliver", "envelope", "merged", "origin", "session", "starts", "task_id", "then")
 
     ORDER = 3  # after the puts (Put.ORDER), whose rows it links
 
@@ -247,6 +325,8 @@ class EndWrite(Write):
         self.deliver = deliver
         self.origin = origin
         self.then = then
+        self.merged = False  # written by its task's spawn, in the same batch (merge_ends)
+        self.starts = 0  # starts of its task in the same batch that it writes (merge_ends)
 
     def done(self) -> None:
         if self.then is not None:
@@ -259,19 +339,73 @@ class EndWrite(Write):
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         ms = now_ms()
-        ids = dumps_str([w.task_id for w in writes])
-        linked = conn.execute(_END_LINKED, {"ids": ids, "ms": ms})
-        if linked.rowcount == len(writes):
-            return
-        # Some task's mailbox wrote no envelope (or the task is ended or not stored): each
-        # one alone, the ones just linked now ended (END_TASK leaves them as they are).
-        for w in writes:
-            ((envelope_id,),) = conn.execute(LAST_ENVELOPE, (w.task_id,)).fetchall()
-            if envelope_id is None and w.deliver:  # ended as its manager closed
-                envelope_id = deliver_unread(conn, w.session, w.task_id, w.envelope, w.origin, ms)
-            elif envelope_id is None:  # its mailbox did not write it (full, closed)
-                envelope_id = _insert_envelope(conn, w.session, w.task_id, w.envelope.to_json())
-            conn.execute(END_TASK, (envelope_id, ms, w.task_id))
+        plain = [w for w in writes if not w.merged and not w.starts]
+        started = [w for w in writes if not w.merged and w.starts]
+        for statement, group in ((_END_LINKED, plain), (_END_LINKED_STARTED, started)):
+            if not group:
+                continue
+            ids = dumps_str([w.task_id for w in group])
+            if conn.execute(statement, {"ids": ids, "ms": ms}).rowcount != len(group):
+                # Some task's mailbox wrote no envelope (or the task is ended or not
+                # stored): each one alone, the ones just linked now ended (END_TASK leaves
+                # them as they are).
+                _end_each(conn, group)
+
+
+def _end_each(conn: sqlite3.Connection, writes: Sequence[EndWrite]) -> None:
+    """Each end alone (its merged start first): linked to its task's newest envelope row,
+    or to one written here (unread in its session's mailbox with ``deliver``)."""
+    ms = now_ms()
+    for w in writes:
+        if w.starts:
+            conn.execute(_START_TASK, (ms, w.task_id))
+        ((envelope_id,),) = conn.execute(LAST_ENVELOPE, (w.task_id,)).fetchall()
+        if envelope_id is None and w.deliver:  # ended as its manager closed
+            envelope_id = deliver_unread(conn, w.session, w.task_id, w.envelope, w.origin, ms)
+        elif envelope_id is None:  # its mailbox did not write it (full, closed)
+            envelope_id = _insert_envelope(conn, w.session, w.task_id, w.envelope.to_json())
+        conn.execute(END_TASK, (envelope_id, ms, w.task_id))
+
+
+def merge_ends(batch: Sequence[Write]) -> None:
+    """In the writer, before a batch is applied: within each run between two writes that
+    keep their places, a task's start and end are written by its unkeyed spawn when that
+    is in the run too (its tries counted in the row; with its end, the row inserted ended
+    after the run's puts), else its start by its end (one update instead of two). Each
+    write stays in the batch, so its callback runs in its place."""
+    spawns: dict[str, SpawnWrite] = {}
+    starts: dict[str, StartWrite] = {}
+    for write in batch:
+        kind = type(write)
+        if kind is SpawnWrite:
+            spawn = cast(SpawnWrite, write)
+            if spawn.entry.idempotency_key is None:
+                spawns[spawn.entry.task_id] = spawn
+                continue
+        elif kind is StartWrite:
+            start = cast(StartWrite, write)
+            spawn_of = spawns.get(start.task_id)
+            if spawn_of is not None:
+                spawn_of.starts += 1
+                start.merged = True
+            elif start.task_id not in starts:
+                starts[start.task_id] = start
+            continue
+        elif kind is EndWrite:
+            end = cast(EndWrite, write)
+            found = spawns.pop(end.task_id, None)
+            if found is not None:
+                found.end = end
+                end.merged = True
+            else:
+                started = starts.pop(end.task_id, None)
+                if started is not None:
+                    started.merged = True
+                    end.starts = 1
+            continue
+        if write.order() is None:  # nothing moves across it
+            spawns.clear()
+            starts.clear()
 
 
 class ForgetWrite(Write):

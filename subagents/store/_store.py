@@ -35,6 +35,7 @@ from .._validators import count, seconds, text, thread_wait
 from . import _deliveries as rows
 from ._errors import StoreError
 from ._journal import SqliteJournal
+from ._journal_writes import merge_ends
 from ._mailbox import SqliteMailbox
 from ._opening import Connections, close_all, open_connections
 from ._recovery import OPEN_ORIGINS, ReleaseWrite
@@ -195,6 +196,7 @@ class SqliteStore:
             token=token,
             on_batch=self._on_batch,
             on_stopped=self._writer_stopped,
+            prepare=merge_ends,
             commit_delay=self._commit_delay,
         )
         self._conn = Connection(
@@ -289,6 +291,7 @@ class SqliteStore:
             origin=self._origin,
             path=self._path,
             submit=self._submit,
+            amend=self._amend,
             read=self._read,
             wait_committed=self._wait_seq,
             decode=self._decode,
@@ -299,6 +302,14 @@ class SqliteStore:
     def _submit(self, write: Write) -> int:
         self._require_open()
         return self._writer.submit(write)
+
+    def _amend(self, change: Callable[[], bool]) -> bool:
+        """``change()`` under the writer's lock, where it decides whether a queued write
+        may still change (the writer takes none meanwhile); False unless the store is open."""
+        if self._state != "open":
+            return False
+        with self._writer.lock:
+            return change()
 
     def _read(self, query: Callable[[sqlite3.Connection], object]) -> object:
         self._require_open()

@@ -159,6 +159,7 @@ class Writer:
         token: EventLoopToken,
         on_batch: OnBatch,
         on_stopped: Callable[[], object],
+        prepare: Callable[[list[Write]], object] | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         eager_batch: int = DEFAULT_EAGER_BATCH,
         linger: float = DEFAULT_LINGER,
@@ -170,6 +171,7 @@ class Writer:
         self._courier = Courier(token, name="subagents-store-courier", on_lost=self._loop_lost)
         self._on_batch = on_batch
         self._on_stopped = on_stopped
+        self._prepare = prepare
         self._max_batch = max_batch
         self._eager_batch = eager_batch
         self._linger = linger
@@ -320,6 +322,8 @@ class Writer:
             with immediate(raw):
                 if not watermark:  # taken once the lock is held; a retry keeps the batch
                     watermark = self._take(batch)
+                    if self._prepare is not None:
+                        self._prepare(batch)
                 for kind, writes in _runs(batch):
                     kind.apply(raw, writes)
 

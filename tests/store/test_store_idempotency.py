@@ -271,7 +271,7 @@ def test_the_keys_statements_read_the_idempotency_index(tmp_path: Path) -> None:
                 dict.fromkeys(
                     ("task_id", "session", "parent", "agent", "path", "request", "key"), "x"
                 )
-                | {"owner": "o", "ms": 0},
+                | {"owner": "o", "ms": 0, "attempts": 0},
             ),
         ]:
             plan = " ".join(
