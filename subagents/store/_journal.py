@@ -84,19 +84,21 @@ class SqliteJournal:
         self._delivered = delivered  # the journal puts into a session's mailbox itself
         self._mine: list[SpawnEntry] = []
         self._forgetting: set[str] = set()
-        # Unkeyed spawn writes until their task starts (or ends unstarted), which the
-        # writer may not have taken yet: a start counted in one of those is a write less
-        # (SpawnWrite.count_start).
+        # Unkeyed spawn writes the writer has not taken yet, until their task starts or
+        # ends: a start counted in one of those is a write less (SpawnWrite.count_start).
         self._spawns: dict[str, SpawnWrite] = {}
 
     def spawned(self, entry: SpawnEntry) -> int:
         """Queue the spawn's ``tasks`` and ``names`` rows; returns the write's sequence
         number (what :meth:`wait_journaled` waits for). Never blocks."""
-        write = SpawnWrite(entry, self._origin)
-        seq = self._submit(write)
-        if entry.idempotency_key is None:
-            self._spawns[entry.task_id] = write
-        return seq
+        if entry.idempotency_key is not None:
+            return self._submit(SpawnWrite(entry, self._origin))
+        write = self._spawns[entry.task_id] = SpawnWrite(entry, self._origin, self._spawns)
+        try:
+            return self._submit(write)
+        except BaseException:
+            self._spawns.pop(entry.task_id, None)
+            raise
 
     def started(self, task_id: str) -> int:
         """Queue: the task is ``running`` (``attempts + 1``), in its spawn's row if the

@@ -156,18 +156,29 @@ class SpawnWrite(Write):
     in the writer, an end of its task in the same run of the batch is written by it too
     (:func:`merge_ends`): its row is then inserted ended, after the puts."""
 
-    __slots__ = ("end", "entry", "open", "owner", "starts")
+    __slots__ = ("end", "entry", "index", "open", "owner", "starts")
 
     ORDER = 0
     ENDED_ORDER: Final = 4  # with its end: after the puts, whose rows it links
 
-    def __init__(self, entry: SpawnEntry, owner: str) -> None:
+    def __init__(
+        self, entry: SpawnEntry, owner: str, index: dict[str, SpawnWrite] | None = None
+    ) -> None:
         super().__init__()
         self.entry = entry
         self.owner = owner
         self.open = True  # neither taken nor handed back (changes under the writer's lock)
         self.starts = 0
         self.end: EndWrite | None = None
+        # The journal's spawns still open, by task id: this one leaves it once taken or
+        # handed back, from the writer's thread (a dict operation is atomic; a start that
+        # still finds it decides under the lock, by ``open``).
+        self.index = index
+
+    def _close(self) -> None:
+        self.open = False
+        if self.index is not None:
+            self.index.pop(self.entry.task_id, None)
 
     def order(self) -> int | None:
         if self.entry.idempotency_key is not None:
@@ -175,11 +186,11 @@ class SpawnWrite(Write):
         return self.ORDER if self.end is None else self.ENDED_ORDER
 
     def take(self) -> bool:
-        self.open = False
+        self._close()
         return True
 
     def release(self) -> None:
-        self.open = False
+        self._close()
 
     def count_start(self) -> bool:
         """Under the writer's lock: one more try of the task, written in this row itself

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from subagents import AgentSpec, RunContext, SubagentManager
+from subagents import AgentSpec, RunContext, SubagentConfig, SubagentManager
 from subagents.store import SqliteStore
+from subagents.store._journal import SqliteJournal
 from subagents.store._journal_writes import EndWrite, SpawnWrite, StartWrite, merge_ends
 from subagents.store._writer import Write, _runs
 from tests.store.support import env, spawn_entry, sqlite
@@ -197,3 +198,34 @@ async def test_a_child_that_ends_before_its_spawn_is_committed_is_one_row_writte
         ).fetchall()
     assert (state, attempts) == ("ended", 1)
     assert b'"done"' in bytes(body)
+
+
+async def test_a_child_started_after_its_spawn_is_committed_writes_its_start(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    release = anyio.Event()
+
+    async def blocker(request: object, ctx: RunContext) -> str:
+        await release.wait()
+        return "blocked"
+
+    specs = [AgentSpec(name="noop", runner=_noop), AgentSpec(name="blocker", runner=blocker)]
+    async with (
+        SqliteStore(path) as store,
+        SubagentManager(specs, store=store, config=SubagentConfig(max_concurrent_spawns=1)) as m,
+    ):
+        first = m.spawn("blocker")
+        second = m.spawn("noop")  # queued behind the blocker
+        await second.journaled()  # the writer has taken and committed its spawn
+        journal = m._parts.durability.journal
+        assert isinstance(journal, SqliteJournal)
+        assert not journal._spawns  # a spawn the writer took is held no longer
+        release.set()
+        assert (await second.wait()).output == "done"
+        await first.wait()
+    with sqlite(path) as conn:
+        rows = conn.execute(
+            "SELECT task_id, state, attempts FROM tasks ORDER BY task_id"
+        ).fetchall()
+    assert sorted(rows) == sorted([(first.task_id, "ended", 1), (second.task_id, "ended", 1)])
