@@ -197,7 +197,7 @@ class SpawnWrite(Write):
         if the writer has not taken it yet (else False: the start is a write of its own)."""
         if not self.open:
             return False
-        self.starts += 1
+        self.starts = 1  # a start of a running task changes nothing, as _START_TASK
         return True
 
     @classmethod
@@ -350,17 +350,25 @@ class EndWrite(Write):
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         ms = now_ms()
-        plain = [w for w in writes if not w.merged and not w.starts]
-        started = [w for w in writes if not w.merged and w.starts]
-        for statement, group in ((_END_LINKED, plain), (_END_LINKED_STARTED, started)):
-            if not group:
-                continue
-            ids = dumps_str([w.task_id for w in group])
-            if conn.execute(statement, {"ids": ids, "ms": ms}).rowcount != len(group):
-                # Some task's mailbox wrote no envelope (or the task is ended or not
-                # stored): each one alone, the ones just linked now ended (END_TASK leaves
-                # them as they are).
-                _end_each(conn, group)
+        ends = [w for w in writes if not w.merged]
+        if not ends:
+            return
+        ids = [w.task_id for w in ends]
+        if has_nul(ids):  # never a task id this library draws; json_each would cut it
+            _end_each(conn, ends)
+            return
+        linked = 0
+        for statement, group in (
+            (_END_LINKED, [w.task_id for w in ends if not w.starts]),
+            (_END_LINKED_STARTED, [w.task_id for w in ends if w.starts]),
+        ):
+            if group:
+                linked += conn.execute(statement, {"ids": dumps_str(group), "ms": ms}).rowcount
+        if linked != len(ends):
+            # Some task's mailbox wrote no envelope (or the task is ended or not stored):
+            # each one alone, in submission order (an envelope delivered here gets its
+            # arrival order), the ones just linked now ended (END_TASK leaves them so).
+            _end_each(conn, ends)
 
 
 def _end_each(conn: sqlite3.Connection, writes: Sequence[EndWrite]) -> None:
@@ -397,14 +405,18 @@ def merge_ends(batch: Sequence[Write]) -> None:
             start = cast(StartWrite, write)
             spawn_of = spawns.get(start.task_id)
             if spawn_of is not None:
-                spawn_of.starts += 1
+                spawn_of.starts = 1  # a start of a running task changes nothing
                 start.merged = True
-            elif start.task_id not in starts:
+            elif start.task_id in starts:  # the first one made it running: nothing to do
+                start.merged = True
+            else:
                 starts[start.task_id] = start
             continue
         elif kind is EndWrite:
             end = cast(EndWrite, write)
-            found = spawns.pop(end.task_id, None)
+            # An end that may deliver its envelope itself keeps its place among the ends:
+            # the deliveries' ids are the mailbox's arrival order.
+            found = None if end.deliver else spawns.pop(end.task_id, None)
             if found is not None:
                 found.end = end
                 end.merged = True

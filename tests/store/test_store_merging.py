@@ -77,20 +77,20 @@ def _rows(conn: sqlite3.Connection) -> dict[str, object]:
         ).fetchall(),
         "names": conn.execute("SELECT * FROM names ORDER BY agent_path").fetchall(),
         "envelopes": sorted(conn.execute("SELECT task_id, body FROM envelopes").fetchall()),
-        "deliveries": sorted(conn.execute("SELECT task_id, state FROM deliveries").fetchall()),
+        # In arrival order: a session's takes follow it.
+        "deliveries": conn.execute("SELECT task_id, state FROM deliveries ORDER BY id").fetchall(),
     }
 
 
 @st.composite
 def _events(draw: st.DrawFn) -> list[tuple[str, str, bool]]:
-    """Each task's writes in the order the engine submits them (a spawn, at most one
-    start, a put only with an end, then the end), tasks interleaved, barriers between."""
+    """Each task's writes in the order the engine submits them (a spawn, its starts, a
+    put only with an end, then the end), tasks interleaved, barriers between."""
     lives: dict[str, list[tuple[str, str, bool]]] = {}
     for i in range(draw(st.integers(1, 4))):
         task_id = f"t{i}"
         life = [("spawn", task_id, False)]
-        if draw(st.booleans()):
-            life.append(("start", task_id, False))
+        life.extend([("start", task_id, False)] * draw(st.integers(0, 2)))
         if draw(st.booleans()):
             if draw(st.booleans()):
                 life.append(("put", task_id, False))
