@@ -27,7 +27,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, Self, cast
+from typing import Final, Self
 
 import attrs
 
@@ -47,7 +47,6 @@ __all__ = [
     "SpawnWrite",
     "StartWrite",
     "deliver_unread",
-    "merge_ends",
 ]
 
 logger = logging.getLogger("subagents.store")
@@ -154,7 +153,7 @@ class SpawnWrite(Write):
     """A spawn's ``tasks`` and ``names`` rows. While the writer has not taken it, a start
     of its task is counted in it (:meth:`count_start`) instead of updating the row after;
     in the writer, an end of its task in the same run of the batch is written by it too
-    (:func:`merge_ends`): its row is then inserted ended, after the puts."""
+    (``_merging.merge_ends``): its row is then inserted ended, after the puts."""
 
     __slots__ = ("end", "entry", "index", "open", "owner", "starts")
 
@@ -384,51 +383,6 @@ def _end_each(conn: sqlite3.Connection, writes: Sequence[EndWrite]) -> None:
         elif envelope_id is None:  # its mailbox did not write it (full, closed)
             envelope_id = _insert_envelope(conn, w.session, w.task_id, w.envelope.to_json())
         conn.execute(END_TASK, (envelope_id, ms, w.task_id))
-
-
-def merge_ends(batch: Sequence[Write]) -> None:
-    """In the writer, before a batch is applied: within each run between two writes that
-    keep their places, a task's start and end are written by its unkeyed spawn when that
-    is in the run too (its tries counted in the row; with its end, the row inserted ended
-    after the run's puts), else its start by its end (one update instead of two). Each
-    write stays in the batch, so its callback runs in its place."""
-    spawns: dict[str, SpawnWrite] = {}
-    starts: dict[str, StartWrite] = {}
-    for write in batch:
-        kind = type(write)
-        if kind is SpawnWrite:
-            spawn = cast(SpawnWrite, write)
-            if spawn.entry.idempotency_key is None:
-                spawns[spawn.entry.task_id] = spawn
-                continue
-        elif kind is StartWrite:
-            start = cast(StartWrite, write)
-            spawn_of = spawns.get(start.task_id)
-            if spawn_of is not None:
-                spawn_of.starts = 1  # a start of a running task changes nothing
-                start.merged = True
-            elif start.task_id in starts:  # the first one made it running: nothing to do
-                start.merged = True
-            else:
-                starts[start.task_id] = start
-            continue
-        elif kind is EndWrite:
-            end = cast(EndWrite, write)
-            # An end that may deliver its envelope itself keeps its place among the ends:
-            # the deliveries' ids are the mailbox's arrival order.
-            found = None if end.deliver else spawns.pop(end.task_id, None)
-            if found is not None:
-                found.end = end
-                end.merged = True
-            else:
-                started = starts.pop(end.task_id, None)
-                if started is not None:
-                    started.merged = True
-                    end.starts = 1
-            continue
-        if write.order() is None:  # nothing moves across it
-            spawns.clear()
-            starts.clear()
 
 
 class ForgetWrite(Write):

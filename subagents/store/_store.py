@@ -35,8 +35,8 @@ from .._validators import count, seconds, text, thread_wait
 from . import _deliveries as rows
 from ._errors import StoreError
 from ._journal import SqliteJournal
-from ._journal_writes import merge_ends
 from ._mailbox import SqliteMailbox
+from ._merging import merge_ends
 from ._opening import Connections, close_all, open_connections
 from ._recovery import OPEN_ORIGINS, ReleaseWrite
 from ._sqlite import Connection, Synchronous

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from subagents.store import SqliteStore
-from subagents.store._journal_writes import EndWrite, SpawnWrite, StartWrite, merge_ends
+from subagents.store._journal_writes import EndWrite, SpawnWrite, StartWrite
+from subagents.store._merging import merge_ends
 from subagents.store._writer import Write, _runs
 from tests.store.support import env, spawn_entry, sqlite
 
