@@ -75,19 +75,10 @@ _INSERT_NAME: Final = "INSERT OR IGNORE INTO names (session, agent_path, task_id
 # the GIL and must take it back; while the event loop runs Python that can wait up to a
 # switch interval, so a row-by-row executemany crawls exactly when the loop is busiest.)
 # Texts and blobs travel as JSON strings; ``CAST ... AS BLOB`` gives back their bytes.
+# With ``:ended`` (spawns whose end came in the same batch, ``_merging.merge_ends``, applied
+# after its puts) each row is ended at once, linked to its task's newest envelope row, when
+# a put wrote one; ``$[6]`` is 1 when the task's start was counted in the row.
 _INSERT_TASKS: Final = (
-    "INSERT INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
-    "state, attempts, owner, created_ms, updated_ms) "
-    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
-    "json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), "
-    "CAST(json_extract(value, '$[5]') AS BLOB), "
-    "CASE WHEN json_extract(value, '$[6]') > 0 THEN 'running' ELSE 'queued' END, "
-    "json_extract(value, '$[6]'), :owner, :ms, :ms "
-    "FROM json_each(:rows) ORDER BY key"
-)
-# Spawns whose end came in the same batch (``merge_ends``), after its puts: each row is
-# ended at once, linked to its task's newest envelope row, when a put wrote one.
-_INSERT_ENDED_TASKS: Final = (
     "INSERT INTO tasks (task_id, session, parent_task, agent, agent_path, request, "
     "state, attempts, owner, envelope_id, created_ms, updated_ms) "
     "SELECT task_id, session, parent_task, agent, agent_path, request, "
@@ -97,8 +88,8 @@ _INSERT_ENDED_TASKS: Final = (
     "json_extract(value, '$[2]') AS parent_task, json_extract(value, '$[3]') AS agent, "
     "json_extract(value, '$[4]') AS agent_path, "
     "CAST(json_extract(value, '$[5]') AS BLOB) AS request, "
-    "json_extract(value, '$[6]') AS attempts, (SELECT max(e.id) FROM envelopes e "
-    "WHERE e.task_id = json_extract(value, '$[0]')) AS envelope_id "
+    "json_extract(value, '$[6]') AS attempts, CASE WHEN :ended THEN (SELECT max(e.id) "
+    "FROM envelopes e WHERE e.task_id = json_extract(value, '$[0]')) END AS envelope_id "
     "FROM json_each(:rows)) ORDER BY key"
 )
 _UNENDED: Final = (
@@ -123,18 +114,13 @@ END_TASK: Final = (
     "UPDATE tasks SET state = 'ended', envelope_id = ?, updated_ms = ? "
     "WHERE task_id = ? AND state <> 'ended'"
 )
-# The usual end, for a whole batch at once: its mailbox wrote the envelope row.
+# The usual end, for a whole batch at once: its mailbox wrote the envelope row. An end
+# whose start came in the same batch (``merge_ends``, its id in ``:started``) counts the
+# try too, as _START_TASK would (only a queued task's).
 _END_LINKED: Final = (
     "UPDATE tasks SET state = 'ended', updated_ms = :ms, "
-    "envelope_id = (SELECT max(e.id) FROM envelopes e WHERE e.task_id = tasks.task_id) "
-    "WHERE task_id IN (SELECT value FROM json_each(:ids)) AND state <> 'ended' "
-    "AND EXISTS (SELECT 1 FROM envelopes e WHERE e.task_id = tasks.task_id)"
-)
-# The same for ends whose start came in the same batch (merge_ends): its try counted too,
-# as _START_TASK would (only a queued task's).
-_END_LINKED_STARTED: Final = (
-    "UPDATE tasks SET state = 'ended', updated_ms = :ms, "
-    "attempts = attempts + (state = 'queued'), "
+    "attempts = attempts + (state = 'queued' AND task_id IN "
+    "(SELECT value FROM json_each(:started))), "
     "envelope_id = (SELECT max(e.id) FROM envelopes e WHERE e.task_id = tasks.task_id) "
     "WHERE task_id IN (SELECT value FROM json_each(:ids)) AND state <> 'ended' "
     "AND EXISTS (SELECT 1 FROM envelopes e WHERE e.task_id = tasks.task_id)"
@@ -155,7 +141,7 @@ class SpawnWrite(Write):
     in the writer, an end of its task in the same run of the batch is written by it too
     (``_merging.merge_ends``): its row is then inserted ended, after the puts."""
 
-    __slots__ = ("end", "entry", "index", "open", "owner", "starts")
+    __slots__ = ("end", "entry", "index", "open", "owner", "started")
 
     ORDER = 0
     ENDED_ORDER: Final = 4  # with its end: after the puts, whose rows it links
@@ -167,7 +153,7 @@ class SpawnWrite(Write):
         self.entry = entry
         self.owner = owner
         self.open = True  # neither taken nor handed back (changes under the writer's lock)
-        self.starts = 0
+        self.started = False  # its task's start is written in its row
         self.end: EndWrite | None = None
         # The journal's spawns still open, by task id: this one leaves it once taken or
         # handed back, from the writer's thread (a dict operation is atomic; a start that
@@ -192,11 +178,12 @@ class SpawnWrite(Write):
         self._close()
 
     def count_start(self) -> bool:
-        """Under the writer's lock: one more try of the task, written in this row itself
-        if the writer has not taken it yet (else False: the start is a write of its own)."""
+        """Under the writer's lock: the task's start, written in this row itself if the
+        writer has not taken it yet (else False: the start is a write of its own). A later
+        start changes nothing, as one of a running task alone does not."""
         if not self.open:
             return False
-        self.starts = 1  # a start of a running task changes nothing, as _START_TASK
+        self.started = True
         return True
 
     @classmethod
@@ -246,13 +233,12 @@ def _insert_list(conn: sqlite3.Connection, rows: Sequence[_SpawnRow], ms: int, e
     """Unkeyed spawns, their rows as one JSON list (one owner: every write of a store
     carries its origin); ``ended``: each linked to its task's envelope, if one is written."""
     listed = [
-        (e.task_id, e.session_id, e.parent_task, e.agent, e.agent_path, request.decode(), w.starts)
-        for w, request in rows
-        for e in (w.entry,)
+        (e.task_id, e.session_id, e.parent_task, e.agent, e.agent_path, body.decode(), started)
+        for w, body in rows
+        for e, started in ((w.entry, int(w.started)),)
     ]
     text = dumps_str(listed)
-    insert = _INSERT_ENDED_TASKS if ended else _INSERT_TASKS
-    conn.execute(insert, {"owner": rows[0][0].owner, "ms": ms, "rows": text})
+    conn.execute(_INSERT_TASKS, {"owner": rows[0][0].owner, "ms": ms, "rows": text, "ended": ended})
     conn.execute(_INSERT_NAMES, {"rows": text})
 
 
@@ -268,7 +254,7 @@ def _insert_rows(conn: sqlite3.Connection, rows: Sequence[_SpawnRow], ms: int) -
                 "path": e.agent_path,
                 "request": request,
                 "key": e.idempotency_key,
-                "attempts": w.starts,
+                "attempts": int(w.started),
                 "owner": w.owner,
                 "ms": ms,
             }
@@ -315,7 +301,7 @@ def _insert_envelope(conn: sqlite3.Connection, session: str, task_id: str, body:
 
 
 class EndWrite(Write):
-    __slots__ = ("deliver", "envelope", "merged", "origin", "session", "starts", "task_id", "then")
+    __slots__ = ("deliver", "envelope", "merged", "origin", "session", "started", "task_id", "then")
 
     ORDER = 3  # after the puts (Put.ORDER), whose rows it links
 
@@ -336,7 +322,7 @@ class EndWrite(Write):
         self.origin = origin
         self.then = then
         self.merged = False  # written by its task's spawn, in the same batch (merge_ends)
-        self.starts = 0  # starts of its task in the same batch that it writes (merge_ends)
+        self.started = False  # it writes its task's start, of the same batch (merge_ends)
 
     def done(self) -> None:
         if self.then is not None:
@@ -356,13 +342,10 @@ class EndWrite(Write):
         if has_nul(ids):  # never a task id this library draws; json_each would cut it
             _end_each(conn, ends)
             return
-        linked = 0
-        for statement, group in (
-            (_END_LINKED, [w.task_id for w in ends if not w.starts]),
-            (_END_LINKED_STARTED, [w.task_id for w in ends if w.starts]),
-        ):
-            if group:
-                linked += conn.execute(statement, {"ids": dumps_str(group), "ms": ms}).rowcount
+        started = [w.task_id for w in ends if w.started]
+        linked = conn.execute(
+            _END_LINKED, {"ids": dumps_str(ids), "started": dumps_str(started), "ms": ms}
+        ).rowcount
         if linked != len(ends):
             # Some task's mailbox wrote no envelope (or the task is ended or not stored):
             # each one alone, in submission order (an envelope delivered here gets its
@@ -375,7 +358,7 @@ def _end_each(conn: sqlite3.Connection, writes: Sequence[EndWrite]) -> None:
     or to one written here (unread in its session's mailbox with ``deliver``)."""
     ms = now_ms()
     for w in writes:
-        if w.starts:
+        if w.started:
             conn.execute(_START_TASK, (ms, w.task_id))
         ((envelope_id,),) = conn.execute(LAST_ENVELOPE, (w.task_id,)).fetchall()
         if envelope_id is None and w.deliver:  # ended as its manager closed

@@ -4,7 +4,6 @@ the batch is applied (see ``merge_ends``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 from ._journal_writes import EndWrite, SpawnWrite, StartWrite
 from ._writer import Write
@@ -21,37 +20,28 @@ def merge_ends(batch: Sequence[Write]) -> None:
     spawns: dict[str, SpawnWrite] = {}
     starts: dict[str, StartWrite] = {}
     for write in batch:
-        kind = type(write)
-        if kind is SpawnWrite:
-            spawn = cast(SpawnWrite, write)
-            if spawn.entry.idempotency_key is None:
-                spawns[spawn.entry.task_id] = spawn
-                continue
-        elif kind is StartWrite:
-            start = cast(StartWrite, write)
-            spawn_of = spawns.get(start.task_id)
-            if spawn_of is not None:
-                spawn_of.starts = 1  # a start of a running task changes nothing
-                start.merged = True
-            elif start.task_id in starts:  # the first one made it running: nothing to do
-                start.merged = True
+        if isinstance(write, SpawnWrite) and write.entry.idempotency_key is None:
+            spawns[write.entry.task_id] = write
+        elif isinstance(write, StartWrite):
+            spawn = spawns.get(write.task_id)
+            if spawn is not None:
+                spawn.started = True  # a second start of a running task changes nothing
+                write.merged = True
+            elif write.task_id in starts:  # the first one made it running: nothing to do
+                write.merged = True
             else:
-                starts[start.task_id] = start
-            continue
-        elif kind is EndWrite:
-            end = cast(EndWrite, write)
+                starts[write.task_id] = write
+        elif isinstance(write, EndWrite):
             # An end that may deliver its envelope itself keeps its place among the ends:
             # the deliveries' ids are the mailbox's arrival order.
-            found = None if end.deliver else spawns.pop(end.task_id, None)
-            if found is not None:
-                found.end = end
-                end.merged = True
-            else:
-                started = starts.pop(end.task_id, None)
-                if started is not None:
-                    started.merged = True
-                    end.starts = 1
-            continue
-        if write.order() is None:  # nothing moves across it
+            spawn = None if write.deliver else spawns.pop(write.task_id, None)
+            start = starts.pop(write.task_id, None)
+            if spawn is not None:
+                spawn.end = write
+                write.merged = True
+            elif start is not None:
+                start.merged = True
+                write.started = True
+        elif write.order() is None:  # nothing moves across it
             spawns.clear()
             starts.clear()

@@ -21,13 +21,7 @@ from subagents import AgentSpec, ConfigError, Request, RunContext, SubagentConfi
 from subagents._journal import SpawnEntry
 from subagents.store import SqliteStore
 from subagents.store._journal import _TAKEN
-from subagents.store._journal_writes import (
-    _END_LINKED,
-    _END_LINKED_STARTED,
-    _INSERT_ENDED_TASKS,
-    _START_TASKS,
-    _UNENDED,
-)
+from subagents.store._journal_writes import _END_LINKED, _INSERT_TASKS, _START_TASKS, _UNENDED
 from subagents.store._writer import Write, _runs
 from tests.store.support import block_the_loop_until_committed, env, query_plan, sqlite
 
@@ -129,14 +123,13 @@ def test_a_keyed_spawn_keeps_its_place() -> None:
 def test_the_whole_list_statements_read_by_index(tmp_path: Path) -> None:
     """Each runs one step over the JSON list and finds every row by an index."""
     for name, statement, params in (
-        ("end", _END_LINKED, {"ids": '["a"]', "ms": 1}),
-        ("end started", _END_LINKED_STARTED, {"ids": '["a"]', "ms": 1}),
+        ("end", _END_LINKED, {"ids": '["a"]', "started": '["a"]', "ms": 1}),
         ("start", _START_TASKS, {"ids": '["a"]', "ms": 1}),
         ("unended", _UNENDED, {"ids": '["a"]'}),
         (
             "spawn ended",
-            _INSERT_ENDED_TASKS,
-            {"rows": '[["a","s",null,"x","x","{}",1]]', "owner": "o", "ms": 1},
+            _INSERT_TASKS,
+            {"rows": '[["a","s",null,"x","x","{}",1]]', "owner": "o", "ms": 1, "ended": 1},
         ),
         ("taken", _TAKEN, {"ids": '["a"]'}),
     ):

@@ -163,7 +163,7 @@ def test_a_spawn_written_with_its_end_goes_after_the_puts() -> None:
     merge_ends(batch)
     assert [type(w) for _, run in _runs(batch) for w in run][-1] is SpawnWrite
     assert isinstance(spawn, SpawnWrite)
-    assert spawn.starts == 1
+    assert spawn.started
     assert spawn.end is end
 
 

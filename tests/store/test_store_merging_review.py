@@ -1,6 +1,6 @@
-"""Review of 7b5352e (a task's journal writes that meet in one batch are written together):
-cases where the merged batch leaves other rows than writing each write alone, in
-submission order, would (which the commit says it never does)."""
+"""Faults a review of 7b5352e (a task's journal writes that meet in one batch are written
+together) found, each a case where a merged batch left other rows than writing each
+write alone, in submission order, would."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ async def test_a_second_start_that_meets_the_spawn_is_not_a_second_try(tmp_path:
     assert _tasks(merged) == _tasks(alone)
 
 
-async def test_the_journal_counts_two_starts_of_an_untaken_spawn_as_two_tries(
+async def test_two_starts_of_an_untaken_spawn_count_one_try(
     tmp_path: Path,
 ) -> None:
     """The same through the store's journal: the first start is counted in the untaken
