@@ -153,6 +153,13 @@ class ScopedRun:
     def cancel(self) -> None:
         self.scope.cancel()
 
+    async def cancel_and_wait(self, bound: float) -> None:
+        """Cancel the run, then wait up to ``bound`` seconds (which bounds a failure
+        only) for it to return: the caller asserts :attr:`returned`."""
+        self.cancel()
+        with anyio.move_on_after(bound):
+            await self.returned.wait()
+
 
 def pipe_holder(pid_file: Path) -> str:
     """A shell fragment that starts, in the background, a descendant in a session of its

@@ -197,9 +197,7 @@ async def test_a_run_cancelled_before_its_exit_does_not_wait_for_a_pipe_held_pas
         async with anyio.create_task_group() as tg:
             tg.start_soon(cut.run)
             await anyio.to_thread.run_sync(wait_until, pid.exists, "the descendant's pid")
-            cut.cancel()
-            with anyio.move_on_after(_spawn.REAP_TIMEOUT / 2):  # bounds the failure only
-                await cut.returned.wait()
+            await cut.cancel_and_wait(_spawn.REAP_TIMEOUT / 2)
             assert cut.returned.is_set(), "the cancelled run drained the held pipe to its bound"
     finally:
         kill_pipe_holder(pid)

@@ -44,9 +44,7 @@ async def test_a_run_cancelled_while_the_default_thread_limiter_is_full_returns_
             assert limiter.available_tokens == 0
             tg.start_soon(cut.run)
             await anyio.wait_all_tasks_blocked()
-            cut.cancel()
-            with anyio.move_on_after(1):  # bounds the failure only: the pass is immediate
-                await cut.returned.wait()
+            await cut.cancel_and_wait(1)  # the pass is immediate
             assert cut.returned.is_set(), "the cancelled run waited for another task's thread"
         finally:
             release.set()
@@ -86,9 +84,7 @@ async def test_a_run_cancelled_while_its_pipes_drain_after_the_exit_ends_at_once
             await anyio.to_thread.run_sync(wait_until, shell_file.exists, "the shell's pid")
             shell = int(shell_file.read_text())
             await anyio.to_thread.run_sync(wait_ended, [shell])  # exited and reaped
-            cut.cancel()
-            with anyio.move_on_after(_spawn.REAP_TIMEOUT / 2):  # bounds the failure only
-                await cut.returned.wait()
+            await cut.cancel_and_wait(_spawn.REAP_TIMEOUT / 2)
             assert cut.returned.is_set(), "the cancelled run waited for the held pipe's bound"
     finally:
         kill_pipe_holder(held_file)

@@ -5,8 +5,9 @@ not start a new local cluster. It shuts the suite's shared cluster down, so it r
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -19,6 +20,7 @@ from subagents import (  # noqa: E402
     AgentSpec,
     DelegateResult,
     RetryPolicy,
+    SpawnHandle,
     Status,
     SubagentManager,
 )
@@ -30,21 +32,46 @@ from tests.backends.ray import runners  # noqa: E402
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
 
 
+def _latch() -> tuple[str, Any]:
+    name = f"latch-{uuid.uuid4().hex}"
+    return name, ray.remote(runners.Latch).options(name=name, num_cpus=0).remote()
+
+
+def _up() -> None:
+    """The suite's cluster, again (a test before shut it down). A test that starts Ray
+    again itself leaves that cluster up for the next: each start costs seconds."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
+HANGS = AgentSpec(name="hangs", runner=runners.starts_then_hangs)
+NOOP = AgentSpec(name="noop", runner=runners.noop)
+
+
+@contextlib.asynccontextmanager
+async def _ray_down_under_a_hung_child(
+    specs: Sequence[AgentSpec] = (HANGS,),
+) -> AsyncIterator[tuple[SubagentManager, SpawnHandle, RayBackend]]:
+    """A manager of ``specs`` on a new backend (one actor) whose ``hangs`` child has
+    started, then Ray shut down under it, without yielding to the loop."""
+    _up()
+    name, latch = _latch()
+    await settled(latch.ready.remote().future())
+    backend = RayBackend(pool_size=1, force_after=0.5)
+    async with SubagentManager(specs, backend=backend) as m:
+        handle = m.spawn("hangs", name)
+        await settled(latch.wait.remote().future())
+        ray.shutdown()
+        yield m, handle, backend
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_child_running_when_ray_shuts_down_ends_without_a_new_cluster(
     cluster: None,
 ) -> None:
     try:
-        name = f"latch-{uuid.uuid4().hex}"
-        latch = ray.remote(runners.Latch).options(name=name, num_cpus=0).remote()
-        await settled(latch.ready.remote().future())
-        backend = RayBackend(pool_size=1, force_after=0.5)
-        spec = AgentSpec(name="hangs", runner=runners.starts_then_hangs)
         envelope = None
-        async with SubagentManager([spec], backend=backend) as m:
-            handle = m.spawn("hangs", name)
-            await settled(latch.wait.remote().future())
-            ray.shutdown()
+        async with _ray_down_under_a_hung_child() as (_, handle, _):
             with anyio.move_on_after(5):  # a hang: Ray may never complete the call's future
                 envelope = await handle.wait()
         restarted = ray.is_initialized()  # the stop's ray.cancel/ray.kill auto-init Ray
@@ -55,19 +82,13 @@ async def test_a_child_running_when_ray_shuts_down_ends_without_a_new_cluster(
         ray.shutdown()
 
 
-def _latch() -> tuple[str, Any]:
-    name = f"latch-{uuid.uuid4().hex}"
-    return name, ray.remote(runners.Latch).options(name=name, num_cpus=0).remote()
-
-
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_an_answer_that_reaches_the_driver_after_ray_shut_down_starts_no_new_cluster(
     cluster: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A child's end, answered by the actor just before ``ray.shutdown()`` and handed to the
     loop just after, while another child still runs on the actor."""
-    if not ray.is_initialized():  # the test above shut the suite's cluster down
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    _up()  # the test above shut the suite's cluster down
     try:
         awaited: list[Future[Any]] = []  # what the channels wait on, in order
         original = _ray_channel.when_done
@@ -105,17 +126,6 @@ async def test_an_answer_that_reaches_the_driver_after_ray_shut_down_starts_no_n
         ray.shutdown()
 
 
-def _up() -> None:
-    """The suite's cluster, again (a test before shut it down). A test that starts Ray
-    again itself leaves that cluster up for the next: each start costs seconds."""
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-
-
-HANGS = AgentSpec(name="hangs", runner=runners.starts_then_hangs)
-NOOP = AgentSpec(name="noop", runner=runners.noop)
-
-
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_child_running_when_ray_restarts_ends_in_cluster_lost_instead_of_waiting_forever(
     cluster: None,
@@ -133,20 +143,13 @@ async def test_a_backend_whose_child_was_stopped_while_ray_was_down_runs_childre
 ) -> None:
     """A child cancelled before the driver's next look at Ray: its stop makes no Ray call,
     and the backend must not keep the actors (and the sink) of the cluster that went."""
-    _up()
     try:
-        name, latch = _latch()
-        await settled(latch.ready.remote().future())
-        backend = RayBackend(pool_size=1, force_after=0.5)
-        async with SubagentManager([HANGS, NOOP], backend=backend) as m:
-            handle = m.spawn("hangs", name)
-            await settled(latch.wait.remote().future())
-            ray.shutdown()
+        async with _ray_down_under_a_hung_child([HANGS, NOOP]) as (m, handle, _):
             assert m.cancel(handle.task_id)
             with anyio.fail_after(5):
                 stopped = await handle.wait()
             assert stopped.status is Status.CANCELLED
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            _up()
             with anyio.fail_after(60):
                 after = await m.execute("noop")
         assert after.status is Status.COMPLETED, f"{after.error_type}: {after.error}"
@@ -159,18 +162,11 @@ async def test_a_child_retried_after_ray_shut_down_starts_no_new_cluster(cluster
     """An agent that retries ``ClusterLostError``: the retry must fail as the first attempt
     did, not make an actor through Ray's auto-init (a new local cluster, whatever
     ``address`` the backend was given)."""
-    _up()
     try:
-        name, latch = _latch()
-        await settled(latch.ready.remote().future())
         policy = RetryPolicy(attempts=2, initial=0.0, jitter=0.0, retry_on=(ClusterLostError,))
         spec = AgentSpec(name="hangs", runner=runners.starts_then_hangs, retry=policy)
-        backend = RayBackend(pool_size=1, force_after=0.5)
         envelope = None
-        async with SubagentManager([spec], backend=backend) as m:
-            handle = m.spawn("hangs", name)
-            await settled(latch.wait.remote().future())
-            ray.shutdown()
+        async with _ray_down_under_a_hung_child([spec]) as (_, handle, _):
             with anyio.move_on_after(10):
                 envelope = await handle.wait()
             restarted = ray.is_initialized()
@@ -187,16 +183,9 @@ async def _restarted_under_a_hung_child(
     """A hung child of a new backend, Ray shut down and started again under it, then
     ``meanwhile(backend)``, all without yielding to the loop: the child's envelope, or
     ``None`` if none came within 5 s. Ray is left up, on the new cluster."""
-    _up()
-    name, latch = _latch()
-    await settled(latch.ready.remote().future())
-    backend = RayBackend(pool_size=1, force_after=0.5)
     envelope = None
-    async with SubagentManager([HANGS], backend=backend) as m:
-        handle = m.spawn("hangs", name)
-        await settled(latch.wait.remote().future())
-        ray.shutdown()
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    async with _ray_down_under_a_hung_child() as (_, handle, backend):
+        _up()
         meanwhile(backend)
         with anyio.move_on_after(5):
             envelope = await handle.wait()
