@@ -95,7 +95,7 @@ class SqliteMailbox(BaseMailbox):
         self._capacity = capacity
         self._ttl = ttl
         self._clock = clock
-        self._pending = Pending(writer.lock, expiring=ttl is not None)
+        self._pending = Pending(writer, expiring=ttl is not None)
         self._unrevealed: dict[str, Put] = {}  # put_durable's puts not yet committed
         # This mailbox's committed puts by delivery id (never reused), unread when
         # committed: a take of one hands on the object put instead of decoding its row
@@ -123,13 +123,13 @@ class SqliteMailbox(BaseMailbox):
         return rows.decode(self._conn.path, body)
 
     def _count(self, now: float, limit: int = -1, *, unrevealed: bool = False) -> int:
-        """Live entries (at most ``limit``): committed ones not pending, plus pending
-        (with ``unrevealed``, the durable puts not yet readable too)."""
-        pending = self._pending.live(now)  # first: it lets the expired ones go
-        ids = self._pending.task_ids()
+        """Live entries (at most ``limit``): the committed ones, plus the pending puts not
+        committed yet (with ``unrevealed``, the durable puts not yet readable too)."""
+        self._pending.live(now)  # first: it lets the expired ones go
+        ids = self._pending.uncommitted_ids()
         if unrevealed:
-            pending += len(self._unrevealed)
             ids.extend(self._unrevealed)
+        pending = len(ids)
         excluding = ids if pending else None
         session, recipient = self.session, self.recipient
         return pending + self._conn.read(
@@ -171,7 +171,7 @@ class SqliteMailbox(BaseMailbox):
         if self._closed:
             return None
         now = self._clock()
-        put = self._pending.get(task_id)
+        put = self._pending.uncommitted(task_id)
         if put is not None:
             return put.envelope if put.live(now) else None
         body = self._find(task_id, now)

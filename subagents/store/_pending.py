@@ -1,5 +1,6 @@
-"""A mailbox's puts not yet committed: readable in this process at once, and who gets
-each one decided under the writer's lock.
+"""A mailbox's puts whose commit is not reported yet: readable in this process at once
+(until their batch commits: then the database is read), and who gets each one decided
+under the writer's lock.
 
 A :class:`Put` goes to the writer thread's queue and into the mailbox's :class:`Pending`
 at the same time. Until the writer takes it (``picked``), this process alone may consume
@@ -11,12 +12,11 @@ transaction through the gate and finds the row committed.
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Callable, Sequence
 
 from .._envelope import DelegateResult, now_ms
 from . import _deliveries as rows
-from ._writer import Write
+from ._writer import Write, Writer
 
 __all__ = ["Pending", "Put"]
 
@@ -110,11 +110,12 @@ class Put(Write):
 
 
 class Pending:
-    """The puts of one mailbox not yet committed, by task id, in arrival order (the
-    latest per id). Used from the event loop; ``lock`` is the writer's."""
+    """The puts of one mailbox whose commit has not been reported, by task id, in arrival
+    order (the latest per id). Used from the event loop, with ``writer``'s lock."""
 
-    def __init__(self, lock: threading.Lock, *, expiring: bool) -> None:
-        self._lock = lock
+    def __init__(self, writer: Writer, *, expiring: bool) -> None:
+        self._writer = writer
+        self._lock = writer.lock
         self._expiring = expiring
         self._puts: dict[str, Put] = {}
 
@@ -126,6 +127,18 @@ class Pending:
 
     def task_ids(self) -> list[str]:
         return list(self._puts)
+
+    def uncommitted(self, task_id: str) -> Put | None:
+        """The put of ``task_id`` if its batch has not committed yet. Once it has, only the
+        database says whether it is unread: another mailbox may have taken it before its
+        commit is reported here."""
+        put = self._puts.get(task_id)
+        return None if put is None or put.seq <= self._writer.committed else put
+
+    def uncommitted_ids(self) -> list[str]:
+        """The task ids of :meth:`uncommitted`'s puts."""
+        committed = self._writer.committed
+        return [task_id for task_id, put in self._puts.items() if put.seq > committed]
 
     def add(self, put: Put) -> None:
         """``put`` (already submitted) becomes the newest arrival of its task id; an older

@@ -184,6 +184,10 @@ class Writer:
         self._queue: deque[Write] = deque()
         self._batch: list[Write] = []  # taken into the transaction in flight
         self._seq = 0
+        self.committed = 0
+        """The watermark of the last batch committed: set before the gate is released, so
+        a write through the gate, or a read after one, sees it (its callback may still be
+        on its way to the event loop)."""
         self._unseen = 0  # batches committed whose callback has not run yet
         self._committed_at = -math.inf  # time.monotonic() of the last commit (none yet)
         self._want = 0  # queued writes that wake the waiting thread (0: it is not waiting)
@@ -326,6 +330,7 @@ class Writer:
                         self._prepare(batch)
                 for kind, writes in _runs(batch):
                     kind.apply(raw, writes)
+            self.committed = watermark
 
         failure, lost = self._commit_under_gate(attempt, batch)
         if failure is not None:

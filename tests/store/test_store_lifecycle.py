@@ -21,7 +21,7 @@ from subagents import AgentSpec, DelegateResult, Request, RunContext, SubagentMa
 from subagents.store import SqliteStore, StoreError
 from subagents.store import _deliveries as deliveries
 from subagents.store._opening import Connections
-from tests.store.support import env, sqlite
+from tests.store.support import block_the_loop_until_committed, env, sqlite
 
 pytestmark = pytest.mark.anyio
 
@@ -173,6 +173,23 @@ async def test_two_mailboxes_of_one_session_in_one_process(tmp_path: Path) -> No
         await one.wait_committed()
         assert two.drain("b") == env("b")
         assert one.drain("b") is None
+
+
+async def test_a_put_taken_by_another_mailbox_before_its_commit_is_reported_is_gone(
+    tmp_path: Path,
+) -> None:
+    """Between a put's commit and its report on the event loop (the courier's call), the
+    database, not the putting mailbox's copy, says whether it is still unread."""
+    path = tmp_path / "store.db"
+    async with SqliteStore(path) as store:
+        one, two = store.mailbox("s"), store.mailbox("s")
+        one.put("a", env("a"))
+        block_the_loop_until_committed(path, 1)  # so its report has not run
+        assert two.drain("a") == env("a")
+        assert one.peek("a") is None
+        assert len(one) == 0
+        assert one.drain("a") is None
+        assert one.drain_all() == []
 
 
 async def test_a_cancelled_wait_for_the_commit_still_commits(tmp_path: Path) -> None:
