@@ -8,6 +8,7 @@ exactly one envelope per spawn, whatever races.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -110,6 +111,9 @@ class ChildRunner:
         self._settle_timeout = settle_timeout
         self.settled = 0
         """Children that have ended in an envelope."""
+        # Bound once: each sync child's callback lives until its commit, through
+        # several collections, so it is a partial of this, not a closure of its own.
+        self._on_committed = self._committed
 
     async def run(self, record: ChildRecord, worker_scope: anyio.CancelScope | None = None) -> None:
         """Run one child to its envelope. Only cancellation from outside propagates.
@@ -353,15 +357,14 @@ class ChildRunner:
     def _finalize_after_commit(self, record: ChildRecord, envelope: DelegateResult) -> None:
         record.committing = True
         delivered = self._notifier.put(record.session_id, record.task_id, envelope, durable=True)
-        overflowed = delivered is None
-
-        def committed() -> None:
-            record.committing = False
-            self._settle_record(record, envelope)
-            self._hand_on(record, envelope, overflowed)
-
+        committed = functools.partial(self._on_committed, record, envelope, delivered is None)
         if not self._journal_end(record, envelope, committed):
             committed()  # the store refused the write: handed on from memory, now
+
+    def _committed(self, record: ChildRecord, envelope: DelegateResult, overflowed: bool) -> None:
+        record.committing = False
+        self._settle_record(record, envelope)
+        self._hand_on(record, envelope, overflowed)
 
     def _journal_end(
         self,

@@ -62,9 +62,8 @@ class SqliteMailbox(BaseMailbox):
     ones. A put counts the committed ones only once the tally of the session's objects in
     this process (the last count plus their puts since) reaches ``capacity``, so processes
     putting new ids into one session may together exceed it by what the others put since
-    that count. Expiry reads
-    ``clock`` (default: unix time), so every process sharing a session with a TTL must use
-    the same clock.
+    that count. Expiry reads ``clock`` (default: unix time), so every process sharing a
+    session with a TTL must use the same clock.
     """
 
     committed: Callable[[DelegateResult], object] | None = None
@@ -105,6 +104,9 @@ class SqliteMailbox(BaseMailbox):
         self._subs = Subscriptions(lambda active: watch(self, active))
         self._closed = False
         self._last_seq = 0
+        # Bound once, not at each put: a put's callbacks live through collections on its way.
+        self._as_put = (self._written, None)
+        self._as_durable = (self._revealed, self._kept_here)
         self._tally = tally  # shared with the other objects of the session
         self._seen = 0  # the newest delivery id looked at for other processes' puts
 
@@ -200,7 +202,7 @@ class SqliteMailbox(BaseMailbox):
             ConfigError: ``task_id`` does not encode as UTF-8.
             StoreError: the store failed earlier and takes no more writes.
         """
-        put = self._submit(task_id, envelope, self._written, None)
+        put = self._submit(task_id, envelope, False)
         if put is None:
             return False
         self._unrevealed.pop(task_id, None)  # counted from now on as the pending one
@@ -222,20 +224,14 @@ class SqliteMailbox(BaseMailbox):
             ConfigError: ``task_id`` does not encode as UTF-8.
             StoreError: the store failed earlier and takes no more writes.
         """
-        put = self._submit(task_id, envelope, self._revealed, self._kept_here)
+        put = self._submit(task_id, envelope, True)
         if put is None:
             return False
         if self._pending.get(task_id) is None:  # else counted already, as the pending one
             self._unrevealed[task_id] = put
         return True
 
-    def _submit(
-        self,
-        task_id: str,
-        envelope: DelegateResult,
-        on_written: Callable[[Put], object],
-        on_failed: Callable[[Put], object] | None,
-    ) -> Put | None:
+    def _submit(self, task_id: str, envelope: DelegateResult, durable: bool) -> Put | None:
         """Check capacity and queue the put's write; ``None`` once dropped."""
         if self._closed:
             return None
@@ -249,6 +245,7 @@ class SqliteMailbox(BaseMailbox):
             and self._find(task_id, now) is None
         ):
             raise MailboxFull(self._capacity, task_id)
+        on_written, on_failed = self._as_durable if durable else self._as_put
         put = Put(
             session=self.session,
             recipient=self.recipient,
@@ -439,7 +436,7 @@ class SqliteMailbox(BaseMailbox):
     def _present(self, task_id: str) -> bool:
         """Whether ``task_id`` has a live entry (``peek`` without decoding it)."""
         now = self._clock()
-        put = self._pending.get(task_id)
+        put = self._pending.uncommitted(task_id)
         if put is not None:
             return put.live(now)
         return self._find(task_id, now) is not None
