@@ -30,7 +30,7 @@ from .._envelope import DelegateResult, encodes, now_ms
 from .._errors import ConfigError, MailboxFull
 from .._mailbox import BaseMailbox, MailboxStatistics, Signal
 from . import _deliveries as rows
-from ._pending import Pending, Put
+from ._pending import Pending, Put, is_uncommitted, uncommitted_count, uncommitted_ids
 from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
 from ._tally import Tally
@@ -58,9 +58,9 @@ class SqliteMailbox(BaseMailbox):
     here before it was written is written as ``read``, and reported. A hook that raises is
     logged and ignored.
 
-    Across processes, ``capacity`` counts committed entries and this process's pending
+    Across processes, ``capacity`` counts committed entries and this object's uncommitted
     ones. A put counts the committed ones only once the tally of the session's objects in
-    this process (the last count plus their puts since) reaches ``capacity``, so processes
+    this process (the last count plus their puts since) reaches ``capacity``, so objects
     putting new ids into one session may together exceed it by what the others put since
     that count. Expiry reads ``clock`` (default: unix time), so every process sharing a
     session with a TTL must use the same clock.
@@ -130,7 +130,7 @@ class SqliteMailbox(BaseMailbox):
         self._pending.live(now)  # first: it lets the expired ones go
         ids = self._pending.uncommitted_ids()
         if unrevealed:
-            ids.extend(self._unrevealed)
+            ids.extend(uncommitted_ids(self._unrevealed, self._writer.committed))
         pending = len(ids)
         excluding = ids if pending else None
         session, recipient = self.session, self.recipient
@@ -144,24 +144,26 @@ class SqliteMailbox(BaseMailbox):
         """At least ``capacity`` live entries, counting the durable puts on their way?
 
         Mostly no read at all: the last count of the committed entries plus this
-        mailbox's pending puts then, plus every put this process's objects of the session
-        accepted since (:class:`Tally`), is more than it holds (entries consumed, expired
-        or double-counted since only make it less), so below ``capacity`` it says "not
-        full". Otherwise one bounded count; a pending put
-        may also be committed already, so the sum of both counts only says "not full"."""
-        capacity = self._capacity
-        pending = self._pending.live(now) + len(self._unrevealed)
+        mailbox's uncommitted puts then, plus every put this process's objects of the
+        session accepted since (:class:`Tally`), is more than it holds (entries consumed,
+        expired or double-counted since only make it less), so below ``capacity`` it says
+        "not full". Otherwise one bounded count; a put may commit between the two counts,
+        so their sum only says "not full". A put committed but not reported yet is the
+        database's to count: another process's mailbox may have taken it."""
+        capacity, committed = self._capacity, self._writer.committed
+        self._pending.live(now)  # first: it lets the expired ones go
+        pending = self._pending.uncommitted_count() + uncommitted_count(self._unrevealed, committed)
         if pending >= capacity:
             return True
         tally = self._tally
         if tally.bound is not None and tally.bound + tally.since < capacity:
             return False
         session, recipient = self.session, self.recipient
-        committed = self._conn.read(
+        stored = self._conn.read(
             lambda raw: rows.count_live(raw, session, recipient, now, limit=capacity)
         )
-        tally.bound, tally.since = committed + pending, 0
-        if committed + pending < capacity:
+        tally.bound, tally.since = stored + pending, 0
+        if stored + pending < capacity:
             return False
         return not pending or self._count(now, limit=capacity, unrevealed=True) >= capacity
 
@@ -228,6 +230,7 @@ class SqliteMailbox(BaseMailbox):
         if put is None:
             return False
         if self._pending.get(task_id) is None:  # else counted already, as the pending one
+            self._unrevealed.pop(task_id, None)  # kept in submission order
             self._unrevealed[task_id] = put
         return True
 
@@ -240,8 +243,8 @@ class SqliteMailbox(BaseMailbox):
         now = self._clock()
         if (
             self._full(now)
-            and self._pending.get(task_id) is None
-            and task_id not in self._unrevealed
+            and self._pending.uncommitted(task_id) is None  # else it replaces one in hand
+            and not is_uncommitted(self._unrevealed.get(task_id), self._writer.committed)
             and self._find(task_id, now) is None
         ):
             raise MailboxFull(self._capacity, task_id)

@@ -18,7 +18,7 @@ from .._envelope import DelegateResult, now_ms
 from . import _deliveries as rows
 from ._writer import Write, Writer
 
-__all__ = ["Pending", "Put"]
+__all__ = ["Pending", "Put", "is_uncommitted", "uncommitted_count", "uncommitted_ids"]
 
 
 class Put(Write):
@@ -109,6 +109,28 @@ class Put(Write):
             self.on_failed(self)
 
 
+def is_uncommitted(put: Put | None, committed: int) -> bool:
+    """Whether ``put`` is a put whose batch is not committed at watermark ``committed``."""
+    return put is not None and put.seq > committed
+
+
+def uncommitted_ids(puts: dict[str, Put], committed: int) -> list[str]:
+    """The task ids of ``puts`` whose batch is not committed at watermark ``committed``."""
+    return [task_id for task_id, put in puts.items() if put.seq > committed]
+
+
+def uncommitted_count(puts: dict[str, Put], committed: int) -> int:
+    """How many of ``puts``, kept in submission order, are not committed at watermark
+    ``committed``. The committed ones are the oldest, at most the batches whose report is
+    on its way, so counting them from the front keeps this bounded on the put path."""
+    done = 0
+    for put in puts.values():
+        if put.seq > committed:
+            break
+        done += 1
+    return len(puts) - done
+
+
 class Pending:
     """The puts of one mailbox whose commit has not been reported, by task id, in arrival
     order (the latest per id). Used from the event loop, with ``writer``'s lock."""
@@ -133,12 +155,15 @@ class Pending:
         database says whether it is unread: another mailbox may have taken it before its
         commit is reported here."""
         put = self._puts.get(task_id)
-        return None if put is None or put.seq <= self._writer.committed else put
+        return put if is_uncommitted(put, self._writer.committed) else None
 
     def uncommitted_ids(self) -> list[str]:
         """The task ids of :meth:`uncommitted`'s puts."""
-        committed = self._writer.committed
-        return [task_id for task_id, put in self._puts.items() if put.seq > committed]
+        return uncommitted_ids(self._puts, self._writer.committed)
+
+    def uncommitted_count(self) -> int:
+        """How many of :meth:`uncommitted`'s puts there are."""
+        return uncommitted_count(self._puts, self._writer.committed)
 
     def add(self, put: Put) -> None:
         """``put`` (already submitted) becomes the newest arrival of its task id; an older

@@ -17,7 +17,14 @@ import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
-from subagents import AgentSpec, DelegateResult, Request, RunContext, SubagentManager
+from subagents import (
+    AgentSpec,
+    DelegateResult,
+    MailboxFull,
+    Request,
+    RunContext,
+    SubagentManager,
+)
 from subagents.store import SqliteStore, StoreError
 from subagents.store import _deliveries as deliveries
 from subagents.store._opening import Connections
@@ -190,6 +197,45 @@ async def test_a_put_taken_by_another_mailbox_before_its_commit_is_reported_is_g
         assert len(one) == 0
         assert one.drain("a") is None
         assert one.drain_all() == []
+
+
+@pytest.mark.parametrize("method", ["put", "put_durable"])
+async def test_puts_taken_by_another_mailbox_before_their_commit_is_reported_free_capacity(
+    tmp_path: Path, method: str
+) -> None:
+    """A full mailbox whose puts another mailbox took in the window between their commit
+    and its report is empty: its next put is accepted, not refused as full."""
+    path = tmp_path / "store.db"
+    async with SqliteStore(path) as store:
+        one, two = store.mailbox("s", capacity=2), store.mailbox("s", capacity=2)
+        getattr(one, method)("a", env("a"))
+        getattr(one, method)("b", env("b"))
+        block_the_loop_until_committed(path, 2)  # so their reports have not run
+        assert sorted(e.task_id for e in two.drain_all()) == ["a", "b"]
+        assert one.put("c", env("c"))
+        assert len(one) == 1
+        await one.wait_committed()
+        assert [e.task_id for e in two.drain_all()] == ["c"]
+
+
+@pytest.mark.parametrize("method", ["put", "put_durable"])
+async def test_a_put_over_one_taken_before_its_commit_is_reported_is_a_new_entry(
+    tmp_path: Path, method: str
+) -> None:
+    """A put's id whose earlier put another mailbox took between its commit and its report
+    has no entry to replace: into a full session the put is refused."""
+    path = tmp_path / "store.db"
+    async with SqliteStore(path) as store:
+        one, two = store.mailbox("s", capacity=2), store.mailbox("s", capacity=2)
+        getattr(one, method)("a", env("a"))
+        getattr(one, method)("b", env("b"))
+        block_the_loop_until_committed(path, 2)  # so their reports have not run
+        assert two.drain("a") == env("a")
+        assert two.put("c", env("c"))
+        block_the_loop_until_committed(path, 3)  # the session holds b and c: it is full
+        with pytest.raises(MailboxFull):
+            getattr(one, method)("a", env("a2"))
+        assert one.put("b", env("b2"))  # b is still unread: this replaces it
 
 
 async def test_a_cancelled_wait_for_the_commit_still_commits(tmp_path: Path) -> None:
