@@ -30,7 +30,7 @@ from .._envelope import DelegateResult, encodes, now_ms
 from .._errors import ConfigError, MailboxFull
 from .._mailbox import BaseMailbox, MailboxStatistics, Signal
 from . import _deliveries as rows
-from ._pending import Pending, Put, is_uncommitted, uncommitted_count, uncommitted_ids
+from ._pending import Pending, Put, is_uncommitted
 from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
 from ._tally import Tally
@@ -95,11 +95,10 @@ class SqliteMailbox(BaseMailbox):
         self._ttl = ttl
         self._clock = clock
         self._pending = Pending(writer, expiring=ttl is not None)
-        self._unrevealed: dict[str, Put] = {}  # put_durable's puts not yet committed
         # This mailbox's committed puts by delivery id (never reused), unread when
         # committed: a take of one hands on the object put instead of decoding its row
         # (the oldest go first past capacity: another process may have taken them). A put
-        # is in hand from _unrevealed or _pending until its commit is reported.
+        # is in hand from _pending until its commit is reported.
         self._held: dict[int, DelegateResult] = {}
         self._subs = Subscriptions(lambda active: watch(self, active))
         self._closed = False
@@ -127,12 +126,9 @@ class SqliteMailbox(BaseMailbox):
     def _count(self, now: float, limit: int = -1, *, unrevealed: bool = False) -> int:
         """Live entries (at most ``limit``): the committed ones, plus the pending puts not
         committed yet (with ``unrevealed``, the durable puts not yet readable too)."""
-        self._pending.live(now)  # first: it lets the expired ones go
-        ids = self._pending.uncommitted_ids()
-        if unrevealed:
-            ids.extend(uncommitted_ids(self._unrevealed, self._writer.committed))
-        pending = len(ids)
-        excluding = ids if pending else None
+        self._pending.expire(now)  # first: it lets the expired ones go
+        pending, ids = self._pending.census(durable=unrevealed)
+        excluding = ids or None
         session, recipient = self.session, self.recipient
         return pending + self._conn.read(
             lambda raw: rows.count_live(
@@ -150,11 +146,11 @@ class SqliteMailbox(BaseMailbox):
         "not full". Otherwise one bounded count; a put may commit between the two counts,
         so their sum only says "not full". A put committed but not reported yet is the
         database's to count: another process's mailbox may have taken it."""
-        capacity, committed = self._capacity, self._writer.committed
-        self._pending.live(now)  # first: it lets the expired ones go
-        pending = self._pending.uncommitted_count() + uncommitted_count(self._unrevealed, committed)
+        capacity = self._capacity
+        self._pending.expire(now)  # first: it lets the expired ones go
+        pending = self._pending.bound()
         if pending >= capacity:
-            return True
+            return self._count(now, limit=capacity, unrevealed=True) >= capacity
         tally = self._tally
         if tally.bound is not None and tally.bound + tally.since < capacity:
             return False
@@ -175,9 +171,9 @@ class SqliteMailbox(BaseMailbox):
         if self._closed:
             return None
         now = self._clock()
-        put = self._pending.uncommitted(task_id)
-        if put is not None:
-            return put.envelope if put.live(now) else None
+        known, envelope = self._pending.answer(task_id, now)
+        if known:
+            return envelope
         body = self._find(task_id, now)
         return None if body is None else self._decode(body)
 
@@ -207,7 +203,6 @@ class SqliteMailbox(BaseMailbox):
         put = self._submit(task_id, envelope, False)
         if put is None:
             return False
-        self._unrevealed.pop(task_id, None)  # counted from now on as the pending one
         self._pending.add(put)  # after the submit: a refused one replaces nothing
         self._subs.fire_tasks((task_id,))
         self._subs.fire_all()
@@ -229,9 +224,7 @@ class SqliteMailbox(BaseMailbox):
         put = self._submit(task_id, envelope, True)
         if put is None:
             return False
-        if self._pending.get(task_id) is None:  # else counted already, as the pending one
-            self._unrevealed.pop(task_id, None)  # kept in submission order
-            self._unrevealed[task_id] = put
+        self._pending.add_durable(put)
         return True
 
     def _submit(self, task_id: str, envelope: DelegateResult, durable: bool) -> Put | None:
@@ -244,7 +237,7 @@ class SqliteMailbox(BaseMailbox):
         if (
             self._full(now)
             and self._pending.uncommitted(task_id) is None  # else it replaces one in hand
-            and not is_uncommitted(self._unrevealed.get(task_id), self._writer.committed)
+            and not is_uncommitted(self._pending.durable(task_id), self._writer.committed)
             and self._find(task_id, now) is None
         ):
             raise MailboxFull(self._capacity, task_id)
@@ -280,7 +273,7 @@ class SqliteMailbox(BaseMailbox):
 
     def _revealed(self, put: Put) -> None:
         """The writer committed a :meth:`put_durable`: it is readable from now on."""
-        self._forget_unrevealed(put)
+        self._pending.revealed(put)
         self._hold(put)
         if not self._closed:
             self._subs.fire_tasks((put.task_id,))
@@ -290,16 +283,10 @@ class SqliteMailbox(BaseMailbox):
     def _kept_here(self, put: Put) -> None:
         """The store failed before committing a :meth:`put_durable`: it is readable in this
         process alone, from memory, as an uncommitted :meth:`put` is."""
-        self._forget_unrevealed(put)
-        if self._closed:
+        if not self._pending.keep(put):  # a later put of its id came since, or dropped
             return
-        self._pending.add(put)
         self._subs.fire_tasks((put.task_id,))
         self._subs.fire_all()
-
-    def _forget_unrevealed(self, put: Put) -> None:
-        if self._unrevealed.get(put.task_id) is put:
-            del self._unrevealed[put.task_id]
 
     def _report_committed(self, put: Put) -> None:
         hook = self.committed
@@ -336,13 +323,18 @@ class SqliteMailbox(BaseMailbox):
         if self._closed:
             return None
         now = self._clock()
+        self._pending.expire(now)
         put = self._pending.get(task_id)
         if put is not None:
-            if not put.live(now):
+            if not put.live(now):  # an entry past its TTL before older ones (a clock step)
+                if is_uncommitted(put, self._writer.committed):
+                    return None
                 self._pending.discard(put)
-                return None
-            if self._pending.claim(put):
+                put = None  # committed: the database says what the id holds now
+            elif self._pending.claim(put):
                 return self._consumed([put.envelope])[0]
+        elif self._pending.hides(task_id):
+            return None
         session, recipient, consumer = self.session, self.recipient, self.origin
 
         def exists(raw: sqlite3.Connection) -> bool:
@@ -377,7 +369,7 @@ class SqliteMailbox(BaseMailbox):
         if self._closed:
             return []
         now = self._clock()
-        self._pending.live(now)
+        self._pending.expire(now)
         session, recipient, consumer = self.session, self.recipient, self.origin
         here: list[Put] = []
 
@@ -386,7 +378,7 @@ class SqliteMailbox(BaseMailbox):
             # committed (and taken below, unless another process took them), the rest are
             # consumed here, and their task ids' older rows are left for them to replace.
             here.extend(self._pending.claim_untaken())
-            newer = [put.task_id for put in here]
+            newer = [put.task_id for put in here] + self._pending.hidden_ids()
             return rows.claim_all(
                 raw,
                 session,
@@ -411,17 +403,14 @@ class SqliteMailbox(BaseMailbox):
             self._take_in_hand(task_id, delivery_id) if data is None else self._decode(data)
             for task_id, delivery_id, data in taken or ()
         ]
-        self._pending.clear()
+        self._pending.claimed_all(here)
         envelopes.extend(put.envelope for put in here)
         return self._consumed(envelopes)
 
     def _in_hand(self, task_id: str, delivery_id: int) -> bool:
         """Whether this mailbox has the envelope of delivery row ``delivery_id`` in memory.
         Called with the gate held: the writer assigns no ids meanwhile."""
-        if delivery_id in self._held:
-            return True
-        put = self._unrevealed.get(task_id) or self._pending.get(task_id)
-        return put is not None and put.delivery_id == delivery_id
+        return delivery_id in self._held or self._pending.in_hand(task_id, delivery_id) is not None
 
     def _take_in_hand(self, task_id: str, delivery_id: int) -> DelegateResult:
         """The envelope :meth:`_in_hand` found, taken (its put's commit, reported later,
@@ -429,9 +418,9 @@ class SqliteMailbox(BaseMailbox):
         envelope = self._held.pop(delivery_id, None)
         if envelope is not None:
             return envelope
-        put = self._unrevealed.pop(task_id, None) or self._pending.get(task_id)
+        put = self._pending.in_hand(task_id, delivery_id)
         assert put is not None  # _in_hand found it, in the same synchronous take
-        put.taken = True
+        self._pending.taken(put)
         return put.envelope
 
     # ------------------------------------------------------------ subscriptions and drop
@@ -439,9 +428,9 @@ class SqliteMailbox(BaseMailbox):
     def _present(self, task_id: str) -> bool:
         """Whether ``task_id`` has a live entry (``peek`` without decoding it)."""
         now = self._clock()
-        put = self._pending.uncommitted(task_id)
-        if put is not None:
-            return put.live(now)
+        known, envelope = self._pending.answer(task_id, now)
+        if known:
+            return envelope is not None
         return self._find(task_id, now) is not None
 
     def subscribe_once(self, task_id: str, callback: Signal) -> str | None:
@@ -491,10 +480,9 @@ class SqliteMailbox(BaseMailbox):
             return
         self._closed = True
         self._pending.clear()
-        self._unrevealed.clear()
         self._held.clear()
         self._subs.fire_drop()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._pending.task_ids())} pending"
+        state = "closed" if self._closed else f"{len(self._pending)} pending"
         return f"<SqliteMailbox {self.session!r} {state}>"

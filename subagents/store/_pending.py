@@ -18,7 +18,7 @@ from .._envelope import DelegateResult, now_ms
 from . import _deliveries as rows
 from ._writer import Write, Writer
 
-__all__ = ["Pending", "Put", "is_uncommitted", "uncommitted_count", "uncommitted_ids"]
+__all__ = ["Pending", "Put", "is_uncommitted"]
 
 
 class Put(Write):
@@ -114,12 +114,7 @@ def is_uncommitted(put: Put | None, committed: int) -> bool:
     return put is not None and put.seq > committed
 
 
-def uncommitted_ids(puts: dict[str, Put], committed: int) -> list[str]:
-    """The task ids of ``puts`` whose batch is not committed at watermark ``committed``."""
-    return [task_id for task_id, put in puts.items() if put.seq > committed]
-
-
-def uncommitted_count(puts: dict[str, Put], committed: int) -> int:
+def _uncommitted_count(puts: dict[str, Put], committed: int) -> int:
     """How many of ``puts``, kept in submission order, are not committed at watermark
     ``committed``. The committed ones are the oldest, at most the batches whose report is
     on its way, so counting them from the front keeps this bounded on the put path."""
@@ -131,79 +126,150 @@ def uncommitted_count(puts: dict[str, Put], committed: int) -> int:
     return len(puts) - done
 
 
+def _latest(puts: dict[str, Put], put: Put) -> None:
+    puts.pop(put.task_id, None)  # so that each dict stays in submission order
+    puts[put.task_id] = put
+
+
 class Pending:
-    """The puts of one mailbox whose commit has not been reported, by task id, in arrival
-    order (the latest per id). Used from the event loop, with ``writer``'s lock."""
+    """A mailbox's puts whose commit has not been reported, by task id, in submission
+    order (the latest per id), in three kinds. Used from the event loop, with ``writer``'s
+    lock.
+
+    - entries: :meth:`add`'s puts, readable here (until their batch commits);
+    - durable ones: :meth:`add_durable`'s puts, readable once committed, counted at once;
+    - hiding ones: puts consumed here (:meth:`claim`) or expired before their batch
+      committed. They hold no entry, but until the commit writes them their id's older
+      row is not the id's entry, so the database is not asked about it.
+
+    Once a put's batch has committed, the database answers for it, whatever is here.
+    """
 
     def __init__(self, writer: Writer, *, expiring: bool) -> None:
         self._writer = writer
         self._lock = writer.lock
         self._expiring = expiring
         self._puts: dict[str, Put] = {}
+        self._durable: dict[str, Put] = {}
+        self._hiding: dict[str, Put] = {}
 
     def __bool__(self) -> bool:
+        """Whether there are entries (one may be in the writer's hands)."""
         return bool(self._puts)
 
+    def __len__(self) -> int:
+        return len(self._puts)
+
     def get(self, task_id: str) -> Put | None:
+        """The entry of ``task_id``, committed or not."""
         return self._puts.get(task_id)
 
-    def task_ids(self) -> list[str]:
-        return list(self._puts)
-
     def uncommitted(self, task_id: str) -> Put | None:
-        """The put of ``task_id`` if its batch has not committed yet. Once it has, only the
+        """The entry of ``task_id`` if its batch has not committed yet. Once it has, only the
         database says whether it is unread: another mailbox may have taken it before its
         commit is reported here."""
         put = self._puts.get(task_id)
         return put if is_uncommitted(put, self._writer.committed) else None
 
-    def uncommitted_ids(self) -> list[str]:
-        """The task ids of :meth:`uncommitted`'s puts."""
-        return uncommitted_ids(self._puts, self._writer.committed)
+    def hides(self, task_id: str) -> bool:
+        """Whether a put of ``task_id`` that holds no entry is on its way: then the
+        database's row of the id is an older one, about to be replaced."""
+        return is_uncommitted(self._hiding.get(task_id), self._writer.committed)
 
-    def uncommitted_count(self) -> int:
-        """How many of :meth:`uncommitted`'s puts there are."""
-        return uncommitted_count(self._puts, self._writer.committed)
+    def answer(self, task_id: str, now: float) -> tuple[bool, DelegateResult | None]:
+        """``(True, entry or None)`` when this answers for ``task_id``; ``(False, None)``
+        when the database does."""
+        put = self.uncommitted(task_id)
+        if put is not None:
+            return True, put.envelope if put.live(now) else None
+        return (True, None) if self.hides(task_id) else (False, None)
+
+    def bound(self) -> int:
+        """At least the uncommitted puts that hold an entry (an id counted in both kinds
+        counts twice). Bounded: see :func:`_uncommitted_count`."""
+        committed = self._writer.committed
+        return _uncommitted_count(self._puts, committed) + _uncommitted_count(
+            self._durable, committed
+        )
+
+    def census(self, *, durable: bool) -> tuple[int, list[str]]:
+        """How many ids hold an uncommitted entry here (with ``durable``, a durable put
+        too), and the ids the database must not count: those, and the hidden ones."""
+        committed = self._writer.committed
+        held = {task_id for task_id, put in self._puts.items() if put.seq > committed}
+        if durable:
+            held.update(t for t, put in self._durable.items() if put.seq > committed)
+        return len(held), [*held, *self.hidden_ids()]
+
+    def hidden_ids(self) -> list[str]:
+        committed = self._writer.committed
+        return [t for t, put in self._hiding.items() if put.seq > committed]
 
     def add(self, put: Put) -> None:
-        """``put`` (already submitted) becomes the newest arrival of its task id; an older
-        pending put of the id that the writer has not taken is never written."""
+        """``put`` (already submitted) becomes the newest entry of its task id; an older
+        entry of the id that the writer has not taken is never written."""
         old = self._puts.pop(put.task_id, None)
         if old is not None:
             with self._lock:
                 if not old.picked:
                     old.superseded = True
+        self._durable.pop(put.task_id, None)  # counted from now on as the entry
         self._puts[put.task_id] = put
 
-    def live(self, now: float) -> int:
-        """How many are live; the expired ones (the oldest first) are let go."""
+    def durable(self, task_id: str) -> Put | None:
+        return self._durable.get(task_id)
+
+    def add_durable(self, put: Put) -> None:
+        _latest(self._durable, put)
+
+    def revealed(self, put: Put) -> None:
+        """``put`` (a durable one) has committed: the database has it from now on."""
+        if self._durable.get(put.task_id) is put:
+            del self._durable[put.task_id]
+
+    def keep(self, put: Put) -> bool:
+        """The store failed before committing ``put`` (a durable one): it becomes an entry,
+        readable here alone, if no later put of its id came since."""
+        if self._durable.get(put.task_id) is not put:
+            return False
+        del self._durable[put.task_id]
+        self.add(put)
+        return True
+
+    def expire(self, now: float) -> None:
+        """Let the expired entries (the oldest first) go; those not committed yet hide."""
         puts = self._puts
         if self._expiring:
+            committed = self._writer.committed
             while puts:
                 first = next(iter(puts.values()))
                 if first.live(now):
                     break
                 del puts[first.task_id]
-        return len(puts)
+                if first.seq > committed:
+                    _latest(self._hiding, first)
 
     def discard(self, put: Put) -> None:
-        """Forget ``put`` if it is still the pending one of its id."""
-        if self._puts.get(put.task_id) is put:
-            del self._puts[put.task_id]
+        """Forget ``put`` (its commit is reported, or the database took it)."""
+        for puts in (self._puts, self._hiding):
+            if puts.get(put.task_id) is put:
+                del puts[put.task_id]
 
     def claim(self, put: Put) -> bool:
-        """Consume ``put`` here if the writer has not taken it yet (then it is forgotten
-        and will be written as ``read``)."""
+        """Consume ``put`` here if the writer has not taken it yet (then it hides its id
+        until it is written, as ``read``)."""
         with self._lock:
             if put.picked:
                 return False
             put.claimed = True
-        self.discard(put)
+        if self._puts.get(put.task_id) is put:
+            del self._puts[put.task_id]
+            _latest(self._hiding, put)
         return True
 
     def claim_untaken(self) -> list[Put]:
-        """Consume every put the writer has not taken, in arrival order; they stay here
-        until :meth:`clear` (or :meth:`unclaim`)."""
+        """Consume every entry the writer has not taken, in arrival order; they stay
+        entries until :meth:`claimed_all` (or :meth:`unclaim`)."""
         with self._lock:
             untaken = [put for put in self._puts.values() if not put.picked]
             for put in untaken:
@@ -217,5 +283,25 @@ class Pending:
             for put in puts:
                 put.claimed = False
 
-    def clear(self) -> None:
+    def claimed_all(self, puts: list[Put]) -> None:
+        """:meth:`claim_untaken`'s ``puts`` are consumed, and the rest of the entries taken
+        from the database: no entry is left; ``puts`` hide their ids."""
         self._puts.clear()
+        for put in puts:
+            _latest(self._hiding, put)
+
+    def in_hand(self, task_id: str, delivery_id: int) -> Put | None:
+        """The put here whose row is ``delivery_id``, if any."""
+        for put in (self._durable.get(task_id), self._puts.get(task_id)):
+            if put is not None and put.delivery_id == delivery_id:
+                return put
+        return None
+
+    def taken(self, put: Put) -> None:
+        """``put`` (from :meth:`in_hand`) was taken from the database by its own mailbox."""
+        put.taken = True
+        self.revealed(put)
+
+    def clear(self) -> None:
+        for puts in (self._puts, self._durable, self._hiding):
+            puts.clear()

@@ -378,6 +378,10 @@ class Writer:
                     if exc.reason != "locked":
                         return exc, self._fail(exc, batch)
                     logger.warning("%s; still retrying %d writes", exc, self.queued + len(batch))
+                except Exception:  # a bug: the batch goes back before a take sees the gate free
+                    logger.exception("the store's writer thread crashed")
+                    crash = StoreError(self._path, "failed", "the writer thread crashed")
+                    return crash, self._fail(crash, batch)
                 if not batch:
                     # Nothing taken yet: free the gate between tries, so that a take on the
                     # event loop may try too (a taker must never see a taken write that is

@@ -425,3 +425,181 @@ async def test_the_committed_hook_reports_each_written_put_once_durable(tmp_path
         box.put("c", env("c"))
         await box.wait_committed()
         assert box.drain("c") == env("c")
+
+
+# ---------------------------------------------------------------- the overlay's edges
+
+
+@pytest.mark.parametrize("take", ["drain", "drain_all"])
+@pytest.mark.parametrize("older", ["reported", "unreported"])
+async def test_a_put_taken_before_the_writer_took_it_leaves_no_older_entry_of_its_id(
+    tmp_path: Path, take: str, older: str
+) -> None:
+    """A put over a committed unread entry, taken here before the writer took it: the
+    older entry was overwritten, so it is gone for this mailbox at once (peek, len and the
+    takes), not readable again until the taken put's ``read`` row replaces it."""
+    path = tmp_path / "store.db"
+    async with SqliteStore(path) as store:
+        box = store.mailbox("s")
+        box.put("a", env("a", "first"))
+        if older == "reported":
+            await box.wait_committed()
+        else:
+            block_the_loop_until_committed(path, 1)  # committed, its report not run
+        with writer_parked(store):
+            box.put("a", env("a", "second"))
+            if take == "drain":
+                assert box.drain("a") == env("a", "second")
+            else:
+                assert box.drain_all() == [env("a", "second")]
+            assert box.peek("a") is None
+            assert len(box) == 0
+            assert box.drain("a") is None
+            assert box.drain_all() == []
+        await box.wait_committed()
+    assert [(t, s) for t, s, _ in states(path)] == [("a", "replaced"), ("a", "read")]
+
+
+@pytest.mark.parametrize("earlier", ["pending", "committed"])
+async def test_a_durable_put_over_a_pending_put_counts_toward_capacity(
+    tmp_path: Path, earlier: str
+) -> None:
+    """``put_durable`` of an id with a put of this mailbox still in hand (not committed,
+    or committed and its report not run) counts once that put is taken: the mailbox's
+    next new id is refused (capacity is exact for one object)."""
+    path = tmp_path / "store.db"
+    async with SqliteStore(path) as store:
+        box = store.mailbox("s", capacity=1)
+        box.put("a", env("a", "first"))
+        if earlier == "committed":
+            block_the_loop_until_committed(path, 1)  # its report has not run
+        with writer_parked(store):
+            assert box.put_durable("a", env("a", "second"))  # replaces a: accepted
+            assert box.drain("a") == env("a", "first")
+            # The session will hold a's durable put: it is full.
+            with pytest.raises(MailboxFull):
+                box.put("b", env("b"))
+        await box.wait_committed()
+        assert box.drain_all() == [env("a", "second")]
+
+
+async def test_a_failed_durable_put_does_not_come_back_over_a_newer_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store fails with a ``put_durable`` and a later ``put`` of the same id queued:
+    the later put is the entry kept here, not the overwritten durable one."""
+
+    def disk_error(*args: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    async with SqliteStore(tmp_path / "store.db") as store:
+        box = store.mailbox("s")
+        with writer_parked(store):
+            box.put_durable("a", env("a", "first"))
+            box.put("a", env("a", "second"))
+            monkeypatch.setattr(deliveries, "insert", disk_error)
+        with caplog.at_level(logging.CRITICAL, logger="subagents.store"), pytest.raises(StoreError):
+            await box.wait_committed()
+        assert box.peek("a") == env("a", "second")
+        assert box.drain_all() == [env("a", "second")]
+
+
+async def test_a_pending_put_past_its_ttl_still_hides_the_entry_it_replaced(
+    tmp_path: Path,
+) -> None:
+    """A put over a committed entry that outlives it (another object's, without a TTL)
+    expires before the writer took it: the id has no live entry, here as it will in the
+    database once the put is written (the older row ``replaced``); the overwritten
+    envelope is never handed on."""
+    path = tmp_path / "store.db"
+    clock = Clock()
+    async with SqliteStore(path) as store:
+        keeping = store.mailbox("s", clock=clock)
+        brief = store.mailbox("s", ttl=1.0, clock=clock)
+        keeping.put("a", env("a", "first"))
+        await keeping.wait_committed()
+        with writer_parked(store):
+            brief.put("a", env("a", "second"))
+            clock.now += 2
+            assert brief.peek("a") is None
+            assert brief.drain("a") is None
+            assert len(brief) == 0
+            assert brief.peek("a") is None
+            assert brief.drain("a") is None
+            assert brief.drain_all() == []
+        await brief.wait_committed()
+        assert keeping.drain_all() == []
+    assert [(t, s) for t, s, _ in states(path)] == [("a", "replaced"), ("a", "expired")]
+
+
+class GateWatched:
+    """A lock that sets ``trying`` as someone starts to acquire it."""
+
+    def __init__(self, lock: threading.Lock | None, *, trying: threading.Event) -> None:
+        assert lock is not None
+        self._lock, self._trying = lock, trying
+
+    def acquire(self, timeout: float = -1) -> bool:
+        self._trying.set()
+        return self._lock.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+@pytest.mark.parametrize("take", ["drain", "drain_all"])
+async def test_a_crashed_writer_hands_its_batch_back_before_a_take_can_miss_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, take: str
+) -> None:
+    """The writer thread crashes (an error that is not SQLite's) with a put in its batch:
+    a take that gets the gate once the transaction has rolled back must not find the put
+    still "in the writer's hands" and lose it; it is never written, so it stays here."""
+
+    def a_bug(*args: object) -> None:
+        raise RuntimeError("a bug in the writer")
+
+    async with SqliteStore(tmp_path / "store.db") as store:
+        writer = store._writer
+        failing, go = threading.Event(), threading.Event()
+        fail = writer._fail
+
+        def slow_fail(failure: StoreError, batch: list) -> list:  # type: ignore[type-arg]
+            failing.set()  # the transaction rolled back
+            go.wait(30)
+            return fail(failure, batch)
+
+        writer._fail = slow_fail  # type: ignore[method-assign]
+        monkeypatch.setattr(deliveries, "insert", a_bug)
+        box = store.mailbox("s")
+        box._conn._gate = GateWatched(box._conn._gate, trying=go)  # type: ignore[arg-type]
+        with caplog.at_level(logging.CRITICAL, logger="subagents.store"):
+            box.put("a", env("a"))
+            assert failing.wait(30)
+            try:  # the take's gate lets the hand-back go on (then waits for it, if held)
+                got = box.drain("a") if take == "drain" else box.drain_all()
+            finally:
+                go.set()
+            with pytest.raises(StoreError):
+                await box.wait_committed()
+        kept = [got] if take == "drain" else got
+        assert kept + box.drain_all() == [env("a")]
+
+
+async def test_a_committed_put_past_its_ttl_does_not_hide_a_newer_entry_from_drain(
+    tmp_path: Path,
+) -> None:
+    """A put whose batch has committed is the database's to answer for, also when it has
+    expired before its report ran: another object's later put of the id, committed and
+    still live, replaced it there, and ``drain`` takes it (as ``peek`` sees it)."""
+    path = tmp_path / "store.db"
+    clock = Clock()
+    async with SqliteStore(path) as store:
+        one = store.mailbox("s", ttl=1.0, clock=clock)
+        two = store.mailbox("s", ttl=1.0, clock=clock)
+        one.put("a", env("a", "first"))
+        clock.now += 0.5
+        two.put("a", env("a", "second"))
+        block_the_loop_until_committed(path, 2)  # so their reports have not run
+        clock.now += 0.7  # one's put has expired, two's has not
+        assert one.peek("a") == env("a", "second")
+        assert one.drain("a") == env("a", "second")
