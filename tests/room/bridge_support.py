@@ -11,7 +11,8 @@ import attrs
 
 from subagents import AgentSpec, Event, Receipt, SubagentConfig, SubagentManager
 from subagents._events import MESSAGE
-from subagents.room import Room, RoomLink, bridge
+from subagents.room import Room, RoomLink, SentMessage, bridge
+from tests.room.support import until_committed
 
 
 @attrs.define
@@ -46,12 +47,15 @@ async def bridged(
 async def state_of(side: Side, message_id: int, recipient: str, state: str) -> None:
     """Wait until ``recipient``'s delivery of ``message_id`` (sent by ``side``) is in
     ``state``: another process's commit, looked at until it lands (bounded)."""
+
+    async def holds() -> bool:
+        return any(
+            sent.message.message_id == message_id and sent.states.get(recipient) == state
+            for sent in await side.room.sent(side.link.member_id, limit=50)
+        )
+
     with anyio.fail_after(30):
-        while True:
-            for sent in await side.room.sent(side.link.member_id, limit=50):
-                if sent.message.message_id == message_id and sent.states.get(recipient) == state:
-                    return
-            await anyio.sleep(0.005)
+        await until_committed(side.room, holds)
 
 
 async def failed(manager: SubagentManager, receipt: Receipt) -> None:
@@ -74,9 +78,13 @@ async def failed(manager: SubagentManager, receipt: Receipt) -> None:
 async def room_ids(side: Side, count: int) -> list[int]:
     """The room ids of the ``count`` messages ``side`` sent, oldest first, once the
     bridge committed them all (bounded)."""
+    found: tuple[SentMessage, ...] = ()
+
+    async def holds() -> bool:
+        nonlocal found
+        found = await side.link.sent(limit=count)
+        return len(found) == count
+
     with anyio.fail_after(30):
-        while True:
-            found = await side.link.sent(limit=count)
-            if len(found) == count:
-                return [s.message.message_id for s in reversed(found)]
-            await anyio.sleep(0.005)
+        await until_committed(side.room, holds)
+    return [s.message.message_id for s in reversed(found)]

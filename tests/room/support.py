@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -14,12 +14,28 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from subagents._json import dumps_str, loads
+from subagents.room import Room
 
 WORKER = Path(__file__).with_name("worker.py")
 BRIDGE_WORKER = Path(__file__).with_name("bridge_worker.py")
 
 NO_SUCH_PID = 2**22 + 7
 """Above the kernel's pid_max: no process has it."""
+
+
+async def until_committed(room: Room, holds: Callable[[], Awaitable[bool]]) -> None:
+    """Return once ``await holds()`` is true, looking again after each commit to
+    ``room``'s file by any connection of any process: woken as a waiting
+    :meth:`Room.receive` is (the room's watcher of ``PRAGMA data_version``, and its own
+    commits), never by a timer. Unbounded: the caller bounds it (``anyio.fail_after``).
+
+    ``Room`` has no public "wait for any change"; its waiters are the hook receive uses.
+    """
+
+    async def look(left: float | None) -> bool | None:
+        return (await holds()) or None
+
+    await room._waiters.until(False, bool, look, None)
 
 
 def open_files(under: Path) -> list[str]:

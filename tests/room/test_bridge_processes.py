@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from subagents.room import Room
-from tests.room.support import BRIDGE_WORKER, room_worker
+from tests.room.support import BRIDGE_WORKER, room_worker, until_committed
 
 pytestmark = pytest.mark.anyio
 
@@ -24,12 +24,12 @@ async def _states(room: Room, sender: str, message_id: int) -> dict[str, str]:
 
 
 async def _until(room: Room, sender: str, message_id: int, expected: dict[str, str]) -> None:
-    # The other process's commit, looked at until it lands (bounded, not a margin).
+    # The other process's commit, looked at again after each commit until it lands.
+    async def holds() -> bool:
+        return await _states(room, sender, message_id) == expected
+
     with anyio.fail_after(60):
-        while True:
-            if await _states(room, sender, message_id) == expected:
-                return
-            await anyio.sleep(0.01)
+        await until_committed(room, holds)
 
 
 async def test_manager_send_in_one_process_reaches_manager_recv_in_another(

@@ -16,7 +16,7 @@ import pytest
 from subagents import ConfigError
 from subagents.room import Room
 from subagents.store._schema import MIGRATIONS
-from tests.room.support import NO_SUCH_PID, FakeClock, room_worker
+from tests.room.support import NO_SUCH_PID, FakeClock, room_worker, until_committed
 
 pytestmark = pytest.mark.anyio
 
@@ -264,10 +264,13 @@ async def test_a_receive_waiting_in_another_process_wakes_on_a_send(
         joined_at = {m.member_id: m.seen_at for m in await room.who("r")}[member]
         await proc.submit("receive", member=member, timeout=60)
         # The worker's receive waits once its first look (its activity) is recorded.
+
+        async def looked() -> bool:
+            return {m.member_id: m.seen_at for m in await room.who("r")}[member] != joined_at
+
         with anyio.fail_after(30):
-            # Another process's activity is seen only in the file: poll it.
-            while {m.member_id: m.seen_at for m in await room.who("r")}[member] == joined_at:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+            # Another process's activity is seen only in the file: look after each commit.
+            await until_committed(room, looked)
         await room.send(sender, "*", "wake up", subject="s")
         with anyio.fail_after(30):
             got = await proc.answer()
