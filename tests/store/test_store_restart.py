@@ -429,6 +429,7 @@ async def test_a_closing_store_keeps_its_tasks_from_recovery_until_committed(
     config = SubagentConfig(store_path=path)
     a = SubagentManager(AGENTS, config=config)
     ready = anyio.Event()
+    closing = anyio.Event()
     ids: list[str] = []
 
     async def run_a() -> None:
@@ -439,13 +440,21 @@ async def test_a_closing_store_keeps_its_tasks_from_recovery_until_committed(
             await a.store.wait_committed()  # type: ignore[union-attr]
             ids.append(h.task_id)
             a.store._writer.gate.acquire()  # type: ignore[union-attr]  # stall A's writer
+            writer = a.store._writer  # type: ignore[union-attr]
+            stop = writer.stop
+
+            def stopping() -> None:  # A's aclose tells its writer to stop: it is closing
+                closing.set()
+                stop()
+
+            writer.stop = stopping
             ready.set()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run_a)
         await ready.wait()
-        while a.store._state != "closing":  # type: ignore[union-attr]  # noqa: ASYNC110
-            await anyio.sleep(0.01)
+        await closing.wait()
+        assert a.store._state == "closing"  # type: ignore[union-attr]
         async with SubagentManager(AGENTS, config=config):
             pass  # its recovery runs while A's queue is stalled
         a.store._writer.gate.release()  # type: ignore[union-attr]
