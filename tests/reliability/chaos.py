@@ -265,6 +265,8 @@ class Chaos:
         self.seconds = 0.0
         self.backend = ""
         self.max_stall = 0.0
+        self.progressed = anyio.Event()
+        """Set by every event of the manager (renewed by whoever waits on it)."""
 
     # ------------------------------------------------------------------ plans
 
@@ -329,6 +331,7 @@ class Chaos:
     # ------------------------------------------------------------------ events
 
     def _on_event(self, event: Event) -> None:
+        self.progressed.set()
         if event.type == SPAWNED:
             plan = self.by_name.get(event.agent_path.rsplit("/", 1)[-1])
             if plan is None:
@@ -584,7 +587,7 @@ class Chaos:
         while True:
             plan = self._pick(rng)
             if plan is None or plan.task_id is None:
-                await anyio.sleep(0.001)
+                await self._next_event()  # a spawned event gives a plan its task id
                 continue
             timeout = rng.choice((0.0, 0.0001, 0.001, 0.003))
             roll = rng.random()
@@ -653,9 +656,16 @@ class Chaos:
                 self.recent.append(plan)
             if n % 16 == 15:
                 await anyio.lowlevel.checkpoint()
-            # Back-pressure on a counter the manager exposes no event for.
-            while manager.statistics().queued > self.max_queue:  # noqa: ASYNC110
-                await anyio.sleep(0.001)
+            # Back-pressure: a queued spawn leaves the queue as it starts or ends, each
+            # with an event, so the count is looked at again after each event.
+            while manager.statistics().queued > self.max_queue:
+                await self._next_event()
+
+    async def _next_event(self) -> None:
+        """Return after the manager's next event (published after this call)."""
+        if self.progressed.is_set():
+            self.progressed = anyio.Event()
+        await self.progressed.wait()
 
     async def _settle(self) -> None:
         """Wait until every spawn so far has its envelope (nested ones appear late)."""
