@@ -161,7 +161,8 @@ class SqliteMailbox(BaseMailbox):
         tally.bound, tally.since = stored + pending, 0
         if stored + pending < capacity:
             return False
-        return not pending or self._count(now, limit=capacity, unrevealed=True) >= capacity
+        exact = not pending and not self._pending.hiding()  # nothing here changes ``stored``
+        return exact or self._count(now, limit=capacity, unrevealed=True) >= capacity
 
     def _find(self, task_id: str, now: float) -> bytes | None:
         session, recipient = self.session, self.recipient
@@ -238,7 +239,7 @@ class SqliteMailbox(BaseMailbox):
             self._full(now)
             and self._pending.uncommitted(task_id) is None  # else it replaces one in hand
             and not is_uncommitted(self._pending.durable(task_id), self._writer.committed)
-            and self._find(task_id, now) is None
+            and (self._pending.hides(task_id) or self._find(task_id, now) is None)  # new id
         ):
             raise MailboxFull(self._capacity, task_id)
         on_written, on_failed = self._as_durable if durable else self._as_put
@@ -335,13 +336,21 @@ class SqliteMailbox(BaseMailbox):
                 return self._consumed([put.envelope])[0]
         elif self._pending.hides(task_id):
             return None
+        return self._drain_stored(task_id, put, now)
+
+    def _drain_stored(self, task_id: str, put: Put | None, now: float) -> DelegateResult | None:
+        """:meth:`drain` from the database; ``put``: the id's entry, in the writer's hands."""
         session, recipient, consumer = self.session, self.recipient, self.origin
 
         def exists(raw: sqlite3.Connection) -> bool:
             return rows.find(raw, session, recipient, task_id, now) is not None
 
-        taken = self._conn.write(
-            lambda raw: rows.claim(
+        def take(raw: sqlite3.Connection) -> tuple[int, bytes | None] | None:
+            # Gate held: ``put`` is committed, or handed back by a failed store: then it is
+            # still the id's entry (taken below), not the stored row it was to replace.
+            if put is not None and self._pending.handed_back(put):
+                return None
+            return rows.claim(
                 raw,
                 session,
                 recipient,
@@ -350,7 +359,10 @@ class SqliteMailbox(BaseMailbox):
                 now=now,
                 ms=now_ms(),
                 known=self._in_hand,
-            ),
+            )
+
+        taken = self._conn.write(
+            take,
             # A put the writer has taken is waited for (through the gate), not looked up.
             precheck=exists if put is None else None,
         )

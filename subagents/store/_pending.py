@@ -205,6 +205,11 @@ class Pending:
         committed = self._writer.committed
         return [t for t, put in self._hiding.items() if put.seq > committed]
 
+    def hiding(self) -> bool:
+        """Whether any put may hide its id's older row (then a count of the database's
+        rows alone is too high)."""
+        return bool(self._hiding)
+
     def add(self, put: Put) -> None:
         """``put`` (already submitted) becomes the newest entry of its task id; an older
         entry of the id that the writer has not taken is never written."""
@@ -234,6 +239,10 @@ class Pending:
             return False
         del self._durable[put.task_id]
         self.add(put)
+        # In its place among the entries, by submission: :meth:`expire` reads them oldest
+        # first, and its TTL passes before those of the entries put after it.
+        if len(self._puts) > 1:
+            self._puts = dict(sorted(self._puts.items(), key=lambda item: item[1].seq))
         return True
 
     def expire(self, now: float) -> None:
@@ -266,6 +275,12 @@ class Pending:
             del self._puts[put.task_id]
             _latest(self._hiding, put)
         return True
+
+    def handed_back(self, put: Put) -> bool:
+        """Whether ``put``, once taken by the writer, was handed back by a failed store
+        (it will never be written)."""
+        with self._lock:
+            return not put.picked
 
     def claim_untaken(self) -> list[Put]:
         """Consume every entry the writer has not taken, in arrival order; they stay
