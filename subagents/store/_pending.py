@@ -238,10 +238,13 @@ class Pending:
         if self._durable.get(put.task_id) is not put:
             return False
         del self._durable[put.task_id]
+        last = next(reversed(self._puts.values()), None)
         self.add(put)
         # In its place among the entries, by submission: :meth:`expire` reads them oldest
-        # first, and its TTL passes before those of the entries put after it.
-        if len(self._puts) > 1:
+        # first, and its TTL passes before those of the entries put after it. (Only a
+        # mailbox mixing both kinds of put gets here; timsort of a nearly sorted dict is
+        # linear.)
+        if last is not None and last.seq > put.seq:
             self._puts = dict(sorted(self._puts.items(), key=lambda item: item[1].seq))
         return True
 
