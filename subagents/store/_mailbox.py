@@ -127,7 +127,7 @@ class SqliteMailbox(BaseMailbox):
         """Live entries (at most ``limit``): the committed ones, plus the pending puts not
         committed yet (with ``unrevealed``, the durable puts not yet readable too)."""
         self._pending.expire(now)  # first: it lets the expired ones go
-        pending, ids = self._pending.census(durable=unrevealed)
+        pending, ids = self._pending.census(now, durable=unrevealed)
         excluding = ids or None
         session, recipient = self.session, self.recipient
         return pending + self._conn.read(
@@ -416,7 +416,7 @@ class SqliteMailbox(BaseMailbox):
             for task_id, delivery_id, data in taken or ()
         ]
         self._pending.claimed_all(here)
-        envelopes.extend(put.envelope for put in here)
+        envelopes.extend(put.envelope for put in here if put.live(now))  # a clock step
         return self._consumed(envelopes)
 
     def _in_hand(self, task_id: str, delivery_id: int) -> bool:

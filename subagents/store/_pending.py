@@ -192,14 +192,18 @@ class Pending:
             self._durable, committed
         )
 
-    def census(self, *, durable: bool) -> tuple[int, list[str]]:
-        """How many ids hold an uncommitted entry here (with ``durable``, a durable put
-        too), and the ids the database must not count: those, and the hidden ones."""
+    def census(self, now: float, *, durable: bool) -> tuple[int, list[str]]:
+        """How many ids hold a live uncommitted entry here (with ``durable``, a durable put
+        too), and the ids the database must not count: those of every uncommitted put here
+        (an entry past its TTL out of turn, after a clock step, still hides)."""
         committed = self._writer.committed
-        held = {task_id for task_id, put in self._puts.items() if put.seq > committed}
+        ids = [task_id for task_id, put in self._puts.items() if put.seq > committed]
+        held = {task_id for task_id in ids if self._puts[task_id].live(now)}
         if durable:
-            held.update(t for t, put in self._durable.items() if put.seq > committed)
-        return len(held), [*held, *self.hidden_ids()]
+            durable_ids = [t for t, put in self._durable.items() if put.seq > committed]
+            held.update(durable_ids)
+            ids.extend(durable_ids)
+        return len(held), [*ids, *self.hidden_ids()]
 
     def hidden_ids(self) -> list[str]:
         committed = self._writer.committed

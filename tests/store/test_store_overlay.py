@@ -138,3 +138,23 @@ async def test_a_durable_put_kept_after_a_failure_expires_in_its_turn(
         assert box.peek("a") is None
         assert len(box) == 1
         assert box.drain_all() == [env("b")]
+
+
+async def test_an_entry_past_its_ttl_out_of_turn_is_neither_counted_nor_drained(
+    tmp_path: Path,
+) -> None:
+    """The clock steps back between two puts, so the later one expires first: while
+    neither is committed, ``len`` counts only the live one and ``drain_all`` takes only it."""
+    clock = Clock()
+    async with SqliteStore(tmp_path / "store.db") as store:
+        box = store.mailbox("s", ttl=10.0, clock=clock)
+        with writer_parked(store):
+            box.put("a", env("a"))  # expires at 1010
+            clock.now = 990.0
+            box.put("b", env("b"))  # expires at 1000, behind a
+            clock.now = 1005.0
+            assert len(box) == 1
+            assert box.drain_all() == [env("a")]
+        await box.wait_committed()
+        assert len(box) == 0
+        assert box.drain_all() == []
