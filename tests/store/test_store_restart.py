@@ -426,7 +426,7 @@ async def test_a_closing_store_keeps_its_tasks_from_recovery_until_committed(
     (the cancelled child's put and end): a manager entered meanwhile in the same process
     recovers nothing of it, and the child has exactly one envelope, not ``Interrupted``."""
     path = tmp_path / "s.db"
-    config = SubagentConfig(store_path=path)
+    config = SubagentConfig(store_path=path, settle_timeout=0.2)  # A waits it out
     a = SubagentManager(AGENTS, config=config)
     ready = anyio.Event()
     closing = anyio.Event()
