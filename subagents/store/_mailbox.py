@@ -30,7 +30,7 @@ from .._envelope import DelegateResult, encodes, now_ms
 from .._errors import ConfigError, MailboxFull
 from .._mailbox import BaseMailbox, MailboxStatistics, Signal
 from . import _deliveries as rows
-from ._pending import Pending, Put, is_uncommitted
+from ._pending import Pending, Put
 from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
 from ._tally import Tally
@@ -237,8 +237,7 @@ class SqliteMailbox(BaseMailbox):
         now = self._clock()
         if (
             self._full(now)
-            and self._pending.uncommitted(task_id) is None  # else it replaces one in hand
-            and not is_uncommitted(self._pending.durable(task_id), self._writer.committed)
+            and not self._pending.holds(task_id)  # else it replaces one in hand
             and (self._pending.hides(task_id) or self._find(task_id, now) is None)  # new id
         ):
             raise MailboxFull(self._capacity, task_id)
@@ -328,7 +327,7 @@ class SqliteMailbox(BaseMailbox):
         put = self._pending.get(task_id)
         if put is not None:
             if not put.live(now):  # an entry past its TTL before older ones (a clock step)
-                if is_uncommitted(put, self._writer.committed):
+                if self._pending.uncommitted(task_id) is put:
                     return None
                 self._pending.discard(put)
                 put = None  # committed: the database says what the id holds now

@@ -18,7 +18,7 @@ from .._envelope import DelegateResult, now_ms
 from . import _deliveries as rows
 from ._writer import Write, Writer
 
-__all__ = ["Pending", "Put", "is_uncommitted"]
+__all__ = ["Pending", "Put"]
 
 
 class Put(Write):
@@ -109,7 +109,7 @@ class Put(Write):
             self.on_failed(self)
 
 
-def is_uncommitted(put: Put | None, committed: int) -> bool:
+def _is_uncommitted(put: Put | None, committed: int) -> bool:
     """Whether ``put`` is a put whose batch is not committed at watermark ``committed``."""
     return put is not None and put.seq > committed
 
@@ -124,6 +124,14 @@ def _uncommitted_count(puts: dict[str, Put], committed: int) -> int:
             break
         done += 1
     return len(puts) - done
+
+
+def _forget(puts: dict[str, Put], put: Put) -> bool:
+    """Remove ``put`` if it is still the one of its id in ``puts``."""
+    if puts.get(put.task_id) is not put:
+        return False
+    del puts[put.task_id]
+    return True
 
 
 def _latest(puts: dict[str, Put], put: Put) -> None:
@@ -169,12 +177,19 @@ class Pending:
         database says whether it is unread: another mailbox may have taken it before its
         commit is reported here."""
         put = self._puts.get(task_id)
-        return put if is_uncommitted(put, self._writer.committed) else None
+        return put if _is_uncommitted(put, self._writer.committed) else None
+
+    def holds(self, task_id: str) -> bool:
+        """Whether an uncommitted put of ``task_id`` holds an entry here (a put of the id
+        replaces it, so it adds none)."""
+        return self.uncommitted(task_id) is not None or _is_uncommitted(
+            self._durable.get(task_id), self._writer.committed
+        )
 
     def hides(self, task_id: str) -> bool:
         """Whether a put of ``task_id`` that holds no entry is on its way: then the
         database's row of the id is an older one, about to be replaced."""
-        return is_uncommitted(self._hiding.get(task_id), self._writer.committed)
+        return _is_uncommitted(self._hiding.get(task_id), self._writer.committed)
 
     def answer(self, task_id: str, now: float) -> tuple[bool, DelegateResult | None]:
         """``(True, entry or None)`` when this answers for ``task_id``; ``(False, None)``
@@ -225,23 +240,18 @@ class Pending:
         self._durable.pop(put.task_id, None)  # counted from now on as the entry
         self._puts[put.task_id] = put
 
-    def durable(self, task_id: str) -> Put | None:
-        return self._durable.get(task_id)
-
     def add_durable(self, put: Put) -> None:
         _latest(self._durable, put)
 
     def revealed(self, put: Put) -> None:
         """``put`` (a durable one) has committed: the database has it from now on."""
-        if self._durable.get(put.task_id) is put:
-            del self._durable[put.task_id]
+        _forget(self._durable, put)
 
     def keep(self, put: Put) -> bool:
         """The store failed before committing ``put`` (a durable one): it becomes an entry,
         readable here alone, if no later put of its id came since."""
-        if self._durable.get(put.task_id) is not put:
+        if not _forget(self._durable, put):
             return False
-        del self._durable[put.task_id]
         last = next(reversed(self._puts.values()), None)
         self.add(put)
         # In its place among the entries, by submission: :meth:`expire` reads them oldest
@@ -267,9 +277,8 @@ class Pending:
 
     def discard(self, put: Put) -> None:
         """Forget ``put`` (its commit is reported, or the database took it)."""
-        for puts in (self._puts, self._hiding):
-            if puts.get(put.task_id) is put:
-                del puts[put.task_id]
+        _forget(self._puts, put)
+        _forget(self._hiding, put)
 
     def claim(self, put: Put) -> bool:
         """Consume ``put`` here if the writer has not taken it yet (then it hides its id
@@ -278,8 +287,7 @@ class Pending:
             if put.picked:
                 return False
             put.claimed = True
-        if self._puts.get(put.task_id) is put:
-            del self._puts[put.task_id]
+        if _forget(self._puts, put):
             _latest(self._hiding, put)
         return True
 

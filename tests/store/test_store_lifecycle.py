@@ -25,7 +25,7 @@ from subagents import (
     RunContext,
     SubagentManager,
 )
-from subagents.store import SqliteStore, StoreError
+from subagents.store import SqliteMailbox, SqliteStore, StoreError
 from subagents.store import _deliveries as deliveries
 from subagents.store._opening import Connections
 from tests.store.support import block_the_loop_until_committed, env, sqlite
@@ -199,6 +199,18 @@ async def test_a_put_taken_by_another_mailbox_before_its_commit_is_reported_is_g
         assert one.drain_all() == []
 
 
+def a_and_b_committed_unreported(
+    store: SqliteStore, path: Path, method: str
+) -> tuple[SqliteMailbox, SqliteMailbox]:
+    """Two mailboxes of session "s" (capacity 2); the first has put a and b with
+    ``method``, and their batch has committed, but the loop has not run its report."""
+    one, two = store.mailbox("s", capacity=2), store.mailbox("s", capacity=2)
+    getattr(one, method)("a", env("a"))
+    getattr(one, method)("b", env("b"))
+    block_the_loop_until_committed(path, 2)
+    return one, two
+
+
 @pytest.mark.parametrize("method", ["put", "put_durable"])
 async def test_puts_taken_by_another_mailbox_before_their_commit_is_reported_free_capacity(
     tmp_path: Path, method: str
@@ -207,10 +219,7 @@ async def test_puts_taken_by_another_mailbox_before_their_commit_is_reported_fre
     and its report is empty: its next put is accepted, not refused as full."""
     path = tmp_path / "store.db"
     async with SqliteStore(path) as store:
-        one, two = store.mailbox("s", capacity=2), store.mailbox("s", capacity=2)
-        getattr(one, method)("a", env("a"))
-        getattr(one, method)("b", env("b"))
-        block_the_loop_until_committed(path, 2)  # so their reports have not run
+        one, two = a_and_b_committed_unreported(store, path, method)
         assert sorted(e.task_id for e in two.drain_all()) == ["a", "b"]
         assert one.put("c", env("c"))
         assert len(one) == 1
@@ -226,10 +235,7 @@ async def test_a_put_over_one_taken_before_its_commit_is_reported_is_a_new_entry
     has no entry to replace: into a full session the put is refused."""
     path = tmp_path / "store.db"
     async with SqliteStore(path) as store:
-        one, two = store.mailbox("s", capacity=2), store.mailbox("s", capacity=2)
-        getattr(one, method)("a", env("a"))
-        getattr(one, method)("b", env("b"))
-        block_the_loop_until_committed(path, 2)  # so their reports have not run
+        one, two = a_and_b_committed_unreported(store, path, method)
         assert two.drain("a") == env("a")
         assert two.put("c", env("c"))
         block_the_loop_until_committed(path, 3)  # the session holds b and c: it is full
