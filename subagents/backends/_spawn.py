@@ -281,14 +281,6 @@ class _Process:
         stdin_r, self.stdin_w = self._pipe()
         stdout_r, stdout_w = self._pipe()
         stderr_r, stderr_w = self._pipe()
-        # What fits in the pipe is written before the start: most items never need a
-        # wait for stdin, and their child reads them and then its end of file at once.
-        # Up to PIPE_BUF bytes always fit in an empty pipe; beyond, the write end is made
-        # non-blocking and fed as the child reads.
-        if len(self.stdin) > select.PIPE_BUF:
-            os.set_blocking(self.stdin_w, False)
-        if not self._feed():
-            self._stdin_done()
         self.popen = subprocess.Popen(
             command.argv,
             stdin=stdin_r,
@@ -301,6 +293,16 @@ class _Process:
         self.pid = self.popen.pid
         _warden.started(self.pid)
         try:
+            # Only once the warden lists its group does the child get its item: a command
+            # cannot act on it in the window a SIGKILL of this process leaves unguarded.
+            # What fits in the pipe is written at once (our read end still open, so no
+            # EPIPE): most items never need a wait for stdin. Up to PIPE_BUF bytes always
+            # fit in an empty pipe; beyond, the write end is made non-blocking and fed as
+            # the child reads.
+            if len(self.stdin) > select.PIPE_BUF:
+                os.set_blocking(self.stdin_w, False)
+            if not self._feed():
+                self._stdin_done()
             for fd in (stdin_r, stdout_w, stderr_w):
                 self._close(fd)
             self.pidfd = os.pidfd_open(self.pid)
