@@ -11,8 +11,9 @@ transaction through the gate and finds the row committed.
 
 from __future__ import annotations
 
+import bisect
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .._envelope import DelegateResult, now_ms
 from . import _deliveries as rows
@@ -114,29 +115,67 @@ def _is_uncommitted(put: Put | None, committed: int) -> bool:
     return put is not None and put.seq > committed
 
 
-def _uncommitted_count(puts: dict[str, Put], committed: int) -> int:
-    """How many of ``puts``, kept in submission order, are not committed at watermark
-    ``committed``. The committed ones are the oldest, at most the batches whose report is
-    on its way, so counting them from the front keeps this bounded on the put path."""
-    done = 0
-    for put in puts.values():
-        if put.seq > committed:
-            break
-        done += 1
-    return len(puts) - done
+class _InOrder:
+    """Puts by task id (the latest per id) in submission order, with their sequence
+    numbers sorted beside them, so that how many are past a watermark costs a bisection,
+    not a walk over the committed ones whose report is still on its way (a whole batch
+    on a busy store)."""
 
+    __slots__ = ("_by_id", "_seqs")
 
-def _forget(puts: dict[str, Put], put: Put) -> bool:
-    """Remove ``put`` if it is still the one of its id in ``puts``."""
-    if puts.get(put.task_id) is not put:
-        return False
-    del puts[put.task_id]
-    return True
+    def __init__(self) -> None:
+        self._by_id: dict[str, Put] = {}
+        self._seqs: list[int] = []
 
+    def __bool__(self) -> bool:
+        return bool(self._by_id)
 
-def _latest(puts: dict[str, Put], put: Put) -> None:
-    puts.pop(put.task_id, None)  # so that each dict stays in submission order
-    puts[put.task_id] = put
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def get(self, task_id: str) -> Put | None:
+        return self._by_id.get(task_id)
+
+    def values(self) -> Iterable[Put]:
+        return self._by_id.values()
+
+    def first(self) -> Put | None:
+        return next(iter(self._by_id.values()), None)
+
+    def uncommitted(self, committed: int) -> int:
+        """How many are not committed at watermark ``committed``."""
+        return len(self._seqs) - bisect.bisect_right(self._seqs, committed)
+
+    def latest(self, put: Put) -> None:
+        """``put`` becomes its id's put, in its place by submission."""
+        self.pop(put.task_id)
+        seqs = self._seqs
+        if not seqs or seqs[-1] < put.seq:
+            seqs.append(put.seq)
+            self._by_id[put.task_id] = put
+            return
+        # Only a put handed back after a failure arrives out of turn; timsort of a
+        # nearly sorted dict is linear.
+        bisect.insort(seqs, put.seq)
+        self._by_id[put.task_id] = put
+        self._by_id = dict(sorted(self._by_id.items(), key=lambda item: item[1].seq))
+
+    def pop(self, task_id: str) -> Put | None:
+        put = self._by_id.pop(task_id, None)
+        if put is not None:
+            del self._seqs[bisect.bisect_left(self._seqs, put.seq)]
+        return put
+
+    def forget(self, put: Put) -> bool:
+        """Remove ``put`` if it is still its id's put."""
+        if self._by_id.get(put.task_id) is not put:
+            return False
+        self.pop(put.task_id)
+        return True
+
+    def clear(self) -> None:
+        self._by_id.clear()
+        self._seqs.clear()
 
 
 class Pending:
@@ -157,9 +196,9 @@ class Pending:
         self._writer = writer
         self._lock = writer.lock
         self._expiring = expiring
-        self._puts: dict[str, Put] = {}
-        self._durable: dict[str, Put] = {}
-        self._hiding: dict[str, Put] = {}
+        self._puts = _InOrder()
+        self._durable = _InOrder()
+        self._hiding = _InOrder()
 
     def __bool__(self) -> bool:
         """Whether there are entries (one may be in the writer's hands)."""
@@ -201,28 +240,27 @@ class Pending:
 
     def bound(self) -> int:
         """At least the uncommitted puts that hold an entry (an id counted in both kinds
-        counts twice). Bounded: see :func:`_uncommitted_count`."""
+        counts twice)."""
         committed = self._writer.committed
-        return _uncommitted_count(self._puts, committed) + _uncommitted_count(
-            self._durable, committed
-        )
+        return self._puts.uncommitted(committed) + self._durable.uncommitted(committed)
 
     def census(self, now: float, *, durable: bool) -> tuple[int, list[str]]:
         """How many ids hold a live uncommitted entry here (with ``durable``, a durable put
         too), and the ids the database must not count: those of every uncommitted put here
         (an entry past its TTL out of turn, after a clock step, still hides)."""
         committed = self._writer.committed
-        ids = [task_id for task_id, put in self._puts.items() if put.seq > committed]
-        held = {task_id for task_id in ids if self._puts[task_id].live(now)}
+        uncommitted = [put for put in self._puts.values() if put.seq > committed]
+        ids = [put.task_id for put in uncommitted]
+        held = {put.task_id for put in uncommitted if put.live(now)}
         if durable:
-            durable_ids = [t for t, put in self._durable.items() if put.seq > committed]
+            durable_ids = [p.task_id for p in self._durable.values() if p.seq > committed]
             held.update(durable_ids)
             ids.extend(durable_ids)
         return len(held), [*ids, *self.hidden_ids()]
 
     def hidden_ids(self) -> list[str]:
         committed = self._writer.committed
-        return [t for t, put in self._hiding.items() if put.seq > committed]
+        return [put.task_id for put in self._hiding.values() if put.seq > committed]
 
     def hiding(self) -> bool:
         """Whether any put may hide its id's older row (then a count of the database's
@@ -232,34 +270,29 @@ class Pending:
     def add(self, put: Put) -> None:
         """``put`` (already submitted) becomes the newest entry of its task id; an older
         entry of the id that the writer has not taken is never written."""
-        old = self._puts.pop(put.task_id, None)
+        old = self._puts.pop(put.task_id)
         if old is not None:
             with self._lock:
                 if not old.picked:
                     old.superseded = True
-        self._durable.pop(put.task_id, None)  # counted from now on as the entry
-        self._puts[put.task_id] = put
+        self._durable.pop(put.task_id)  # counted from now on as the entry
+        self._puts.latest(put)
 
     def add_durable(self, put: Put) -> None:
-        _latest(self._durable, put)
+        self._durable.latest(put)
 
     def revealed(self, put: Put) -> None:
         """``put`` (a durable one) has committed: the database has it from now on."""
-        _forget(self._durable, put)
+        self._durable.forget(put)
 
     def keep(self, put: Put) -> bool:
         """The store failed before committing ``put`` (a durable one): it becomes an entry,
         readable here alone, if no later put of its id came since."""
-        if not _forget(self._durable, put):
+        if not self._durable.forget(put):
             return False
-        last = next(reversed(self._puts.values()), None)
-        self.add(put)
         # In its place among the entries, by submission: :meth:`expire` reads them oldest
-        # first, and its TTL passes before those of the entries put after it. (Only a
-        # mailbox mixing both kinds of put gets here; timsort of a nearly sorted dict is
-        # linear.)
-        if last is not None and last.seq > put.seq:
-            self._puts = dict(sorted(self._puts.items(), key=lambda item: item[1].seq))
+        # first, and its TTL passes before those of the entries put after it.
+        self.add(put)
         return True
 
     def expire(self, now: float) -> None:
@@ -267,18 +300,15 @@ class Pending:
         puts = self._puts
         if self._expiring:
             committed = self._writer.committed
-            while puts:
-                first = next(iter(puts.values()))
-                if first.live(now):
-                    break
-                del puts[first.task_id]
+            while (first := puts.first()) is not None and not first.live(now):
+                puts.pop(first.task_id)
                 if first.seq > committed:
-                    _latest(self._hiding, first)
+                    self._hiding.latest(first)
 
     def discard(self, put: Put) -> None:
         """Forget ``put`` (its commit is reported, or the database took it)."""
-        _forget(self._puts, put)
-        _forget(self._hiding, put)
+        self._puts.forget(put)
+        self._hiding.forget(put)
 
     def claim(self, put: Put) -> bool:
         """Consume ``put`` here if the writer has not taken it yet (then it hides its id
@@ -287,8 +317,8 @@ class Pending:
             if put.picked:
                 return False
             put.claimed = True
-        if _forget(self._puts, put):
-            _latest(self._hiding, put)
+        if self._puts.forget(put):
+            self._hiding.latest(put)
         return True
 
     def handed_back(self, put: Put) -> bool:
@@ -318,7 +348,7 @@ class Pending:
         from the database: no entry is left; ``puts`` hide their ids."""
         self._puts.clear()
         for put in puts:
-            _latest(self._hiding, put)
+            self._hiding.latest(put)
 
     def in_hand(self, task_id: str, delivery_id: int) -> Put | None:
         """The put here whose row is ``delivery_id``, if any."""
