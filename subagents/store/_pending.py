@@ -146,32 +146,38 @@ class _InOrder:
         """How many are not committed at watermark ``committed``."""
         return len(self._seqs) - bisect.bisect_right(self._seqs, committed)
 
-    def latest(self, put: Put) -> None:
-        """``put`` becomes its id's put, in its place by submission."""
-        self.pop(put.task_id)
+    def latest(self, put: Put) -> Put | None:
+        """``put`` becomes its id's put, in its place by submission; returns the one it
+        replaces."""
+        old = self.pop(put.task_id)
         seqs = self._seqs
         if not seqs or seqs[-1] < put.seq:
             seqs.append(put.seq)
             self._by_id[put.task_id] = put
-            return
+            return old
         # Only a put handed back after a failure arrives out of turn; timsort of a
         # nearly sorted dict is linear.
         bisect.insort(seqs, put.seq)
         self._by_id[put.task_id] = put
         self._by_id = dict(sorted(self._by_id.items(), key=lambda item: item[1].seq))
+        return old
 
     def pop(self, task_id: str) -> Put | None:
         put = self._by_id.pop(task_id, None)
         if put is not None:
-            del self._seqs[bisect.bisect_left(self._seqs, put.seq)]
+            self._drop_seq(put)
         return put
 
     def forget(self, put: Put) -> bool:
         """Remove ``put`` if it is still its id's put."""
         if self._by_id.get(put.task_id) is not put:
             return False
-        self.pop(put.task_id)
+        del self._by_id[put.task_id]
+        self._drop_seq(put)
         return True
+
+    def _drop_seq(self, put: Put) -> None:
+        del self._seqs[bisect.bisect_left(self._seqs, put.seq)]
 
     def clear(self) -> None:
         self._by_id.clear()
@@ -270,13 +276,12 @@ class Pending:
     def add(self, put: Put) -> None:
         """``put`` (already submitted) becomes the newest entry of its task id; an older
         entry of the id that the writer has not taken is never written."""
-        old = self._puts.pop(put.task_id)
+        old = self._puts.latest(put)
         if old is not None:
             with self._lock:
                 if not old.picked:
                     old.superseded = True
         self._durable.pop(put.task_id)  # counted from now on as the entry
-        self._puts.latest(put)
 
     def add_durable(self, put: Put) -> None:
         self._durable.latest(put)
