@@ -27,10 +27,12 @@ import ray.exceptions
 
 from .._errors import ConfigError
 from .._retry import run_with_retries
+from .._thread_owner import ThreadOwner
 from .._tracing import trace_carrier
-from .._validators import count, number, seconds, text
+from .._validators import count, seconds, text
 from ._ray_bridge import done_event, settled
 from ._ray_channel import Slot
+from ._ray_options import placement
 from ._ray_progress import Reported, mark, watched
 from ._ray_targets import Targets
 from ._ray_wire import (
@@ -118,28 +120,6 @@ class _TaskCall:
         ray.cancel(self._ref, force=True)
 
 
-def _placement(resources: Mapping[str, object] | None) -> dict[str, Any]:
-    """Ray's options for ``resources``: ``CPU`` and ``GPU`` as Ray's own arguments."""
-    if resources is None:
-        return {}
-    if not isinstance(resources, Mapping):
-        raise ConfigError("resources", "a mapping of resource names to amounts", resources)
-    options: dict[str, Any] = {}
-    custom: dict[str, float] = {}
-    for name, amount in resources.items():
-        key = text("resources", name)
-        value = number(f"resources[{key!r}]", amount)
-        if key == "CPU":
-            options["num_cpus"] = value
-        elif key == "GPU":
-            options["num_gpus"] = value
-        else:
-            custom[key] = value
-    if custom:
-        options["resources"] = custom
-    return options
-
-
 class RayBackend:
     """A :data:`~subagents.Backend` that runs each child's runner on a Ray cluster.
 
@@ -150,6 +130,11 @@ class RayBackend:
     a function of ``__main__``, or one whose module the workers cannot import).
     ``ctx.report()`` in the worker reaches the envelope. The runner cannot delegate:
     ``ctx.spawn`` and ``ctx.execute`` raise :class:`~subagents.SpawnRejected` (``remote``).
+
+    One backend serves the event loop of one thread: the first thread that runs a child
+    on it owns it while that thread lives, and a child run from another thread meanwhile
+    ends in an ``error`` envelope (``RuntimeError``) instead of sharing the pool with
+    no lock. Make one backend per thread.
 
     A cancellation or the watchdog cancels the run (in actor mode the actor cancels it in
     its event loop, as ``ray.cancel`` of an async actor call would; a task gets
@@ -205,7 +190,7 @@ class RayBackend:
         self._mode = mode
         self._pool_size = count("pool_size", pool_size, minimum=1)
         self._force_after = seconds("force_after", force_after, none_ok=False, zero_ok=True)
-        options = _placement(resources)
+        options = placement(resources)
         if runtime_env is not None:
             if not isinstance(runtime_env, Mapping):
                 raise ConfigError("runtime_env", "a mapping (Ray's runtime_env)", runtime_env)
@@ -231,6 +216,8 @@ class RayBackend:
         self._sink: Any = None
         self._sink_name = ""
         self._targets = Targets(partial(_pack, by_value=True))
+        # The pool, the sink and each slot's count of runs change without a lock.
+        self._owner = ThreadOwner("RayBackend")
 
     @property
     def mode(self) -> str:
@@ -258,6 +245,7 @@ class RayBackend:
 
     async def __call__(self, spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
         """Run ``spec``'s runner on the cluster, retrying under ``spec.retry``."""
+        self._owner.claim()
         reported = Reported(ctx)
         if spec.retry is None:
             return await self._attempt(spec, request, reported)

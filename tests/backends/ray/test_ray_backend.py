@@ -252,6 +252,45 @@ async def test_the_readmes_ray_example_runs_each_child_on_a_worker(
     assert all(f"pid {os.getpid()})" not in line for line in lines)  # not run here
 
 
+# ---------------------------------------------------------------------- one thread
+
+
+async def test_a_backend_owned_by_a_live_thread_refuses_another_thread_until_it_ends(
+    cluster: None,
+) -> None:
+    """The pool and the sink change without a lock: a second thread's loop must not
+    share them while the owner lives, and may take the backend over once it has ended."""
+    backend = RayBackend(pool_size=1)
+    ran = threading.Event()
+    release = threading.Event()
+    seen: list[DelegateResult] = []
+
+    async def own() -> None:
+        async with manager(backend) as m:
+            seen.append(await m.spawn("noop").wait())
+        ran.set()
+        await anyio.to_thread.run_sync(release.wait)
+
+    owner = threading.Thread(target=anyio.run, args=(own,), name="owner")
+    owner.start()
+    try:
+        await anyio.to_thread.run_sync(ran.wait)
+        async with manager(backend) as m:
+            refused = await m.spawn("noop").wait()
+    finally:
+        release.set()
+        await anyio.to_thread.run_sync(owner.join)
+    async with manager(backend) as m:
+        taken_over = await m.spawn("noop").wait()
+    backend.close()
+    assert [envelope.status for envelope in seen] == [Status.COMPLETED]
+    assert refused.status is Status.ERROR
+    assert refused.error_type == "RuntimeError"
+    assert "'owner'" in refused.error
+    assert "needs a RayBackend of its own" in refused.error
+    assert taken_over.status is Status.COMPLETED
+
+
 # ---------------------------------------------------------------------- public names
 
 

@@ -24,6 +24,7 @@ from subagents import (  # noqa: E402
     Status,
     SubagentManager,
 )
+from subagents._thread_owner import ThreadOwner  # noqa: E402
 from subagents.backends import _ray_channel  # noqa: E402
 from subagents.backends._ray_bridge import settled  # noqa: E402
 from subagents.backends.ray import ClusterLostError, RayBackend  # noqa: E402
@@ -200,7 +201,11 @@ def _assert_cluster_lost(envelope: DelegateResult | None, missing: str) -> None:
 
 def _noop_in_another_loop(backend: RayBackend) -> DelegateResult:
     """A ``noop`` child of ``backend`` run to its end in an event loop of another thread,
-    while this one waits (blocked: its own children get no turn meanwhile)."""
+    while this one waits (blocked: its own children get no turn meanwhile). That loop
+    stands in for a second child of this one, the race made certain; a backend refuses a
+    second live thread, so this thread's claim is set aside first (this thread claims it
+    back at its next child, the other thread having ended)."""
+    backend._owner = ThreadOwner("RayBackend")
 
     async def run() -> DelegateResult:
         async with SubagentManager([NOOP], backend=backend) as m:
