@@ -1,44 +1,61 @@
-"""One live thread at a time: an object whose state changes without a lock names its owner.
+"""One thread at a time: an object whose state changes without a lock, while it is in use.
 
 An object that an event loop mutates without locking (a pool, a cache) is safe while one
-thread's loop uses it. :class:`ThreadOwner` makes the first thread that uses it the owner
-for as long as that thread lives, refuses every other thread meanwhile with an error that
-names both, and lets a thread take over once the owner has ended (a program that runs
-``anyio.run`` in one worker thread after another).
+thread's loop uses it. :meth:`ThreadOwner.using` wraps each use: while uses of one thread
+are in progress, a use from another thread is refused with an error that names both;
+once the last of them ends, any thread may begin. Ownership ends with the uses, not with
+the thread, so a thread that lives on (an executor's worker, a server's request thread,
+one not made by :mod:`threading`, whose liveness cannot be told) holds nothing between
+uses.
 """
 
 from __future__ import annotations
 
 import threading
+from types import TracebackType
 
 __all__ = ["ThreadOwner"]
 
 
 class ThreadOwner:
-    """The thread allowed to use one object (``what`` names it in the error)."""
+    """The thread whose uses of one object are in progress (``what`` names the object in
+    the error)."""
 
-    __slots__ = ("_lock", "_owner", "_what")
+    __slots__ = ("_lock", "_owner", "_uses", "_what")
 
     def __init__(self, what: str) -> None:
         self._what = what
         self._owner: threading.Thread | None = None
+        self._uses = 0
         self._lock = threading.Lock()
 
-    def claim(self) -> None:
-        """Make the calling thread the owner, unless another live thread is. Costs an
-        attribute read once the caller owns it.
+    def using(self) -> ThreadOwner:
+        """A context manager around one use (``with owner.using(): ...``).
 
         Raises:
-            RuntimeError: another thread that is still alive owns the object.
+            RuntimeError: on entry, while another thread's uses are in progress.
         """
+        return self
+
+    def __enter__(self) -> None:
         current = threading.current_thread()
-        if self._owner is current:
-            return
         with self._lock:
             owner = self._owner
-            if owner is not None and owner is not current and owner.is_alive():
+            if owner is not None and owner is not current:
                 raise RuntimeError(
-                    f"this {self._what} serves the event loop of thread {owner.name!r}; "
-                    f"thread {current.name!r} needs a {self._what} of its own"
+                    f"this {self._what} is in use by the event loop of thread "
+                    f"{owner.name!r}; thread {current.name!r} needs a {self._what} of its own"
                 )
             self._owner = current
+            self._uses += 1
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        with self._lock:
+            self._uses -= 1
+            if not self._uses:
+                self._owner = None

@@ -1,5 +1,5 @@
-"""ThreadOwner: the first thread owns the object while it lives; others are refused by
-name until it ends, then one may take over."""
+"""ThreadOwner: while one thread's uses are in progress, another thread's use is refused
+by name; once they end, any thread may use the object."""
 
 from __future__ import annotations
 
@@ -10,51 +10,53 @@ import pytest
 from subagents._thread_owner import ThreadOwner
 
 
-def in_thread(owner: ThreadOwner, name: str, hold: threading.Event | None = None) -> list[str]:
-    """Claim ``owner`` from a new thread called ``name`` (kept alive until ``hold`` is
-    set, if given); what happened, once it has claimed or been refused."""
+def use_in_thread(owner: ThreadOwner, name: str) -> list[str]:
+    """One use of ``owner`` from a new thread called ``name``, run to its end: what
+    happened."""
     outcome: list[str] = []
-    claimed = threading.Event()
 
     def body() -> None:
         try:
-            owner.claim()
-            outcome.append("owner")
+            with owner.using():
+                outcome.append("used")
         except RuntimeError as exc:
             outcome.append(str(exc))
-        claimed.set()
-        if hold is not None:
-            hold.wait()
 
     thread = threading.Thread(target=body, name=name)
     thread.start()
-    claimed.wait()
-    if hold is None:
-        thread.join()
+    thread.join()
     return outcome
 
 
-def test_the_owner_claims_again_and_again() -> None:
+def test_uses_of_one_thread_nest_and_overlap() -> None:
     owner = ThreadOwner("pool")
-    owner.claim()
-    owner.claim()
+    with owner.using(), owner.using():
+        pass
+    with owner.using():
+        pass
 
 
-def test_another_thread_is_refused_by_name_while_the_owner_lives() -> None:
+def test_another_thread_is_refused_by_name_while_a_use_is_in_progress() -> None:
     owner = ThreadOwner("pool")
-    hold = threading.Event()
-    try:
-        assert in_thread(owner, "first", hold) == ["owner"]
-        with pytest.raises(RuntimeError) as refused:
-            owner.claim()
-    finally:
-        hold.set()
-    message = str(refused.value)
-    assert "thread 'first'" in message
-    assert f"thread {threading.current_thread().name!r} needs a pool of its own" in message
+    with owner.using():
+        with owner.using():
+            pass
+        [refused] = use_in_thread(owner, "second")  # still in the outer use
+    assert f"in use by the event loop of thread {threading.current_thread().name!r}" in refused
+    assert "thread 'second' needs a pool of its own" in refused
 
 
-def test_a_thread_takes_over_once_the_owner_has_ended() -> None:
+def test_any_thread_may_use_it_once_the_uses_have_ended() -> None:
     owner = ThreadOwner("pool")
-    assert in_thread(owner, "first") == ["owner"]
-    assert in_thread(owner, "second") == ["owner"]
+    with owner.using():
+        pass
+    assert use_in_thread(owner, "second") == ["used"]
+    with owner.using():  # the other thread holds nothing once its use has ended
+        pass
+
+
+def test_a_use_that_raises_ends_too() -> None:
+    owner = ThreadOwner("pool")
+    with pytest.raises(ValueError, match="boom"), owner.using():
+        raise ValueError("boom")
+    assert use_in_thread(owner, "second") == ["used"]

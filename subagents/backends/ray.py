@@ -131,10 +131,11 @@ class RayBackend:
     ``ctx.report()`` in the worker reaches the envelope. The runner cannot delegate:
     ``ctx.spawn`` and ``ctx.execute`` raise :class:`~subagents.SpawnRejected` (``remote``).
 
-    One backend serves the event loop of one thread: the first thread that runs a child
-    on it owns it while that thread lives, and a child run from another thread meanwhile
-    ends in an ``error`` envelope (``RuntimeError``) instead of sharing the pool with
-    no lock. Make one backend per thread.
+    One backend serves one thread's event loop at a time: while children of one thread
+    run on it, a child run from another thread ends in an ``error`` envelope
+    (``RuntimeError``, naming both threads) instead of sharing the pool with no lock. Once
+    they have ended, any thread may use it. Make one backend per thread to run children
+    from several at once. :meth:`close` may be called from any thread.
 
     A cancellation or the watchdog cancels the run (in actor mode the actor cancels it in
     its event loop, as ``ray.cancel`` of an async actor call would; a task gets
@@ -245,17 +246,17 @@ class RayBackend:
 
     async def __call__(self, spec: AgentSpec, request: Request, ctx: RunContext) -> Result:
         """Run ``spec``'s runner on the cluster, retrying under ``spec.retry``."""
-        self._owner.claim()
-        reported = Reported(ctx)
-        if spec.retry is None:
-            return await self._attempt(spec, request, reported)
+        with self._owner.using():
+            reported = Reported(ctx)
+            if spec.retry is None:
+                return await self._attempt(spec, request, reported)
 
-        async def attempt(number: int) -> Result:
-            ctx.attempt = number
-            reported.earlier = reported.latest
-            return await self._attempt(spec, request, reported)
+            async def attempt(number: int) -> Result:
+                ctx.attempt = number
+                reported.earlier = reported.latest
+                return await self._attempt(spec, request, reported)
 
-        return await run_with_retries(spec.retry, attempt, deadline=ctx.deadline)
+            return await run_with_retries(spec.retry, attempt, deadline=ctx.deadline)
 
     async def _ready(self) -> tuple[str, str]:
         """The cluster the next attempt runs on, this backend's pool and sink made there.
@@ -306,9 +307,10 @@ class RayBackend:
     def _retire(self, slot: Slot) -> None:
         """Take an actor out of the pool, and kill it (it may be alive but unable to
         serve, or unreachable for now): the next call starts another."""
-        if slot not in self._pool:
+        try:
+            self._pool.remove(slot)
+        except ValueError:  # retired already, or close() (from any thread) emptied the pool
             return
-        self._pool.remove(slot)
         if slot.up():  # a kill with Ray down would start a new cluster
             try:
                 ray.kill(slot.actor, no_restart=True)

@@ -255,40 +255,46 @@ async def test_the_readmes_ray_example_runs_each_child_on_a_worker(
 # ---------------------------------------------------------------------- one thread
 
 
-async def test_a_backend_owned_by_a_live_thread_refuses_another_thread_until_it_ends(
-    cluster: None,
+async def test_a_backend_in_use_by_one_thread_refuses_another_until_its_children_end(
+    cluster: None, latch: tuple[str, Any]
 ) -> None:
     """The pool and the sink change without a lock: a second thread's loop must not
-    share them while the owner lives, and may take the backend over once it has ended."""
+    share them while the first thread's child runs, and may use them once it has ended."""
     backend = RayBackend(pool_size=1)
-    ran = threading.Event()
+    running = threading.Event()
     release = threading.Event()
     seen: list[DelegateResult] = []
 
-    async def own() -> None:
-        async with manager(backend) as m:
-            seen.append(await m.spawn("noop").wait())
-        ran.set()
-        await anyio.to_thread.run_sync(release.wait)
+    async def hold() -> None:
+        try:
+            async with manager(backend) as m:
+                handle = m.spawn("hangs", latch[0])
+                await started(latch)
+                running.set()
+                await anyio.to_thread.run_sync(release.wait, 60)
+                m.cancel(handle.task_id)
+                seen.append(await handle.wait())
+        finally:
+            running.set()
 
-    owner = threading.Thread(target=anyio.run, args=(own,), name="owner")
+    owner = threading.Thread(target=anyio.run, args=(hold,), name="owner")
     owner.start()
     try:
-        await anyio.to_thread.run_sync(ran.wait)
+        assert await anyio.to_thread.run_sync(running.wait, 60)
         async with manager(backend) as m:
             refused = await m.spawn("noop").wait()
     finally:
         release.set()
-        await anyio.to_thread.run_sync(owner.join)
+        await anyio.to_thread.run_sync(owner.join, 60)
     async with manager(backend) as m:
-        taken_over = await m.spawn("noop").wait()
+        afterwards = await m.spawn("noop").wait()
     backend.close()
-    assert [envelope.status for envelope in seen] == [Status.COMPLETED]
+    assert [envelope.status for envelope in seen] == [Status.CANCELLED]
     assert refused.status is Status.ERROR
     assert refused.error_type == "RuntimeError"
-    assert "'owner'" in refused.error
+    assert "thread 'owner'" in refused.error
     assert "needs a RayBackend of its own" in refused.error
-    assert taken_over.status is Status.COMPLETED
+    assert afterwards.status is Status.COMPLETED
 
 
 # ---------------------------------------------------------------------- public names

@@ -203,8 +203,8 @@ def _noop_in_another_loop(backend: RayBackend) -> DelegateResult:
     """A ``noop`` child of ``backend`` run to its end in an event loop of another thread,
     while this one waits (blocked: its own children get no turn meanwhile). That loop
     stands in for a second child of this one, the race made certain; a backend refuses a
-    second live thread, so this thread's claim is set aside first (this thread claims it
-    back at its next child, the other thread having ended)."""
+    thread while another's children run on it, so the hung child's use is set aside
+    first (it ends on the owner it began with)."""
     backend._owner = ThreadOwner("RayBackend")
 
     async def run() -> DelegateResult:
