@@ -12,7 +12,8 @@ uses.
 from __future__ import annotations
 
 import threading
-from types import TracebackType
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 __all__ = ["ThreadOwner"]
 
@@ -29,15 +30,13 @@ class ThreadOwner:
         self._uses = 0
         self._lock = threading.Lock()
 
-    def using(self) -> ThreadOwner:
-        """A context manager around one use (``with owner.using(): ...``).
+    @contextmanager
+    def using(self) -> Iterator[None]:
+        """Around one use (``with owner.using(): ...``).
 
         Raises:
             RuntimeError: on entry, while another thread's uses are in progress.
         """
-        return self
-
-    def __enter__(self) -> None:
         current = threading.current_thread()
         with self._lock:
             owner = self._owner
@@ -48,14 +47,10 @@ class ThreadOwner:
                 )
             self._owner = current
             self._uses += 1
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        with self._lock:
-            self._uses -= 1
-            if not self._uses:
-                self._owner = None
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._uses -= 1
+                if not self._uses:
+                    self._owner = None
