@@ -58,6 +58,12 @@ class Courier:
                 self._cond.notify()
 
     @property
+    def carrying(self) -> bool:
+        """Calls are waiting for this thread to carry them (read without the lock: a
+        hint)."""
+        return bool(self._calls)
+
+    @property
     def reaches_loop(self) -> bool:
         """False once the event loop has ended: what is sent from then on is dropped."""
         return self._loop_alive

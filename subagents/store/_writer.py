@@ -55,6 +55,10 @@ logger = logging.getLogger("subagents.store")
 DEFAULT_MAX_BATCH: Final = 1024
 DEFAULT_EAGER_BATCH: Final = 256
 DEFAULT_LINGER: Final = 0.005
+GIL_HANDOFF: Final = 20e-6
+"""Seconds ``Writer._make_way`` keeps the submitting thread off the GIL."""
+HANDOFF_EVERY: Final = 64
+"""Writes submitted between two chances for the store's threads to take the GIL."""
 _LONGEST_WAIT: Final = 3600.0
 """Seconds the thread waits at most before it looks at its queue again."""
 
@@ -183,6 +187,7 @@ class Writer:
         self._wake = threading.Condition(self.lock)
         self._queue: deque[Write] = deque()
         self._batch: list[Write] = []  # taken into the transaction in flight
+        self._in_transaction = False
         self._seq = 0
         self.committed = 0
         """The watermark of the last batch committed: set before the gate is released, so
@@ -218,8 +223,26 @@ class Writer:
         """The sequence number of the last write submitted."""
         return self._seq
 
+    def _make_way(self) -> None:
+        """Called by :meth:`submit` every :data:`HANDOFF_EVERY` writes: while a transaction
+        is in flight, or the courier has callbacks to carry, step off the GIL for
+        :data:`GIL_HANDOFF` seconds so that this store's threads take it.
+
+        Each ``sqlite3`` call releases the GIL and takes it back when SQLite returns. A
+        thread waiting for the GIL asks its holder to drop it only after a whole switch
+        interval without being woken, and each moment the holder releases it (an event
+        loop's poll with no timeout, at every checkpoint) wakes the waiter and starts
+        that interval over. So an event loop busy with Python that only releases the GIL
+        for moments can keep the writer from its next statement for as long as it stays
+        busy, and then wait, idle, for the commits it ran ahead of
+        (``tests/store/busy_worker.py`` shows it). A real pause hands the GIL over, at a
+        rate that follows the writes the loop makes."""
+        if self._in_transaction or self._courier.carrying:
+            time.sleep(GIL_HANDOFF)
+
     def submit(self, write: Write) -> int:
-        """Queue ``write``; returns its sequence number. Never blocks.
+        """Queue ``write``; returns its sequence number. Never waits for the writer (one
+        call in :data:`HANDOFF_EVERY` may pause for :data:`GIL_HANDOFF` seconds).
 
         Raises:
             StoreError: the store failed earlier (the write is not queued).
@@ -235,12 +258,14 @@ class Writer:
             if self._stopping:
                 raise anyio.ClosedResourceError("the store is closed")
             self._seq += 1
-            write.seq = self._seq
+            seq = write.seq = self._seq
             self._queue.append(write)
             if self._want and len(self._queue) >= self._want:
                 self._want = 0
                 self._wake.notify()
-            return self._seq
+        if not seq % HANDOFF_EVERY:
+            self._make_way()
+        return seq
 
     def stop(self) -> None:
         """Commit what is queued, then end the thread (``on_stopped`` runs on the loop)."""
@@ -320,6 +345,7 @@ class Writer:
         batch: list[Write] = []
         self._batch = batch
         watermark = 0
+        self._in_transaction = True
 
         def attempt() -> None:
             nonlocal watermark
@@ -332,7 +358,10 @@ class Writer:
                     kind.apply(raw, writes)
             self.committed = watermark
 
-        failure, lost = self._commit_under_gate(attempt, batch)
+        try:
+            failure, lost = self._commit_under_gate(attempt, batch)
+        finally:
+            self._in_transaction = False
         if failure is not None:
             self._courier.send(self._on_batch, lost, self._seq, failure)
             return False

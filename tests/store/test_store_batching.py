@@ -6,6 +6,8 @@ ended. What the mailbox keeps in memory is ``test_store_mailbox_memory.py``."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -315,6 +317,49 @@ async def test_journaled_children_run_back_to_back_yield_to_the_event_loop(
         for handle in handles:
             await handle.wait()
     assert any(0 < count < 64 for count in seen), seen
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_busy_event_loop_putting_lets_the_writer_commit(tmp_path: Path, backend: str) -> None:
+    """Between two SQLite calls the writer thread waits for the GIL. A thread that only
+    releases it for moments (as an event loop does at each checkpoint) wakes that wait
+    over and over without giving the GIL up for long, so the writer can starve for as long
+    as the loop stays busy; ``submit`` pauses every so many writes while a transaction is
+    in flight, and the writer commits. (``busy_worker.py --no-make-way`` starves for its
+    whole 10 s here: a check by hand, not asserted, since whether the GIL changes hands
+    without the pause depends on the machine.)"""
+    worker = Path(__file__).with_name("busy_worker.py")
+    done = subprocess.run(
+        [sys.executable, str(worker), str(tmp_path / "s.db"), "--backend", backend],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("committed "), done.stdout
+
+
+async def test_making_way_pauses_only_while_the_store_threads_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pause is for a transaction in flight or callbacks to carry: with the writer
+    idle (everything committed, every callback run) nothing sleeps, and every put still
+    commits with the pauses taken."""
+    slept: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(
+        "subagents.store._writer.time.sleep", lambda s: (slept.append(s), real_sleep(s))
+    )
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("root", capacity=1_000)
+        for i in range(640):
+            box.put(f"t{i}", env(f"t{i}"))
+        await box.wait_committed()
+        assert len(box.drain_all()) == 640
+        await anyio.wait_all_tasks_blocked()
+        slept.clear()
+        store._writer._make_way()
+        assert slept == []
 
 
 def test_the_courier_drops_calls_once_the_event_loop_has_ended(tmp_path: Path) -> None:
