@@ -47,6 +47,12 @@ _TICK: Final = 0.02
 """Seconds between wake-ups of a task's event loop, so a cancel reaches a sleeping runner."""
 _IDLE: Final = 30.0
 """Seconds an actor's collect waits for an ended run before it answers with none."""
+_ABANDONED: Final = 600.0
+"""Seconds ended runs of a channel wait for a collect before the actor drops them: a
+driver's live event loop keeps a collect pending while any of its calls runs, each back
+within :data:`_IDLE`, so that long without one means the loop has ended."""
+_DROPPED_KEPT: Final = 1024
+"""Channels whose dropped runs the actor remembers, to fail them if a collect comes late."""
 _CANCELLED_EARLY: Final = 4096
 """Cancels of runs not yet arrived that an actor keeps; past them it forgets the oldest
 (such a run then goes on until the driver stops it by force, which kills the actor and
@@ -132,7 +138,8 @@ class _WorkerActor:
     batch of attempts, :meth:`collect` takes what the ones ended since the last left (a
     submit may collect too), and :meth:`cancel` cancels some. Every run belongs to one
     task group, which :meth:`serve` (the first call the driver makes) holds open for the
-    actor's life; at most ``max_concurrency`` runs go at once, the rest wait in turn."""
+    actor's life; at most ``max_concurrency`` runs go at once, the rest wait in turn.
+    What a channel leaves uncollected for :data:`_ABANDONED` seconds is dropped."""
 
     def __init__(self, max_concurrency: int) -> None:
         self._max_concurrency = max_concurrency
@@ -143,6 +150,10 @@ class _WorkerActor:
         """The runs not yet ended, by channel and number."""
         self._ended: dict[str, list[Completion]] = {}
         """What ended runs left, by channel, until it collects them."""
+        self._waiting_since: dict[str, float] = {}
+        """When the oldest of each channel's uncollected ends came."""
+        self._dropped: dict[str, list[int]] = {}
+        """The runs of channels whose ends waited too long, oldest channel first."""
         self._collectors: dict[str, anyio.Event] = {}
         self._cancelled_early: dict[tuple[str, int], None] = {}
         """Runs cancelled before they arrived, oldest first."""
@@ -158,7 +169,28 @@ class _WorkerActor:
             self._limiter = anyio.CapacityLimiter(self._max_concurrency)
             self._group = group
             self._start().set()
-            await anyio.sleep_forever()
+            while True:
+                await anyio.sleep(_IDLE)
+                self._drop_abandoned(anyio.current_time() - _ABANDONED)
+
+    def _drop_abandoned(self, before: float) -> None:
+        """Drop what ended runs left on channels nobody has collected from since
+        ``before``: their driver's event loop has ended, and the replies would stay in
+        this actor for its life. A collect that comes after all fails those runs."""
+        for channel, since in list(self._waiting_since.items()):
+            if since > before or channel in self._collectors:
+                continue
+            del self._waiting_since[channel]
+            numbers = [number for number, _, _ in self._ended.pop(channel, [])]
+            logger.warning(
+                "dropped %d ended runs of channel %s: no collect came for %g s",
+                len(numbers),
+                channel,
+                _ABANDONED,
+            )
+            self._dropped.setdefault(channel, []).extend(numbers)
+            while len(self._dropped) > _DROPPED_KEPT:
+                del self._dropped[next(iter(self._dropped))]
 
     async def submit(self, blob: bytes) -> bytes | None:
         """Start the runs of a batch (``blob``: the channel, whether this call collects,
@@ -205,21 +237,33 @@ class _WorkerActor:
 
     def _end(self, channel: str, ended: Completion) -> None:
         self._ended.setdefault(channel, []).append(ended)
+        self._waiting_since.setdefault(channel, anyio.current_time())
         collector = self._collectors.pop(channel, None)
         if collector is not None:
             collector.set()
 
     async def collect(self, channel: str) -> bytes:
         """What the runs of ``channel`` that ended since the last collect left; none after
-        :data:`_IDLE` seconds (a collect whose driver is gone does not wait forever)."""
+        :data:`_IDLE` seconds (a collect whose driver is gone does not wait forever). Runs
+        whose ends were dropped (:meth:`_drop_abandoned`) come back failed."""
         try:
             with anyio.move_on_after(_IDLE):
-                while channel not in self._ended:
+                while channel not in self._ended and channel not in self._dropped:
                     collector = self._collectors[channel] = anyio.Event()
                     await collector.wait()
         finally:
             self._collectors.pop(channel, None)
-        return pack(self._ended.pop(channel, []))
+        self._waiting_since.pop(channel, None)
+        ended = self._ended.pop(channel, [])
+        dropped = self._dropped.pop(channel, None)
+        if dropped:
+            error = RemoteRunnerError(
+                f"the run ended, but its actor dropped its result after {_ABANDONED:g} s "
+                f"with no collect from this event loop"
+            )
+            blob = portable(error, pack)
+            ended.extend((number, FAILED, blob) for number in dropped)
+        return pack(ended)
 
     async def cancel(self, channel: str, numbers: list[int]) -> None:
         for number in numbers:

@@ -1,6 +1,7 @@
 """The pool actor's side of a channel, as a plain object in this process (no cluster):
 batches submitted and their replies collected, cancels before and after a run arrives,
-payloads that fail, the concurrency limit, channels kept apart, the idle collect.
+payloads that fail, the concurrency limit, channels kept apart, the idle collect, what a
+channel leaves uncollected dropped in time.
 Skipped unless ray is installed (its module imports it); run with ``-m ray``."""
 
 from __future__ import annotations
@@ -238,6 +239,64 @@ async def test_a_collect_with_nothing_ended_answers_empty_after_the_idle_wait() 
         assert pickle.loads(await actor.collect("nobody")) == []
         assert anyio.current_time() - start == pytest.approx(_ray_worker._IDLE)
         assert actor._collectors == {}
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))]
+)
+async def test_ends_no_collect_takes_for_ten_minutes_are_dropped_and_a_late_collect_fails_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A channel whose driver's event loop has ended never collects again: what its runs
+    left goes once nobody collected it for ``_ABANDONED`` seconds, and a collect that
+    comes after all gets those runs back failed, at once, then nothing more."""
+    async with serving() as actor:
+        await actor.submit(batch("gone", (0, payload("echo", "a")), (1, payload("echo", "b"))))
+        await anyio.wait_all_tasks_blocked()
+        assert len(actor._ended["gone"]) == 2
+        await anyio.sleep(_ray_worker._ABANDONED - _ray_worker._IDLE)
+        assert "gone" in actor._ended  # not yet
+        await anyio.sleep(2 * _ray_worker._IDLE)
+        assert "gone" not in actor._ended
+        assert "dropped 2 ended runs of channel gone" in caplog.text
+        start = anyio.current_time()
+        late = pickle.loads(await actor.collect("gone"))
+        assert anyio.current_time() == start
+        assert sorted((number, how) for number, how, _ in late) == [(0, FAILED), (1, FAILED)]
+        error = pickle.loads(late[0][2])
+        assert "dropped its result" in str(error), error
+        assert pickle.loads(await actor.collect("gone")) == []  # after the idle wait
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))]
+)
+async def test_a_collect_starts_the_wait_over_for_the_next_ends_of_its_channel() -> None:
+    """What waited almost ``_ABANDONED`` seconds and was collected does not count against
+    the channel's next ends: they get the whole wait again."""
+    async with serving() as actor:
+        for text in ("first", "second"):
+            await actor.submit(batch("slow", (0, payload("echo", text))))
+            await anyio.wait_all_tasks_blocked()
+            await anyio.sleep(_ray_worker._ABANDONED * 0.9)
+            ended = await collected(actor, "slow", 1)
+            assert output(ended[0][1]) == f"echo {text}"
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))]
+)
+async def test_the_channels_whose_ends_were_dropped_are_remembered_up_to_a_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_ray_worker, "_DROPPED_KEPT", 2)
+    async with serving() as actor:
+        for channel in ("one", "two", "three"):
+            await actor.submit(batch(channel, (0, payload("echo", channel))))
+            await anyio.wait_all_tasks_blocked()
+            await anyio.sleep(_ray_worker._IDLE)  # dropped one sweep apart, oldest first
+        await anyio.sleep(_ray_worker._ABANDONED + _ray_worker._IDLE)
+        assert list(actor._dropped) == ["two", "three"]
 
 
 # The actor's loop is asyncio; a stray CancelledError is an asyncio runner's.
