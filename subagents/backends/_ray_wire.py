@@ -30,7 +30,7 @@ from .._errors import SpawnRejected
 from .._paths import AgentPath
 from .._permissions import Ruleset
 from .._progress import Progress, Report
-from .._runner_errors import runner_error
+from .._runner_errors import interrupts, runner_error
 from .._tracing import joined
 
 if TYPE_CHECKING:
@@ -445,13 +445,17 @@ async def serve(
     sink: Sink,
     cache: MutableMapping[str | bytes, Runner],
     dumps: Dumps,
+    *,
+    interrupt_is_error: bool = False,
 ) -> Reply:
     """Run the runner ``target`` names on ``request``, in the worker, to a :class:`Reply`.
 
     A cancellation (Ray's cancel of this call) propagates, and so do ``KeyboardInterrupt``
-    and ``SystemExit``; any other exception of the runner (one outside ``Exception`` of
-    its own, or a cancellation exception nothing here asked for, included: judged as
-    the engine judges a local runner's), or a bad return value, is the reply's error.
+    and ``SystemExit`` unless ``interrupt_is_error`` (a pool actor's run: there one would
+    stop the event loop every run shares, and Ray cancels with neither); any other
+    exception of the runner (one outside ``Exception`` of its own, or a cancellation
+    exception nothing here asked for, included: judged as the engine judges a local
+    runner's), or a bad return value, is the reply's error, with what the run reported.
     """
     ctx = RemoteContext(shipped, sink)
     try:
@@ -470,7 +474,11 @@ async def serve(
     except BaseException as exc:
         judged = runner_error(exc)
         if judged is None:
-            raise
+            if not (interrupt_is_error and interrupts(exc)):
+                raise
+            judged = RemoteRunnerError(
+                f"the runner raised {type(exc).__qualname__} on its actor: {exc}"
+            )
         error = portable(judged, dumps)
         described = describe_exception(judged)
         return Reply(result=None, error=error, error_type=described, progress=ctx.progress)

@@ -104,11 +104,15 @@ class _SinkClient:
 _SINKS: dict[str, _SinkClient] = {}
 
 
-async def _serve(target: Target, request: Request, shipped: Shipped) -> Reply:
+async def _serve(
+    target: Target, request: Request, shipped: Shipped, *, on_actor: bool = False
+) -> Reply:
     sink = _SINKS.get(shipped.sink)
     if sink is None:
         sink = _SINKS[shipped.sink] = _SinkClient(shipped.sink)
-    reply = await serve(target, request, shipped, sink, _RUNNERS, pack)
+    # On an actor an interrupt ends its run alone, and its reply keeps what the run
+    # reported: the sink's copy may reach the driver after the driver has looked.
+    reply = await serve(target, request, shipped, sink, _RUNNERS, pack, interrupt_is_error=on_actor)
     if reply.progress is not None:  # the reply carries it: the sink's copy is not needed
         sink.drop(shipped.task_id)
     return reply
@@ -217,7 +221,7 @@ class _WorkerActor:
         try:
             with scope:
                 async with self._limiter:
-                    reply = await _serve(*unpack(payload))
+                    reply = await _serve(*unpack(payload), on_actor=True)
                 ended = (number, REPLIED, pack(reply))
         except BaseException as exc:
             # Let into the task group, it would end every run of the actor; out of the

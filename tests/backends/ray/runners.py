@@ -186,6 +186,13 @@ async def raises_system_exit(request: Request, ctx: RunContext) -> str:
     raise SystemExit(3)
 
 
+async def reports_then_interrupts(request: Request, ctx: RunContext) -> str:
+    ctx.report(output="before the interrupt", iterations=2)
+    if request.input == "exit":
+        raise SystemExit(3)
+    raise KeyboardInterrupt
+
+
 class Abort(BaseException):
     """A runner's own exception outside ``Exception`` (some libraries unwind with one)."""
 

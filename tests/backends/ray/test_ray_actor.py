@@ -17,7 +17,7 @@ from trio.testing import MockClock
 
 pytest.importorskip("ray")
 
-from subagents import Budget, Request, Ruleset
+from subagents import Budget, Request, Ruleset, RunContext
 from subagents.backends import _ray_worker
 from subagents.backends._ray_wire import (
     CANCELLED,
@@ -371,3 +371,35 @@ async def test_a_runner_raising_a_base_exception_of_its_own_ends_only_its_run() 
         assert "the runner gave up" in str(error)
         Gate.opened.set()
         assert output((await collected(actor, "c", 1))[0][1]) == "through"
+
+
+async def reports_then_interrupts(request: Request, ctx: RunContext) -> str:
+    ctx.report(output="so far", iterations=2)
+    if request.input == "exit":
+        raise SystemExit(3)
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("how", ["interrupt", "exit"])
+async def test_an_interrupt_ends_its_run_with_a_reply_that_keeps_what_it_reported(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt on an actor would stop the event loop every run shares: it ends its
+    run alone, as the reply's error, and the reply keeps the run's progress (the sink's
+    copy may reach the driver only after the driver has looked)."""
+    no_sink = _ray_worker._SinkClient("no-sink")
+    no_sink._gone = True  # its reports go nowhere, and no Ray call starts a cluster here
+    monkeypatch.setitem(_ray_worker._SINKS, "no-sink", no_sink)
+    stopped: list[BaseException] = []
+    async with serving_watched(stopped) as actor:
+        await actor.submit(batch("c", (0, payload("reports_then_interrupts", how))))
+        (ended,) = (await collected(actor, "c", 1)).values()
+        error = runner_error_of(ended)
+        raised = "SystemExit" if how == "exit" else "KeyboardInterrupt"
+        assert f"the runner raised {raised} on its actor" in str(error), error
+        reply: Reply = pickle.loads(ended[1])
+        assert reply.progress is not None
+        assert (reply.progress.progress.output(), reply.progress.iterations) == ("so far", 2)
+        await actor.submit(batch("c", (1, payload("echo", "after"))))
+        assert output((await collected(actor, "c", 1))[1][1]) == "echo after"
+        assert stopped == []

@@ -152,6 +152,26 @@ INTERRUPTING = [
 
 # The actor's loop is Ray's, whatever the driver runs on.
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("how", ["interrupt", "exit"])
+async def test_an_interrupt_on_an_actor_keeps_what_the_run_reported(
+    cluster: None, how: str
+) -> None:
+    """An interrupt on an actor ends its run with no reply; what the run reported before
+    it still reaches the envelope, salvaged from the progress sink."""
+    fresh = RayBackend(pool_size=1)
+    spec = AgentSpec(name="interrupts", runner=runners.reports_then_interrupts)
+    try:
+        async with SubagentManager([spec], backend=fresh) as m:
+            with anyio.fail_after(30):
+                ended = await m.execute("interrupts", how)
+    finally:
+        fresh.close()
+    assert ended.status is Status.ERROR
+    assert (ended.output, ended.iterations) == ("before the interrupt", 2), ended
+
+
+# The actor's loop is Ray's, whatever the driver runs on.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("agent", ["interrupts", "exits"])
 async def test_a_runner_raising_an_interrupt_on_an_actor_strands_no_child_of_it(
     cluster: None, latch: tuple[str, Any], agent: str
