@@ -76,12 +76,14 @@ def reaped(pid: int, pidfd: int) -> int:
     Raises:
         ChildProcessError: the child was reaped already.
     """
-    if _WAITID_PIDFD:
+    global _waitid_pidfd
+    if _waitid_pidfd:
         try:
             result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
         except OSError as exc:
             if exc.errno != errno.EINVAL:  # EINVAL: a kernel without P_PIDFD (5.3)
                 raise
+            _waitid_pidfd = False
         else:
             assert result is not None  # no WNOHANG: it waited for the exit
             return result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
@@ -89,7 +91,9 @@ def reaped(pid: int, pidfd: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-_WAITID_PIDFD: Final = hasattr(os, "P_PIDFD") and hasattr(os, "waitid")
+_waitid_pidfd = hasattr(os, "P_PIDFD") and hasattr(os, "waitid")
+"""Whether :func:`reaped` goes through ``waitid(P_PIDFD)``: not where ``os`` lacks it, and
+not after its first ``EINVAL`` (a 5.3 kernel has pidfds, but not this)."""
 
 
 def _pidfds_work() -> bool:

@@ -3,6 +3,7 @@ descriptors, a missing command, large pipes, signals, and which path runs when."
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import select
@@ -161,7 +162,7 @@ def _exited(*argv: str) -> tuple[subprocess.Popen[bytes], int]:
 
 
 def _pidfd_waitid_works() -> bool:
-    if not _spawn._WAITID_PIDFD:
+    if not _spawn._waitid_pidfd:
         return False
     child, pidfd = _exited("true")
     try:
@@ -180,7 +181,7 @@ def _pidfd_waitid_works() -> bool:
 def test_the_reap_gives_the_exit_code_and_a_signal_as_its_negative(
     through_pidfd: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_spawn, "_WAITID_PIDFD", through_pidfd and _spawn._WAITID_PIDFD)
+    monkeypatch.setattr(_spawn, "_waitid_pidfd", through_pidfd and _spawn._waitid_pidfd)
     for argv, code in [(("sh", "-c", "exit 3"), 3), (("sh", "-c", "kill -9 $$"), -9)]:
         child, pidfd = _exited(*argv)
         try:
@@ -190,6 +191,29 @@ def test_the_reap_gives_the_exit_code_and_a_signal_as_its_negative(
         finally:
             child.returncode = code
             os.close(pidfd)
+
+
+@pytest.mark.skipif(not _spawn.AVAILABLE, reason="pidfds are Linux 5.3's")
+def test_a_kernel_without_waitid_on_a_pidfd_is_asked_once_then_reaped_by_pid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[int] = []
+
+    def waitid_of_linux_5_3(idtype: int, ident: int, options: int) -> None:
+        asked.append(ident)
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(_spawn, "_waitid_pidfd", True)
+    monkeypatch.setattr(_spawn.os, "waitid", waitid_of_linux_5_3)
+    for code in (6, 7):
+        child, pidfd = _exited("sh", "-c", f"exit {code}")
+        try:
+            assert _spawn.reaped(child.pid, pidfd) == code
+        finally:
+            child.returncode = code
+            os.close(pidfd)
+    assert len(asked) == 1
+    assert _spawn._waitid_pidfd is False
 
 
 @pytest.mark.skipif(not (_spawn.AVAILABLE and _pidfd_waitid_works()), reason="Linux 5.4's")
