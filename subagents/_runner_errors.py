@@ -14,7 +14,7 @@ import math
 
 import anyio
 
-__all__ = ["being_cancelled", "interrupts", "runner_error"]
+__all__ = ["being_cancelled", "holds_this_cancellation", "interrupts", "runner_error"]
 
 
 def runner_error(exc: BaseException) -> BaseException | None:
@@ -34,13 +34,19 @@ def runner_error(exc: BaseException) -> BaseException | None:
         return error
     # Not an Exception: KeyboardInterrupt, SystemExit, GeneratorExit, or one of the
     # runner's own; a group holding this task's cancellation is never swallowed.
-    if interrupts(exc) or (
-        isinstance(exc, BaseExceptionGroup)
-        and exc.subgroup(anyio.get_cancelled_exc_class())
-        and being_cancelled()
-    ):
+    if interrupts(exc) or holds_this_cancellation(exc):
         return None
     return exc  # the runner's error, like any other: the worker goes on
+
+
+def holds_this_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` is a group holding a cancellation while this task is being
+    cancelled: whatever else it holds, it must propagate."""
+    return (
+        isinstance(exc, BaseExceptionGroup)
+        and exc.subgroup(anyio.get_cancelled_exc_class()) is not None
+        and being_cancelled()
+    )
 
 
 def interrupts(exc: BaseException) -> bool:

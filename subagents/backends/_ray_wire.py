@@ -30,7 +30,7 @@ from .._errors import SpawnRejected
 from .._paths import AgentPath
 from .._permissions import Ruleset
 from .._progress import Progress, Report
-from .._runner_errors import interrupts, runner_error
+from .._runner_errors import holds_this_cancellation, interrupts, runner_error
 from .._tracing import joined
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ __all__ = [
     "Snapshot",
     "Target",
     "by_value",
+    "interrupted_on_actor",
     "portable",
     "revived",
     "serve",
@@ -66,9 +67,9 @@ Dumps: TypeAlias = "Callable[[object], bytes]"
 
 REPLIED, FAILED, CANCELLED = 0, 1, 2
 """How an actor's call ended: with a pickled :class:`Reply` (the runner's own errors
-included); with an exception :func:`serve` did not turn into one (its payload would not
-unpickle, its reply would not pickle, the runner raised ``KeyboardInterrupt`` or
-``SystemExit``), pickled by :func:`portable`; or cancelled, as the driver asked, with
+included, and on an actor its interrupts); with an exception :func:`serve` did not turn
+into one (its payload would not unpickle, its reply would not pickle, an interrupt outside
+the runner), pickled by :func:`portable`; or cancelled, as the driver asked, with
 nothing."""
 Completion: TypeAlias = "tuple[int, int, bytes]"
 """One ended call as an actor hands it back: the call's number, how it ended, and what
@@ -84,6 +85,12 @@ class RemoteRunnerError(Exception):
     (the message names its type and text), or the driver cannot unpickle it (its module is
     on the workers only). In the second case the error is an instance of a subclass named
     like the runner's class, so the envelope's ``error_type`` is the runner's."""
+
+
+def interrupted_on_actor(exc: BaseException) -> RemoteRunnerError:
+    """The error of a run on a pool actor that ``exc`` (an interrupt) ended: there it
+    stops that run only."""
+    return RemoteRunnerError(f"the runner raised {type(exc).__qualname__} on its actor: {exc}")
 
 
 @attrs.frozen
@@ -474,11 +481,9 @@ async def serve(
     except BaseException as exc:
         judged = runner_error(exc)
         if judged is None:
-            if not (interrupt_is_error and interrupts(exc)):
+            if not (interrupt_is_error and interrupts(exc)) or holds_this_cancellation(exc):
                 raise
-            judged = RemoteRunnerError(
-                f"the runner raised {type(exc).__qualname__} on its actor: {exc}"
-            )
+            judged = interrupted_on_actor(exc)
         error = portable(judged, dumps)
         described = describe_exception(judged)
         return Reply(result=None, error=error, error_type=described, progress=ctx.progress)

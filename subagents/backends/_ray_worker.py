@@ -29,6 +29,7 @@ from ._ray_wire import (
     Shipped,
     Snapshot,
     Target,
+    interrupted_on_actor,
     portable,
     serve,
 )
@@ -173,16 +174,23 @@ class _WorkerActor:
             self._limiter = anyio.CapacityLimiter(self._max_concurrency)
             self._group = group
             self._start().set()
+            swept = anyio.current_time()
             while True:
-                await anyio.sleep(_IDLE)
-                self._drop_abandoned(anyio.current_time() - _ABANDONED)
+                await anyio.sleep(_IDLE)  # as often as a live driver's collects come back
+                now = anyio.current_time()
+                if now - swept > 2 * _IDLE:
+                    # This loop was held up (a runner blocking it): no collect could come
+                    # in, so the silence so far says nothing of the drivers.
+                    self._waiting_since = dict.fromkeys(self._waiting_since, now)
+                swept = now
+                self._drop_abandoned(now - _ABANDONED)
 
     def _drop_abandoned(self, before: float) -> None:
         """Drop what ended runs left on channels nobody has collected from since
         ``before``: their driver's event loop has ended, and the replies would stay in
         this actor for its life. A collect that comes after all fails those runs."""
         for channel, since in list(self._waiting_since.items()):
-            if since > before or channel in self._collectors:
+            if since > before:  # (a channel with ends waiting has no collect pending)
                 continue
             del self._waiting_since[channel]
             numbers = [number for number, _, _ in self._ended.pop(channel, [])]
@@ -231,9 +239,7 @@ class _WorkerActor:
                 raise
             error = runner_error(exc)
             if error is None:  # an interrupt: on an actor, it stops this run only
-                error = RemoteRunnerError(
-                    f"the runner raised {type(exc).__qualname__} on its actor: {exc}"
-                )
+                error = interrupted_on_actor(exc)
             ended = (number, FAILED, portable(error, pack))
         finally:
             del self._scopes[(channel, number)]

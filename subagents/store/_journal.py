@@ -90,7 +90,7 @@ class SqliteJournal:
 
     def spawned(self, entry: SpawnEntry) -> int:
         """Queue the spawn's ``tasks`` and ``names`` rows; returns the write's sequence
-        number (what :meth:`wait_journaled` waits for). Never blocks."""
+        number (what :meth:`wait_journaled` waits for). Never waits for the writer."""
         if entry.idempotency_key is not None:
             return self._submit(SpawnWrite(entry, self._origin))
         write = self._spawns[entry.task_id] = SpawnWrite(entry, self._origin, self._spawns)
@@ -103,7 +103,7 @@ class SqliteJournal:
     def started(self, task_id: str) -> int:
         """Queue: the task is ``running`` (``attempts + 1``), in its spawn's row if the
         writer has not taken that yet; returns the sequence number of the write that
-        carries it. Never blocks."""
+        carries it. Never waits for the writer."""
         spawn = self._spawns.pop(task_id, None)
         if spawn is not None and self._amend(spawn.count_start):
             return spawn.seq
@@ -120,7 +120,7 @@ class SqliteJournal:
         """Queue: the task is ``ended``, linked to the envelope row its mailbox wrote (or,
         if none did, to one written here: with ``deliver``, unread in the session's
         mailbox); ``then()`` runs on the event loop once that is committed, or once the
-        store has failed first. Never blocks."""
+        store has failed first. Never waits for the writer."""
         self._spawns.pop(task_id, None)
         if deliver:  # it may put the envelope into the mailbox itself, which no put counts
             then = functools.partial(self._delivered_then, session_id, then)
@@ -135,7 +135,8 @@ class SqliteJournal:
 
     def forgotten(self, task_id: str) -> None:
         """Queue: the ended task ``task_id`` was forgotten (its rows are deleted, its name
-        kept, so :meth:`lookup` no longer finds it, in any process). Never blocks."""
+        kept, so :meth:`lookup` no longer finds it, in any process). Never waits for the
+        writer."""
         self._submit(ForgetWrite(task_id, self._forgetting, self._submit, again=True))
         self._forgetting.add(task_id)
 

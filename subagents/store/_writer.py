@@ -1,19 +1,20 @@
 """The writer thread: group commit of every pending write, one callback per batch.
 
-Callers on the event loop :meth:`Writer.submit` writes (never blocking: a lock held for a
-deque append). The thread takes every write pending when its transaction opens (up to
-``max_batch``) into one ``BEGIN IMMEDIATE`` transaction, commits, hands the batch's
-callback to the :class:`~._courier.Courier` (which calls into the event loop without the
-writer waiting for it) and goes on. It opens its next transaction once that callback has
-run, or at once if ``eager_batch`` writes are queued by then, or ``linger`` seconds after
-its last commit (and, with a ``commit_delay``, never sooner than that after it unless
-``eager_batch`` writes are queued): so while the event loop is busy (a fan-out running
-its children back to back) the writer commits alongside it in batches of a useful size,
-while it is idle each commit's writes are handed on before the next begins, and a loop
-that does not come back (a runner blocking it, or the loop ended) holds no write back for
-longer than ``linger``. Committing whatever is queued as soon as possible would instead
-make batches of a few writes, each with its own commit, whose Python steps fight the
-event loop for the GIL at every statement.
+Callers on the event loop :meth:`Writer.submit` writes (never waiting for the thread: a
+lock held for a deque append, and now and then a pause that lets the thread take the GIL).
+The thread takes every write pending when its transaction opens (up to ``max_batch``) into
+one ``BEGIN IMMEDIATE`` transaction, commits, hands the batch's callback to the
+:class:`~._courier.Courier` (which calls into the event loop without the writer waiting
+for it) and goes on. It opens its next transaction once that callback has run, or at once
+if ``eager_batch`` writes are queued by then, or ``linger`` seconds after its last commit
+(and, with a ``commit_delay``, never sooner than that after it unless ``eager_batch``
+writes are queued): so while the event loop is busy (a fan-out running its children back
+to back) the writer commits alongside it in batches of a useful size, while it is idle
+each commit's writes are handed on before the next begins, and a loop that does not come
+back (a runner blocking it, or the loop ended) holds no write back for longer than
+``linger``. Committing whatever is queued as soon as possible would instead make batches
+of a few writes, each with its own commit, whose Python steps fight the event loop for the
+GIL at every statement.
 
 A batch is a prefix of what was submitted, so "every write up to sequence number n is
 committed" is one number (the watermark). Inside its transaction the writes are applied
@@ -55,10 +56,12 @@ logger = logging.getLogger("subagents.store")
 DEFAULT_MAX_BATCH: Final = 1024
 DEFAULT_EAGER_BATCH: Final = 256
 DEFAULT_LINGER: Final = 0.005
-GIL_HANDOFF: Final = 20e-6
-"""Seconds ``Writer._make_way`` keeps the submitting thread off the GIL."""
-HANDOFF_EVERY: Final = 64
+_GIL_HANDOFF: Final = 20e-6
+"""Seconds ``Writer._make_way`` asks to keep the submitting thread off the GIL (about 100 µs
+on Linux, whose timer slack is 50 µs)."""
+_HANDOFF_EVERY: Final = 64
 """Writes submitted between two chances for the store's threads to take the GIL."""
+_pause = time.sleep  # the pause itself, by its own name (a test counts them)
 _LONGEST_WAIT: Final = 3600.0
 """Seconds the thread waits at most before it looks at its queue again."""
 
@@ -187,7 +190,10 @@ class Writer:
         self._wake = threading.Condition(self.lock)
         self._queue: deque[Write] = deque()
         self._batch: list[Write] = []  # taken into the transaction in flight
-        self._in_transaction = False
+        # Whether the thread may want the GIL now: it was woken, or is working (a hint,
+        # read without the lock), and when its timed wait runs out.
+        self._working = False
+        self._wait_ends = math.inf
         self._seq = 0
         self.committed = 0
         """The watermark of the last batch committed: set before the gate is released, so
@@ -224,9 +230,10 @@ class Writer:
         return self._seq
 
     def _make_way(self) -> None:
-        """Called by :meth:`submit` every :data:`HANDOFF_EVERY` writes: while a transaction
-        is in flight, or the courier has callbacks to carry, step off the GIL for
-        :data:`GIL_HANDOFF` seconds so that this store's threads take it.
+        """Called by :meth:`submit` every :data:`_HANDOFF_EVERY` writes: while the thread
+        may want the GIL (it was woken, it is working, its wait has run out, or a full
+        batch is queued) or the courier has callbacks to carry, step off the GIL for
+        :data:`_GIL_HANDOFF` seconds so that this store's threads take it.
 
         Each ``sqlite3`` call releases the GIL and takes it back when SQLite returns. A
         thread waiting for the GIL asks its holder to drop it only after a whole switch
@@ -237,12 +244,17 @@ class Writer:
         busy, and then wait, idle, for the commits it ran ahead of
         (``tests/store/busy_worker.py`` shows it). A real pause hands the GIL over, at a
         rate that follows the writes the loop makes."""
-        if self._in_transaction or self._courier.carrying:
-            time.sleep(GIL_HANDOFF)
+        if (
+            self._working
+            or len(self._queue) >= self._eager_batch
+            or time.monotonic() >= self._wait_ends
+            or self._courier.carrying
+        ):
+            _pause(_GIL_HANDOFF)
 
     def submit(self, write: Write) -> int:
         """Queue ``write``; returns its sequence number. Never waits for the writer (one
-        call in :data:`HANDOFF_EVERY` may pause for :data:`GIL_HANDOFF` seconds).
+        call in :data:`_HANDOFF_EVERY` may pause for :data:`_GIL_HANDOFF` seconds).
 
         Raises:
             StoreError: the store failed earlier (the write is not queued).
@@ -262,8 +274,9 @@ class Writer:
             self._queue.append(write)
             if self._want and len(self._queue) >= self._want:
                 self._want = 0
+                self._working = True
                 self._wake.notify()
-        if not seq % HANDOFF_EVERY:
+        if not seq % _HANDOFF_EVERY:
             self._make_way()
         return seq
 
@@ -271,6 +284,7 @@ class Writer:
         """Commit what is queued, then end the thread (``on_stopped`` runs on the loop)."""
         with self.lock:
             self._stopping = True
+            self._working = True
             self._wake.notify()
 
     # ------------------------------------------------------------ the thread
@@ -287,6 +301,7 @@ class Writer:
             # whoever waits for its commit waits forever.
             self._courier.send(self._on_batch, self._fail(failure, self._batch), self._seq, failure)
         finally:
+            self._working = False
             try:
                 self._raw.close()
             except sqlite3.Error:
@@ -301,6 +316,7 @@ class Writer:
             while not self._stopping:
                 if not self._queue:
                     self._want = 1
+                    self._working, self._wait_ends = False, math.inf
                     self._wake.wait()
                     continue
                 if len(self._queue) >= self._eager_batch:
@@ -315,8 +331,11 @@ class Writer:
                     break
                 self._want = self._eager_batch
                 # Capped: a delay beyond what a thread can wait for is looked at again.
-                self._wake.wait(min(left, _LONGEST_WAIT))
+                wait = min(left, _LONGEST_WAIT)
+                self._working, self._wait_ends = False, time.monotonic() + wait
+                self._wake.wait(wait)
             self._want = 0
+            self._working, self._wait_ends = True, math.inf
             return bool(self._queue)
 
     def _loop_lost(self) -> None:
@@ -324,6 +343,7 @@ class Writer:
         will never run, so the thread must not wait for them."""
         with self.lock:
             self._unseen = 0
+            self._working = True
             self._wake.notify()
 
     def _take(self, batch: list[Write]) -> int:
@@ -345,7 +365,6 @@ class Writer:
         batch: list[Write] = []
         self._batch = batch
         watermark = 0
-        self._in_transaction = True
 
         def attempt() -> None:
             nonlocal watermark
@@ -358,10 +377,7 @@ class Writer:
                     kind.apply(raw, writes)
             self.committed = watermark
 
-        try:
-            failure, lost = self._commit_under_gate(attempt, batch)
-        finally:
-            self._in_transaction = False
+        failure, lost = self._commit_under_gate(attempt, batch)
         if failure is not None:
             self._courier.send(self._on_batch, lost, self._seq, failure)
             return False
@@ -383,8 +399,9 @@ class Writer:
         finally:
             with self.lock:
                 self._unseen = max(0, self._unseen - 1)
-                if self._want:
+                if self._want and self._queue:  # with none queued, it waits for a put
                     self._want = 0
+                    self._working = True
                     self._wake.notify()
 
     def _commit_under_gate(

@@ -329,3 +329,52 @@ async def test_serve_lets_a_cancellation_propagate() -> None:
     with anyio.move_on_after(0.01) as scope:
         await serve(hangs, Request(agent="worker"), shipped(), Sink(), {}, pickle.dumps)
     assert scope.cancelled_caught
+
+
+async def interrupts_in_a_group_with_its_cancellation(request: Request, ctx: RemoteContext) -> str:
+    raise BaseExceptionGroup("x", [KeyboardInterrupt(), anyio.get_cancelled_exc_class()()])
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+async def test_serve_on_an_actor_makes_an_interrupt_the_replys_error_with_its_progress(
+    raised: type[BaseException],
+) -> None:
+    async def interrupts(request: Request, ctx: RemoteContext) -> str:
+        ctx.report(output="before the interrupt")
+        raise raised()
+
+    sink = Sink()
+    reply = await serve(
+        interrupts,
+        Request(agent="worker"),
+        shipped(),
+        sink,
+        {},
+        pickle.dumps,
+        interrupt_is_error=True,
+    )
+    assert f"the runner raised {raised.__name__} on its actor" in str(revived(reply))
+    assert reply.progress is not None
+    assert reply.progress.progress.output() == "before the interrupt"
+    with pytest.raises(raised):  # elsewhere (a task, whose cancel it may be) it goes on up
+        await serve(interrupts, Request(agent="worker"), shipped(), sink, {}, pickle.dumps)
+
+
+# An actor's event loop is asyncio's (and trio's Cancelled has no public constructor).
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_serve_on_an_actor_lets_a_group_holding_its_cancellation_propagate() -> None:
+    """An interrupt in a group with the cancellation of a run being cancelled is not
+    the run's error: the cancellation must go on up."""
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        with pytest.raises(BaseExceptionGroup) as raised:
+            await serve(
+                interrupts_in_a_group_with_its_cancellation,
+                Request(agent="worker"),
+                shipped(),
+                Sink(),
+                {},
+                pickle.dumps,
+                interrupt_is_error=True,
+            )
+    assert raised.group_contains(anyio.get_cancelled_exc_class())

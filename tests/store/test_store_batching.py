@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from subagents import AgentSpec, ConfigError, Request, RunContext, SubagentConfig, SubagentManager
 from subagents._journal import SpawnEntry
-from subagents.store import SqliteStore
+from subagents.store import SqliteStore, _writer
 from subagents.store._journal import _TAKEN
 from subagents.store._journal_writes import _END_LINKED, _INSERT_TASKS, _START_TASKS, _UNENDED
 from subagents.store._writer import Write, _runs
@@ -320,46 +320,52 @@ async def test_journaled_children_run_back_to_back_yield_to_the_event_loop(
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_a_busy_event_loop_putting_lets_the_writer_commit(tmp_path: Path, backend: str) -> None:
-    """Between two SQLite calls the writer thread waits for the GIL. A thread that only
-    releases it for moments (as an event loop does at each checkpoint) wakes that wait
-    over and over without giving the GIL up for long, so the writer can starve for as long
-    as the loop stays busy; ``submit`` pauses every so many writes while a transaction is
-    in flight, and the writer commits. (``busy_worker.py --no-make-way`` starves for its
-    whole 10 s here: a check by hand, not asserted, since whether the GIL changes hands
-    without the pause depends on the machine.)"""
+@pytest.mark.parametrize("start", ["a-batch-in-flight", "the-writer-idle"])
+def test_a_busy_event_loop_putting_lets_the_writer_commit(
+    tmp_path: Path, backend: str, start: str
+) -> None:
+    """Between two SQLite calls, and to return from its wait for work, the writer thread
+    needs the GIL. A thread that only releases it for moments (as an event loop does at
+    each checkpoint) wakes that wait for the GIL over and over without giving it up for
+    long, so the writer can starve for as long as the loop stays busy; ``submit`` pauses
+    every so many writes while the writer may want the GIL, and the writer commits.
+    (``busy_worker.py --no-make-way`` starves for its whole 10 s here: a check by hand,
+    not asserted, since whether the GIL changes hands without the pause depends on the
+    machine.)"""
     worker = Path(__file__).with_name("busy_worker.py")
-    done = subprocess.run(
-        [sys.executable, str(worker), str(tmp_path / "s.db"), "--backend", backend],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    argv = [sys.executable, str(worker), str(tmp_path / "s.db"), "--backend", backend]
+    if start == "the-writer-idle":
+        argv.append("--idle-first")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("committed "), done.stdout
 
 
-async def test_making_way_pauses_only_while_the_store_threads_work(
+async def test_submit_pauses_while_the_writer_works_and_not_while_it_idles(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The pause is for a transaction in flight or callbacks to carry: with the writer
-    idle (everything committed, every callback run) nothing sleeps, and every put still
-    commits with the pauses taken."""
-    slept: list[float] = []
-    real_sleep = time.sleep
-    monkeypatch.setattr(
-        "subagents.store._writer.time.sleep", lambda s: (slept.append(s), real_sleep(s))
-    )
+    """One pause in 64 writes while the writer thread may want the GIL (here, woken by
+    the first of them, it waits at the gate, which a take would hold); none from a
+    writer that has had nothing to do."""
+    paused: list[float] = []
+    monkeypatch.setattr(_writer, "_pause", paused.append)
+    async with SqliteStore(tmp_path / "idle.db") as store:
+        assert store._writer.submitted == 0
+        store._writer._make_way()
+        assert paused == []
     async with SqliteStore(tmp_path / "s.db") as store:
         box = store.mailbox("root", capacity=1_000)
-        for i in range(640):
-            box.put(f"t{i}", env(f"t{i}"))
+        box.put("first", env("first"))
+        await box.wait_committed()  # the writer is awake, or waits for the next put
+        paused.clear()
+        store._writer.gate.acquire()  # the writer, woken, waits here with its batch
+        try:
+            for i in range(_writer._HANDOFF_EVERY - 1):  # the 64th write, counting "first"
+                box.put(f"t{i}", env(f"t{i}"))
+        finally:
+            store._writer.gate.release()
         await box.wait_committed()
-        assert len(box.drain_all()) == 640
-        await anyio.wait_all_tasks_blocked()
-        slept.clear()
-        store._writer._make_way()
-        assert slept == []
+    assert paused == [_writer._GIL_HANDOFF]
 
 
 def test_the_courier_drops_calls_once_the_event_loop_has_ended(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from trio.testing import MockClock
 
 pytest.importorskip("ray")
 
-from subagents import Budget, Request, Ruleset, RunContext
+from subagents import Budget, Request, Ruleset
 from subagents.backends import _ray_worker
 from subagents.backends._ray_wire import (
     CANCELLED,
@@ -27,6 +27,7 @@ from subagents.backends._ray_wire import (
     Shipped,
     revived,
 )
+from tests.helpers import pass_time_without_a_checkpoint
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
 
@@ -80,7 +81,8 @@ def payload(runner: str, text: str = "") -> bytes:
         carrier={},
         sink="no-sink",
     )
-    return pickle.dumps((f"{HERE}:{runner}", Request(agent="worker", input=text), shipped))
+    path = runner if ":" in runner else f"{HERE}:{runner}"  # else one of this module's
+    return pickle.dumps((path, Request(agent="worker", input=text), shipped))
 
 
 def batch(channel: str, *payloads: tuple[int, bytes], collects: bool = False) -> bytes:
@@ -286,6 +288,23 @@ async def test_a_collect_starts_the_wait_over_for_the_next_ends_of_its_channel()
 @pytest.mark.parametrize(
     "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))]
 )
+async def test_a_stall_of_the_actor_loop_itself_does_not_count_as_the_drivers_silence() -> None:
+    """While a runner blocks the actor's event loop no collect can come in, so time the
+    loop lost is not time the channel's driver was silent: its ends get the whole wait
+    again once the loop is back."""
+    async with serving() as actor:
+        await actor.submit(batch("held", (0, payload("echo", "kept"))))
+        await anyio.wait_all_tasks_blocked()
+        pass_time_without_a_checkpoint(_ray_worker._ABANDONED * 2)  # the loop held up
+        await anyio.sleep(_ray_worker._IDLE)  # the late sweep, and one on time
+        assert "held" in actor._ended
+        await anyio.sleep(_ray_worker._ABANDONED)
+        assert "held" not in actor._ended  # silence after the stall still counts
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))]
+)
 async def test_the_channels_whose_ends_were_dropped_are_remembered_up_to_a_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -373,13 +392,6 @@ async def test_a_runner_raising_a_base_exception_of_its_own_ends_only_its_run() 
         assert output((await collected(actor, "c", 1))[0][1]) == "through"
 
 
-async def reports_then_interrupts(request: Request, ctx: RunContext) -> str:
-    ctx.report(output="so far", iterations=2)
-    if request.input == "exit":
-        raise SystemExit(3)
-    raise KeyboardInterrupt
-
-
 @pytest.mark.parametrize("how", ["interrupt", "exit"])
 async def test_an_interrupt_ends_its_run_with_a_reply_that_keeps_what_it_reported(
     how: str, monkeypatch: pytest.MonkeyPatch
@@ -392,14 +404,16 @@ async def test_an_interrupt_ends_its_run_with_a_reply_that_keeps_what_it_reporte
     monkeypatch.setitem(_ray_worker._SINKS, "no-sink", no_sink)
     stopped: list[BaseException] = []
     async with serving_watched(stopped) as actor:
-        await actor.submit(batch("c", (0, payload("reports_then_interrupts", how))))
+        interrupts = payload("tests.backends.ray.runners:reports_then_interrupts", how)
+        await actor.submit(batch("c", (0, interrupts)))
         (ended,) = (await collected(actor, "c", 1)).values()
         error = runner_error_of(ended)
         raised = "SystemExit" if how == "exit" else "KeyboardInterrupt"
         assert f"the runner raised {raised} on its actor" in str(error), error
         reply: Reply = pickle.loads(ended[1])
         assert reply.progress is not None
-        assert (reply.progress.progress.output(), reply.progress.iterations) == ("so far", 2)
+        progress = reply.progress
+        assert (progress.progress.output(), progress.iterations) == ("before the interrupt", 2)
         await actor.submit(batch("c", (1, payload("echo", "after"))))
         assert output((await collected(actor, "c", 1))[1][1]) == "echo after"
         assert stopped == []

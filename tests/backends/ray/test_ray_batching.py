@@ -156,8 +156,9 @@ INTERRUPTING = [
 async def test_an_interrupt_on_an_actor_keeps_what_the_run_reported(
     cluster: None, how: str
 ) -> None:
-    """An interrupt on an actor ends its run with no reply; what the run reported before
-    it still reaches the envelope, salvaged from the progress sink."""
+    """An interrupt on an actor ends its run alone, as its reply's error: what the run
+    reported before it reaches the envelope with that reply, every time (the progress
+    sink's copy could reach the driver only after the driver had looked)."""
     fresh = RayBackend(pool_size=1)
     spec = AgentSpec(name="interrupts", runner=runners.reports_then_interrupts)
     try:
