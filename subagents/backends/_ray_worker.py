@@ -178,10 +178,14 @@ class _WorkerActor:
             while True:
                 await anyio.sleep(_IDLE)  # as often as a live driver's collects come back
                 now = anyio.current_time()
-                if now - swept > 2 * _IDLE:
-                    # This loop was held up (a runner blocking it): no collect could come
-                    # in, so the silence so far says nothing of the drivers.
-                    self._waiting_since = dict.fromkeys(self._waiting_since, now)
+                lost = now - swept - _IDLE
+                if lost > _IDLE:
+                    # This loop was held up (a runner blocking it) and no collect could
+                    # come in meanwhile: that time is not the drivers' silence.
+                    self._waiting_since = {
+                        channel: min(since + lost, now)
+                        for channel, since in self._waiting_since.items()
+                    }
                 swept = now
                 self._drop_abandoned(now - _ABANDONED)
 
@@ -237,10 +241,11 @@ class _WorkerActor:
             # leave the actor alive and deaf. Only the group's own cancellation goes on.
             if being_cancelled():
                 raise
-            error = runner_error(exc)
-            if error is None:  # an interrupt: on an actor, it stops this run only
-                error = interrupted_on_actor(exc)
-            ended = (number, FAILED, portable(error, pack))
+            if not scope.cancel_called:  # else cancelled, whatever it raised on the way out
+                error = runner_error(exc)
+                if error is None:  # an interrupt: on an actor, it stops this run only
+                    error = interrupted_on_actor(exc)
+                ended = (number, FAILED, portable(error, pack))
         finally:
             del self._scopes[(channel, number)]
             self._end(channel, ended)

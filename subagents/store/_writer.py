@@ -301,7 +301,6 @@ class Writer:
             # whoever waits for its commit waits forever.
             self._courier.send(self._on_batch, self._fail(failure, self._batch), self._seq, failure)
         finally:
-            self._working = False
             try:
                 self._raw.close()
             except sqlite3.Error:

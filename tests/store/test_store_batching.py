@@ -12,9 +12,10 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import anyio
+import anyio.lowlevel
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -366,6 +367,47 @@ async def test_submit_pauses_while_the_writer_works_and_not_while_it_idles(
             store._writer.gate.release()
         await box.wait_committed()
     assert paused == [_writer._GIL_HANDOFF]
+
+
+def unstarted_writer(path: Path, **options: Any) -> _writer.Writer:
+    """A writer whose thread never runs: its hints are what the test sets them to."""
+    raw = sqlite3.connect(path, check_same_thread=False)
+    return _writer.Writer(
+        raw,
+        path=str(path),
+        busy_timeout=1.0,
+        token=anyio.lowlevel.current_token(),
+        on_batch=lambda *args: None,
+        on_stopped=lambda: None,
+        **options,
+    )
+
+
+@pytest.mark.parametrize(
+    "state",
+    ["woken-for-work", "its-wait-run-out", "a-full-batch-queued", "its-wait-running"],
+)
+async def test_the_pause_comes_when_the_writer_may_want_the_gil(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    """Each reason the writer thread may want the GIL makes the 64th write pause; a
+    writer not woken, with its wait still running and no full batch, makes none."""
+    paused: list[float] = []
+    monkeypatch.setattr(_writer, "_pause", paused.append)
+    full = state == "a-full-batch-queued"
+    writer = unstarted_writer(
+        tmp_path / "w.db", eager_batch=_writer._HANDOFF_EVERY if full else 256
+    )
+    if state == "woken-for-work":
+        writer._want = 1  # as its thread sets it to wait for one write: the first wakes it
+    elif state == "its-wait-run-out":
+        writer._wait_ends = time.monotonic() - 1
+    else:
+        writer._wait_ends = time.monotonic() + 3600
+    for n in range(_writer._HANDOFF_EVERY):
+        writer.submit(_InPlace(f"w{n}"))
+    writer._raw.close()
+    assert paused == ([] if state == "its-wait-running" else [_writer._GIL_HANDOFF])
 
 
 def test_the_courier_drops_calls_once_the_event_loop_has_ended(tmp_path: Path) -> None:

@@ -62,6 +62,14 @@ async def waits_at_the_gate(request: Request, ctx: object) -> str:
     return "through"
 
 
+async def interrupts_when_cancelled(request: Request, ctx: object) -> str:
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class() as exc:
+        raise BaseExceptionGroup("on the way out", [KeyboardInterrupt(), exc]) from None
+    raise AssertionError("unreachable")
+
+
 async def raises_cancelled_error(request: Request, ctx: object) -> str:
     # Asyncio code does this when a task it awaits was cancelled by someone else.
     raise asyncio.CancelledError("a task this runner awaited was cancelled")
@@ -289,17 +297,18 @@ async def test_a_collect_starts_the_wait_over_for_the_next_ends_of_its_channel()
     "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))]
 )
 async def test_a_stall_of_the_actor_loop_itself_does_not_count_as_the_drivers_silence() -> None:
-    """While a runner blocks the actor's event loop no collect can come in, so time the
-    loop lost is not time the channel's driver was silent: its ends get the whole wait
-    again once the loop is back."""
+    """While a runner blocks the actor's event loop no collect can come in, so the time
+    the loop lost is not time the channel's driver was silent; the silence before and
+    after it still counts."""
     async with serving() as actor:
         await actor.submit(batch("held", (0, payload("echo", "kept"))))
         await anyio.wait_all_tasks_blocked()
+        await anyio.sleep(_ray_worker._ABANDONED - 100)  # silent for 500 s
         pass_time_without_a_checkpoint(_ray_worker._ABANDONED * 2)  # the loop held up
         await anyio.sleep(_ray_worker._IDLE)  # the late sweep, and one on time
-        assert "held" in actor._ended
-        await anyio.sleep(_ray_worker._ABANDONED)
-        assert "held" not in actor._ended  # silence after the stall still counts
+        assert "held" in actor._ended  # the stall did not count
+        await anyio.sleep(_ray_worker._ABANDONED / 2)
+        assert "held" not in actor._ended  # 500 s before it and 330 s after it did
 
 
 @pytest.mark.parametrize(
@@ -416,4 +425,19 @@ async def test_an_interrupt_ends_its_run_with_a_reply_that_keeps_what_it_reporte
         assert (progress.progress.output(), progress.iterations) == ("before the interrupt", 2)
         await actor.submit(batch("c", (1, payload("echo", "after"))))
         assert output((await collected(actor, "c", 1))[1][1]) == "echo after"
+        assert stopped == []
+
+
+# The actor's loop is asyncio's.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_cancelled_run_ends_cancelled_whatever_it_raises_on_the_way_out() -> None:
+    """The driver cancelled the run: an interrupt its runner raises with the cancellation
+    (in one group) does not turn that end into a failure."""
+    stopped: list[BaseException] = []
+    async with serving_watched(stopped) as actor:
+        await actor.submit(batch("c", (0, payload("interrupts_when_cancelled"))))
+        await anyio.wait_all_tasks_blocked()
+        await actor.cancel("c", [0])
+        ended = await collected(actor, "c", 1)
+        assert ended[0] == (CANCELLED, b"")
         assert stopped == []
