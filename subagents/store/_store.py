@@ -209,8 +209,8 @@ class SqliteStore:
         self._watcher = Watcher(
             watch_raw, token=token, interval=self._poll_interval, on_change=self._on_change
         )
+        self._watcher.start()  # first: it reads the database, and may fail
         self._writer.start()
-        self._watcher.start()
         self._state = "open"
         OPEN_ORIGINS.add(self._origin)
         return self

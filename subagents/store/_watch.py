@@ -7,7 +7,10 @@ on a condition and costs nothing. On a change it calls ``on_change`` on the even
 which looks again at what the waiters wait for.
 
 No change can be missed: the version is read before ``on_change`` runs, and ``on_change``
-reads the database afresh, so a commit after that read changes the version again.
+reads the database afresh, so a commit after that read changes the version again. The
+first version is read by :meth:`Watcher.start`, before anyone can look: read when the
+thread first runs, it could already hold a commit made after a waiter's look, which would
+then never be reported.
 """
 
 from __future__ import annotations
@@ -47,10 +50,13 @@ class Watcher:
         """``data_version`` reads so far."""
         self.changes = 0
         """Changes seen (each one a call of ``on_change``)."""
+        self._first = 0  # the version start() read
         self._thread = threading.Thread(target=self._run, name="subagents-store-watcher")
         self._thread.daemon = True
 
     def start(self) -> None:
+        """Read the version to compare with, then start the thread."""
+        self._first = self._version()
         self._thread.start()
 
     def watch(self, active: bool) -> None:
@@ -76,7 +82,7 @@ class Watcher:
 
     def _run(self) -> None:
         try:
-            version = self._version()
+            version = self._first
             while True:
                 with self._cond:
                     while not self._active and not self._stopping:

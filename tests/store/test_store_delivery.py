@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +24,8 @@ from subagents import (
     SubagentConfig,
     SubagentManager,
 )
-from subagents.store import SqliteStore, StoreError, _deliveries, _journal_writes
-from tests.store.support import sqlite, write_locked
+from subagents.store import SqliteStore, StoreError, _deliveries, _journal_writes, _watch
+from tests.store.support import env, sqlite, write_locked
 
 pytestmark = pytest.mark.anyio
 
@@ -272,3 +273,31 @@ async def test_a_raising_notifier_leaves_no_waiter_waiting(tmp_path: Path) -> No
             handle = m.spawn("echo", "x")
             with anyio.fail_after(10):
                 assert (await handle.wait()).output == "echo x"
+
+
+async def test_a_commit_before_the_watcher_thread_first_runs_still_wakes_a_waiter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The version the watcher compares with is read as the store opens, not when its
+    thread first gets to run: read late, it would already hold another connection's
+    commit made after a waiter looked, and that commit would never wake it."""
+    late = threading.Event()
+    run = _watch.Watcher._run
+
+    def runs_late(self: _watch.Watcher) -> None:
+        late.wait(30)  # a loaded machine: the thread first runs after the commit below
+        run(self)
+
+    monkeypatch.setattr(_watch.Watcher, "_run", runs_late)
+    path = tmp_path / "s.db"
+    async with SqliteStore(path) as store:
+        woke = anyio.Event()
+        box = store.mailbox("root")
+        assert box.subscribe_once("t", woke.set) is not None  # looked: nothing there
+        async with SqliteStore(path) as other:  # another process's, as far as SQLite sees
+            other_box = other.mailbox("root")
+            other_box.put("t", env("t"))
+            await other_box.wait_committed()
+            late.set()
+        with anyio.fail_after(10):
+            await woke.wait()
