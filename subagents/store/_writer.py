@@ -273,9 +273,7 @@ class Writer:
             seq = write.seq = self._seq
             self._queue.append(write)
             if self._want and len(self._queue) >= self._want:
-                self._want = 0
-                self._working = True
-                self._wake.notify()
+                self._rouse()
         if not seq % _HANDOFF_EVERY:
             self._make_way()
         return seq
@@ -284,8 +282,14 @@ class Writer:
         """Commit what is queued, then end the thread (``on_stopped`` runs on the loop)."""
         with self.lock:
             self._stopping = True
-            self._working = True
-            self._wake.notify()
+            self._rouse()
+
+    def _rouse(self) -> None:
+        """Wake the thread if it waits (with the lock held): from now on it may want the
+        GIL, so :meth:`_make_way` pauses for it."""
+        self._want = 0
+        self._working = True
+        self._wake.notify()
 
     # ------------------------------------------------------------ the thread
 
@@ -342,8 +346,7 @@ class Writer:
         will never run, so the thread must not wait for them."""
         with self.lock:
             self._unseen = 0
-            self._working = True
-            self._wake.notify()
+            self._rouse()
 
     def _take(self, batch: list[Write]) -> int:
         """Move up to ``max_batch`` queued writes into ``batch``; returns the watermark."""
@@ -399,9 +402,7 @@ class Writer:
             with self.lock:
                 self._unseen = max(0, self._unseen - 1)
                 if self._want and self._queue:  # with none queued, it waits for a put
-                    self._want = 0
-                    self._working = True
-                    self._wake.notify()
+                    self._rouse()
 
     def _commit_under_gate(
         self, attempt: Callable[[], None], batch: list[Write]
