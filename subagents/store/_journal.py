@@ -87,11 +87,15 @@ class SqliteJournal:
         # Unkeyed spawn writes the writer has not taken yet, until their task starts or
         # ends: a start counted in one of those is a write less (SpawnWrite.count_start).
         self._spawns: dict[str, SpawnWrite] = {}
+        self._starts: StartWrite | None = None
 
     def spawned(self, entry: SpawnEntry) -> int:
         """Queue the spawn's ``tasks`` and ``names`` rows; returns the write's sequence
         number (what :meth:`wait_journaled` waits for). Never waits for the writer."""
         if entry.idempotency_key is not None:
+            # It keeps its place in a batch: a start gathered into a write queued before
+            # it would update its row before the row is there.
+            self._starts = None
             return self._submit(SpawnWrite(entry, self._origin))
         write = self._spawns[entry.task_id] = SpawnWrite(entry, self._origin, self._spawns)
         try:
@@ -102,12 +106,19 @@ class SqliteJournal:
 
     def started(self, task_id: str) -> int:
         """Queue: the task is ``running`` (``attempts + 1``), in its spawn's row if the
-        writer has not taken that yet; returns the sequence number of the write that
-        carries it. Never waits for the writer."""
+        writer has not taken that yet, else in the last start write if the writer has not
+        taken that (a batch's starts are one write); returns the sequence number of the
+        write that carries it. Never waits for the writer."""
         spawn = self._spawns.pop(task_id, None)
         if spawn is not None and self._amend(spawn.count_start):
             return spawn.seq
-        return self._submit(StartWrite(task_id))
+        starts = self._starts
+        if starts is not None and self._amend(functools.partial(starts.add, task_id)):
+            return starts.seq
+        starts = StartWrite(task_id)
+        seq = self._submit(starts)
+        self._starts = starts
+        return seq
 
     def ended(
         self,
@@ -122,11 +133,17 @@ class SqliteJournal:
         mailbox); ``then()`` runs on the event loop once that is committed, or once the
         store has failed first. Never waits for the writer."""
         self._spawns.pop(task_id, None)
+        end = EndWrite(task_id, session_id, envelope, deliver, self._origin, then)
+        starts = self._starts
+        if (
+            starts is not None
+            and task_id in starts.task_ids
+            and self._amend(functools.partial(starts.withdraw, task_id))
+        ):
+            end.started = True
         if deliver:  # it may put the envelope into the mailbox itself, which no put counts
-            then = functools.partial(self._delivered_then, session_id, then)
-        self._last_end = self._submit(
-            EndWrite(task_id, session_id, envelope, deliver, self._origin, then)
-        )
+            end.then = functools.partial(self._delivered_then, session_id, then)
+        self._last_end = self._submit(end)
 
     def _delivered_then(self, session_id: str, then: Callable[[], object] | None) -> None:
         self._delivered(session_id)

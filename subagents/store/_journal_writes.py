@@ -268,20 +268,48 @@ def _insert_rows(conn: sqlite3.Connection, rows: Sequence[_SpawnRow], ms: int) -
 
 
 class StartWrite(Write):
-    __slots__ = ("merged", "task_id")
+    """The starts of tasks whose spawn rows the writer had taken, gathered while it has
+    not taken this write: one write, and one statement, for the starts of a batch instead
+    of one each. :meth:`add` and :meth:`withdraw` run under the writer's lock, where
+    ``open`` (cleared when the writer takes or hands back the write) decides."""
+
+    __slots__ = ("open", "task_ids")
 
     ORDER = 1
 
     def __init__(self, task_id: str) -> None:
         super().__init__()
-        self.task_id = task_id
-        self.merged = False  # counted by its task's spawn, in the same batch (merge_ends)
+        self.task_ids = {task_id: None}
+        self.open = True
+
+    def add(self, task_id: str) -> bool:
+        """Under the writer's lock: ``task_id``'s start, written by this write if the
+        writer has not taken it yet (else False)."""
+        if not self.open:
+            return False
+        self.task_ids[task_id] = None
+        return True
+
+    def withdraw(self, task_id: str) -> bool:
+        """Under the writer's lock: ``task_id``'s start taken out of this write, for its
+        end to count the try, if the writer has not taken the write yet (else False)."""
+        if not self.open or task_id not in self.task_ids:
+            return False
+        del self.task_ids[task_id]
+        return True
+
+    def take(self) -> bool:
+        self.open = False
+        return bool(self.task_ids)  # every start withdrawn: nothing left to write
+
+    def release(self) -> None:
+        self.open = False
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         ms = now_ms()
-        ids = [w.task_id for w in writes if not w.merged]
-        if not ids:
+        ids = [task_id for w in writes for task_id in w.task_ids]
+        if not ids:  # merge_ends counted them all elsewhere
             return
         if has_nul(ids):  # never a task id this library draws; json_each would cut it
             conn.executemany(_START_TASK, [(ms, task_id) for task_id in ids])

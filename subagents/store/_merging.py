@@ -23,14 +23,15 @@ def merge_ends(batch: Sequence[Write]) -> None:
         if isinstance(write, SpawnWrite) and write.entry.idempotency_key is None:
             spawns[write.entry.task_id] = write
         elif isinstance(write, StartWrite):
-            spawn = spawns.get(write.task_id)
-            if spawn is not None:
-                spawn.started = True  # a second start of a running task changes nothing
-                write.merged = True
-            elif write.task_id in starts:  # the first one made it running: nothing to do
-                write.merged = True
-            else:
-                starts[write.task_id] = write
+            for task_id in list(write.task_ids):
+                spawn = spawns.get(task_id)
+                if spawn is not None:
+                    spawn.started = True  # a second start of a running task changes nothing
+                    del write.task_ids[task_id]
+                elif task_id in starts:  # the first one made it running: nothing to do
+                    del write.task_ids[task_id]
+                else:
+                    starts[task_id] = write
         elif isinstance(write, EndWrite):
             # An end that may deliver its envelope itself keeps its place among the ends:
             # the deliveries' ids are the mailbox's arrival order.
@@ -38,9 +39,10 @@ def merge_ends(batch: Sequence[Write]) -> None:
             start = starts.pop(write.task_id, None)
             if spawn is not None:
                 spawn.end = write
+                spawn.started = spawn.started or write.started  # a try the end counts
                 write.merged = True
             elif start is not None:
-                start.merged = True
+                del start.task_ids[write.task_id]
                 write.started = True
         elif write.order() is None:  # nothing moves across it
             spawns.clear()

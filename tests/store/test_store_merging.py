@@ -54,18 +54,36 @@ class _Barrier(Write):
         pass
 
 
-def _writes(events: list[tuple[str, str, bool]]) -> list[Write]:
+def _writes(events: list[tuple[str, str, bool]], *, gather: bool = False) -> list[Write]:
+    """The writes of ``events``, each start a write of its own; with ``gather``, as the
+    journal submits them: a start whose spawn came before the open start write is added
+    to it, a barrier closes it (as a keyed spawn does), and an end whose start is still
+    in it withdraws the start and counts the try itself."""
     made: list[Write] = []
+    spawned_at: dict[str, int] = {}
+    gathering: StartWrite | None = None
+    gathering_at = 0
     for kind, task_id, flag in events:
         if kind == "spawn":
+            spawned_at[task_id] = len(made)
             made.append(SpawnWrite(spawn_entry(task_id, agent=f"a-{task_id}"), "me"))
         elif kind == "start":
-            made.append(StartWrite(task_id))
+            if gather and gathering is not None and spawned_at[task_id] < gathering_at:
+                gathering.add(task_id)
+                continue
+            write = StartWrite(task_id)
+            if gather:
+                gathering, gathering_at = write, len(made)
+            made.append(write)
         elif kind == "put":
             made.append(_Put(task_id))
         elif kind == "end":
-            made.append(EndWrite(task_id, "s", env(task_id), flag, "me", None))
+            end = EndWrite(task_id, "s", env(task_id), flag, "me", None)
+            if gathering is not None and gathering.withdraw(task_id):
+                end.started = True
+            made.append(end)
         else:
+            gathering = None
             made.append(_Barrier())
     return made
 
@@ -123,9 +141,12 @@ def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(events=_events())
+@given(events=_events(), gather=st.booleans())
 def test_a_merged_batch_leaves_the_rows_writing_each_alone_would(
-    tmp_path_factory: pytest.TempPathFactory, empty_store: Path, events: list[tuple[str, str, bool]]
+    tmp_path_factory: pytest.TempPathFactory,
+    empty_store: Path,
+    events: list[tuple[str, str, bool]],
+    gather: bool,
 ) -> None:
     directory = tmp_path_factory.mktemp("merge")
     alone, merged = directory / "alone.db", directory / "merged.db"
@@ -135,7 +156,7 @@ def test_a_merged_batch_leaves_the_rows_writing_each_alone_would(
         for write in _writes(events):
             type(write).apply(conn, [write])
         expected = _rows(conn)
-    batch = _writes(events)
+    batch = _writes(events, gather=gather)
     merge_ends(batch)
     with sqlite(merged) as conn:
         for kind, run in _runs(batch):
