@@ -21,7 +21,7 @@ a fresh database file.
   delivery a child, nothing else), with the same envelope bodies.
 - ``through the manager``: one parent spawns N no-op children (``-l`` slots) and collects
   every envelope through its mailbox as it arrives (W1's loop: ``subscribe_all`` +
-  ``drain_all``). N / time from the first ``spawn`` to the last envelope drained: with
+  ``take_all``). N / time from the first ``spawn`` to the last envelope drained: with
   ``"sync"`` an entry is readable only once its commit is, so that is N envelopes handed on
   durably. With ``"async"`` envelopes are handed on at once: ``handed on`` is the same
   clock, ``committed`` runs on until ``wait_committed()`` returns (every row on disk).
@@ -221,11 +221,12 @@ async def commit_window(
 @contextlib.contextmanager
 def writer_timing() -> Iterator[dict[str, list[float]]]:
     """Time, per batch, the writer's transaction and its callback on the event loop; each
-    take of the parent (``drain_all``), and each read on the event loop's connection. The
+    take of the parent (``take_all``: its part on the event loop, once committed), and each
+    read on the event loop's connection. The
     ``ends`` list holds when each transaction ended, the ``starts`` list when each callback
     began (both ``perf_counter``), so their difference is how long a committed batch waits
     for the event loop."""
-    from subagents.store._mailbox import SqliteMailbox
+    from subagents.store._in_hand import InHand
     from subagents.store._sqlite import Connection
     from subagents.store._store import SqliteStore
     from subagents.store._writer import Writer
@@ -233,7 +234,7 @@ def writer_timing() -> Iterator[dict[str, list[float]]]:
     originals = {
         (Writer, "_commit_under_gate"): "transaction",
         (SqliteStore, "_on_batch"): "on_batch",
-        (SqliteMailbox, "drain_all"): "take",
+        (InHand, "envelopes"): "take",
         (Connection, "read"): "read",
     }
     times: dict[str, list[float]] = {
@@ -293,7 +294,7 @@ def where(n: int, limit: int, directory: str, durability: str, backend: str) -> 
         f" ms, longest {max(waits) * 1e3:.0f} ms; the first began "
         f"{(times['on_batch start'][0] - times['transaction start'][0]) * 1e3:.0f} ms after "
         f"the first transaction; running them: {sum(times['on_batch']) * 1e3:.0f} ms\n"
-        f"  the parent's takes (drain_all, on the loop): {len(takes)}, "
+        f"  the parent's takes (take_all, the loop's part after the commit): {len(takes)}, "
         f"{sum(takes) * 1e3:.0f} ms in all, of which the loop thread ran "
         f"{sum(times['take cpu']) * 1e3:.0f} (longest {max(takes) * 1e3:.1f} ms)"
     )

@@ -79,7 +79,7 @@ async def collect(mailbox: BaseMailbox, n: int) -> int:
     try:
         while True:
             event = wake.event = anyio.Event()
-            got += len(mailbox.drain_all())
+            got += len(await mailbox.take_all())
             if got >= n:
                 return got
             await event.wait()

@@ -160,6 +160,41 @@ class StoreChecks(SuiteBase):
         require(len(box) == 0, f"len is {len(box)} after drain_all")
         require(box.drain_all() == [], "a second drain_all returned envelopes")
 
+    async def take_all_as_drain_all(self) -> None:
+        box = self.new(capacity=64)
+        consumed: list[str] = []
+        box.consumed = lambda envelope: consumed.append(envelope.task_id)
+        keys = [f"task-{n}" for n in random.Random(11).sample(range(1000), 20)]
+        for key in keys:
+            box.put(key, env(key))
+        box.put(keys[0], env(keys[0], "again"))  # an overwrite is the newest arrival
+        expected = [*keys[1:], keys[0]]
+        got = await box.take_all()
+        order = [e.task_id for e in got]
+        require(order == expected, f"take_all order {order[:4]}... is not {expected[:4]}...")
+        require(got[-1] == env(keys[0], "again"), "take_all returned the overwritten envelope")
+        require(consumed == expected, f"take_all: the hook saw {consumed[:4]}...")
+        require(len(box) == 0, f"len is {len(box)} after take_all")
+        require(await box.take_all() == [], "a second take_all returned envelopes")
+        require(box.drain_all() == [], "drain_all after take_all returned envelopes")
+        box.put("late", env("late"))
+        box.drop()
+        require(await box.take_all() == [], "take_all after drop returned envelopes")
+
+    async def take_all_cancelled_loses_nothing(self) -> None:
+        box = self.new()
+        for key in "abc":
+            box.put(key, env(key))
+        got: list[DelegateResult] = []
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            got = await box.take_all()
+        left = await box.take_all()  # after whatever the cancelled one left under way
+        require(
+            sorted(e.task_id for e in got + left) == list("abc"),
+            f"a cancelled take_all returned {got} and left {left}",
+        )
+
     async def consumed_never_again(self) -> None:
         box = self.new()
         for key in "abc":

@@ -12,11 +12,12 @@ import itertools
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
-from typing import Final
+from typing import Final, TypeVar
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from ._envelope import DelegateResult
@@ -32,6 +33,7 @@ __all__ = [
     "closed_mailbox",
     "default_mailbox_factory",
     "release",
+    "report_consumed",
 ]
 
 DEFAULT_MAILBOX_CAPACITY: Final = 64
@@ -120,6 +122,19 @@ class BaseMailbox(ABC):
         """Remove and return every unread envelope, in arrival order; calls ``consumed``
         with each."""
 
+    async def take_all(self) -> list[DelegateResult]:
+        """:meth:`drain_all`, for a caller that can wait: a durable mailbox takes through
+        its store's writer (in its next transaction) instead of blocking the event loop on
+        a transaction of its own. What it returns is what :meth:`drain_all` would at the
+        call, plus what other processes committed before the take. A mailbox kept in
+        memory has nothing to wait for: this is a checkpoint, then :meth:`drain_all`.
+
+        Cancellation: once the take is under way it finishes, and its envelopes are
+        returned (the caller's next checkpoint raises); none is lost.
+        """
+        await anyio.lowlevel.checkpoint()
+        return self.drain_all()
+
     @abstractmethod
     def __len__(self) -> int:
         """Number of unread, unexpired envelopes."""
@@ -205,6 +220,21 @@ class BaseMailbox(ABC):
 
 _PLAIN: AbstractAsyncContextManager[None] = nullcontext()
 
+E = TypeVar("E", bound="Sequence[DelegateResult]")
+
+
+def report_consumed(mailbox: BaseMailbox, envelopes: E) -> E:
+    """Call ``mailbox.consumed`` (if set) with each of ``envelopes``, which it returns; a
+    hook that raises is logged and ignored (the envelopes are handed out all the same)."""
+    hook = mailbox.consumed
+    if hook is not None:
+        for envelope in envelopes:
+            try:
+                hook(envelope)
+            except Exception:
+                logger.exception("mailbox consumed hook %r raised; ignored", hook)
+    return envelopes
+
 
 class Mailbox(BaseMailbox):
     """The in-memory mailbox.
@@ -284,12 +314,8 @@ class Mailbox(BaseMailbox):
         del self._entries[task_id]
         if self._ttl is not None:
             self._expiry.pop(task_id, None)
-        hook = self.consumed
-        if hook is not None:
-            try:
-                hook(envelope)
-            except Exception:
-                logger.exception("mailbox consumed hook %r raised; ignored", hook)
+        if self.consumed is not None:
+            report_consumed(self, (envelope,))
         return envelope
 
     def drain_all(self) -> list[DelegateResult]:
@@ -298,14 +324,7 @@ class Mailbox(BaseMailbox):
         envelopes = list(self._entries.values())
         self._entries.clear()
         self._expiry.clear()
-        hook = self.consumed
-        if hook is not None:
-            for envelope in envelopes:
-                try:
-                    hook(envelope)
-                except Exception:
-                    logger.exception("mailbox consumed hook %r raised; ignored", hook)
-        return envelopes
+        return report_consumed(self, envelopes)
 
     def __len__(self) -> int:
         if self._ttl is not None:

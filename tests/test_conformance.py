@@ -101,7 +101,7 @@ def test_check_names_are_unique_and_stable() -> None:
 
 @pytest.mark.anyio
 async def test_skip_leaves_checks_out_and_rejects_unknown_names() -> None:
-    order = ["drain_all_arrival_order", "overwrite_is_newest_arrival"]
+    order = ["drain_all_arrival_order", "overwrite_is_newest_arrival", "take_all_as_drain_all"]
     await check_mailbox(SortedDrainAll, skip=order)
     with pytest.raises(ValueError, match="drain_all_arival_order"):
         await check_mailbox(Mailbox, skip=["drain_all_arival_order"])
@@ -292,6 +292,16 @@ class HookSkipsDrainAll(Delegating):
         return self.inner.drain_all()
 
 
+class TakesThenYields(Delegating):
+    """Its take_all drains first and checkpoints after: a caller cancelled at that
+    checkpoint loses what was taken."""
+
+    async def take_all(self) -> list[DelegateResult]:
+        taken = self.drain_all()
+        await anyio.lowlevel.checkpoint()
+        return taken
+
+
 def no_ttl(*, capacity: int, ttl: float | None = None, clock: object = None) -> Delegating:
     """A factory that ignores ``ttl``: entries never expire."""
     return Delegating(capacity=capacity)
@@ -330,10 +340,14 @@ async def test_the_delegating_base_of_the_broken_mailboxes_passes() -> None:
     ("factory", "failing"),
     [
         (OverwriteGrows, {"overwrite_without_growth"}),
-        (SortedDrainAll, {"drain_all_arrival_order", "overwrite_is_newest_arrival"}),
+        (
+            SortedDrainAll,
+            {"drain_all_arrival_order", "overwrite_is_newest_arrival", "take_all_as_drain_all"},
+        ),
         (WindowedSubscribe, {"subscribe_once_when_present", "race_free_subscribe"}),
         (DropKeepsWaiters, {"drop"}),
-        (HookSkipsDrainAll, {"consumed_hook", "ttl_expiry"}),
+        (HookSkipsDrainAll, {"consumed_hook", "ttl_expiry", "take_all_as_drain_all"}),
+        (TakesThenYields, {"take_all_cancelled_loses_nothing"}),
         (no_ttl, {"ttl_expiry", "ttl_frees_capacity"}),
         (DrainsInsideBlocking, {"wait_cancelled_consumes_nothing"}),
     ],
@@ -553,6 +567,8 @@ BREAKS_MAILBOX_CHECK: dict[str, Callable[..., BaseMailbox]] = {
     "overwrite_is_newest_arrival": SortedDrainAll,
     "capacity": EvictsOldest,
     "drain_all_arrival_order": SortedDrainAll,
+    "take_all_as_drain_all": SortedDrainAll,
+    "take_all_cancelled_loses_nothing": TakesThenYields,
     "consumed_never_again": DrainKeeps,
     "peek_never_consumes": PeekConsumes,
     "consumed_hook": HookSkipsDrainAll,

@@ -28,8 +28,9 @@ from ._errors import StoreError
 
 __all__ = [
     "Entry",
+    "bodies",
     "claim",
-    "claim_all",
+    "claim_ids",
     "count_live",
     "decode",
     "find",
@@ -38,6 +39,7 @@ __all__ = [
     "last_id",
     "live_among",
     "puts_since",
+    "with_bodies",
 ]
 
 _LIVE: Final = "state = 'stored' AND (expires_at IS NULL OR expires_at > :now)"
@@ -282,7 +284,23 @@ def claim(
     return int(delivery_id), bytes(body[0][0])
 
 
-def claim_all(
+def with_bodies(
+    conn: sqlite3.Connection,
+    taken: list[tuple[str, int, int]],
+    known: Callable[[str, int], bool],
+) -> list[tuple[str, int, bytes | None]]:
+    """:func:`claim_ids`' rows as ``(task_id, delivery_id, body)``, the body ``None``
+    where ``known(task_id, delivery_id)`` (the caller has that envelope in hand)."""
+    held = {delivery_id for task_id, delivery_id, _ in taken if known(task_id, delivery_id)}
+    wanted = [envelope_id for _, delivery_id, envelope_id in taken if delivery_id not in held]
+    found = bodies(conn, wanted)
+    return [
+        (task_id, delivery_id, None if delivery_id in held else found[envelope_id])
+        for task_id, delivery_id, envelope_id in taken
+    ]
+
+
+def claim_ids(
     conn: sqlite3.Connection,
     session: str,
     recipient: str,
@@ -291,12 +309,10 @@ def claim_all(
     now: float,
     ms: int,
     excluding: list[str] | None = None,
-    known: Callable[[str, int], bool] | None = None,
-) -> list[tuple[str, int, bytes | None]]:
+) -> list[tuple[str, int, int]]:
     """Take every live entry but those of the task ids in ``excluding``, in arrival order,
-    as ``(task_id, delivery_id, body)``, the body ``None`` where ``known(task_id,
-    delivery_id)`` (the caller has that envelope in hand); entries past their TTL become
-    ``expired``. Call inside ``BEGIN IMMEDIATE``."""
+    as ``(task_id, delivery_id, envelope_id)``; entries past their TTL become ``expired``.
+    Call inside ``BEGIN IMMEDIATE``."""
     params = {
         "session": session,
         "recipient": recipient,
@@ -317,23 +333,20 @@ def claim_all(
         "RETURNING id, task_id, envelope_id",
         {**params, "ms": ms},
     ).fetchall()
-    if not taken:
-        return []
     taken.sort()
-    held = {
-        delivery_id
-        for delivery_id, task_id, _ in taken
-        if known is not None and known(task_id, delivery_id)
-    }
-    wanted = [envelope_id for delivery_id, _, envelope_id in taken if delivery_id not in held]
-    bodies: dict[int, bytes] = {}
-    if wanted:
-        found = conn.execute(
-            "SELECT id, body FROM envelopes WHERE id IN (SELECT value FROM json_each(?))",
-            (dumps_str(wanted),),
-        ).fetchall()
-        bodies = {int(envelope_id): bytes(body) for envelope_id, body in found}
     return [
-        (str(task_id), int(delivery_id), None if delivery_id in held else bodies[envelope_id])
+        (str(task_id), int(delivery_id), int(envelope_id))
         for delivery_id, task_id, envelope_id in taken
     ]
+
+
+def bodies(conn: sqlite3.Connection, envelope_ids: list[int]) -> dict[int, bytes]:
+    """The bodies of those of the envelope rows ``envelope_ids`` there are, by id (one
+    statement)."""
+    if not envelope_ids:
+        return {}
+    found = conn.execute(
+        "SELECT id, body FROM envelopes WHERE id IN (SELECT value FROM json_each(?))",
+        (dumps_str(envelope_ids),),
+    ).fetchall()
+    return {int(envelope_id): bytes(body) for envelope_id, body in found}

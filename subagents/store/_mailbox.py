@@ -9,14 +9,16 @@ Other processes see a put once it commits. Three rules keep every envelope taken
 - Anything else is taken in the database, by one ``UPDATE … RETURNING`` inside
   ``BEGIN IMMEDIATE`` (:func:`._deliveries.claim`), after waiting, through the writer's
   gate, for the writer's transaction in flight: a put the writer has taken is committed
-  by the time the take looks for it.
+  by the time the take looks for it. ``take_all`` instead has the writer take, in its
+  place in a batch (``_takes``): every put before it is written by then.
 - Whether the writer has taken a put is decided under the writer's lock, on both sides.
 
 Blocking: ``put``, ``peek``, ``__len__`` and the subscriptions run a few indexed SQLite
 reads on the event loop (tens of microseconds each); ``drain`` and ``drain_all`` of an
 entry already committed take the write lock for one short transaction (committed without
 an fsync of its own: see "Durability" in ``design/store.md``), waiting first for a write
-transaction in flight, this process's or another's, for up to the store's ``busy_timeout``.
+transaction in flight, this process's or another's, for up to the store's ``busy_timeout``;
+``take_all`` awaits the writer's commit instead, the event loop free meanwhile.
 """
 
 from __future__ import annotations
@@ -26,13 +28,19 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
 
+import anyio
+import anyio.lowlevel
+
 from .._envelope import DelegateResult, encodes, now_ms
 from .._errors import ConfigError, MailboxFull
-from .._mailbox import BaseMailbox, MailboxStatistics, Signal
+from .._mailbox import BaseMailbox, MailboxStatistics, Signal, report_consumed
 from . import _deliveries as rows
+from ._errors import StoreError
+from ._in_hand import InHand
 from ._pending import Pending, Put
 from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
+from ._takes import TakeAll
 from ._tally import Tally
 from ._writer import Writer
 
@@ -95,11 +103,7 @@ class SqliteMailbox(BaseMailbox):
         self._ttl = ttl
         self._clock = clock
         self._pending = Pending(writer, expiring=ttl is not None)
-        # This mailbox's committed puts by delivery id (never reused), unread when
-        # committed: a take of one hands on the object put instead of decoding its row
-        # (the oldest go first past capacity: another process may have taken them). A put
-        # is in hand from _pending until its commit is reported.
-        self._held: dict[int, DelegateResult] = {}
+        self._in_hand = InHand(self._pending, capacity)
         self._subs = Subscriptions(lambda active: watch(self, active))
         self._closed = False
         self._last_seq = 0
@@ -264,12 +268,8 @@ class SqliteMailbox(BaseMailbox):
         self._report_committed(put)
 
     def _hold(self, put: Put) -> None:
-        if put.claimed or put.taken or self._closed:  # nobody takes it from the database
-            return
-        held = self._held
-        held[put.delivery_id] = put.envelope
-        if len(held) > self._capacity:
-            del held[next(iter(held))]
+        if not self._closed:
+            self._in_hand.hold(put)
 
     def _revealed(self, put: Put) -> None:
         """The writer committed a :meth:`put_durable`: it is readable from now on."""
@@ -309,16 +309,6 @@ class SqliteMailbox(BaseMailbox):
 
     # ------------------------------------------------------------ consuming
 
-    def _consumed(self, envelopes: list[DelegateResult]) -> list[DelegateResult]:
-        hook = self.consumed
-        if hook is not None:
-            for envelope in envelopes:
-                try:
-                    hook(envelope)
-                except Exception:
-                    logger.exception("mailbox consumed hook %r raised; ignored", hook)
-        return envelopes
-
     def drain(self, task_id: str) -> DelegateResult | None:
         if self._closed:
             return None
@@ -332,7 +322,7 @@ class SqliteMailbox(BaseMailbox):
                 self._pending.discard(put)
                 put = None  # committed: the database says what the id holds now
             elif self._pending.claim(put):
-                return self._consumed([put.envelope])[0]
+                return report_consumed(self, [put.envelope])[0]
         elif self._pending.hides(task_id):
             return None
         return self._drain_stored(task_id, put, now)
@@ -357,7 +347,7 @@ class SqliteMailbox(BaseMailbox):
                 consumer=consumer,
                 now=now,
                 ms=now_ms(),
-                known=self._in_hand,
+                known=self._in_hand.has,
             )
 
         taken = self._conn.write(
@@ -368,13 +358,13 @@ class SqliteMailbox(BaseMailbox):
         if taken is not None:
             delivery_id, body = taken
             envelope = (
-                self._take_in_hand(task_id, delivery_id) if body is None else self._decode(body)
+                self._in_hand.take(task_id, delivery_id) if body is None else self._decode(body)
             )
         if put is not None and self._pending.get(task_id) is put:
             if taken is None and self._pending.claim(put):  # handed back by a failed store
-                return self._consumed([put.envelope])[0]
+                return report_consumed(self, [put.envelope])[0]
             self._pending.discard(put)
-        return None if taken is None else self._consumed([envelope])[0]
+        return None if taken is None else report_consumed(self, [envelope])[0]
 
     def drain_all(self) -> list[DelegateResult]:
         if self._closed:
@@ -390,16 +380,10 @@ class SqliteMailbox(BaseMailbox):
             # consumed here, and their task ids' older rows are left for them to replace.
             here.extend(self._pending.claim_untaken())
             newer = [put.task_id for put in here] + self._pending.hidden_ids()
-            return rows.claim_all(
-                raw,
-                session,
-                recipient,
-                consumer=consumer,
-                now=now,
-                ms=now_ms(),
-                excluding=newer,
-                known=self._in_hand,
+            taken = rows.claim_ids(
+                raw, session, recipient, consumer=consumer, now=now, ms=now_ms(), excluding=newer
             )
+            return rows.with_bodies(raw, taken, self._in_hand.has)
 
         def undo() -> None:  # the transaction rolled back; the gate is still held
             self._pending.unclaim(here)
@@ -411,28 +395,36 @@ class SqliteMailbox(BaseMailbox):
         # With puts pending, always through the gate: one may be in the writer's hands.
         taken = self._conn.write(body, precheck=None if self._pending else anything, undo=undo)
         envelopes = [
-            self._take_in_hand(task_id, delivery_id) if data is None else self._decode(data)
+            self._in_hand.take(task_id, delivery_id) if data is None else self._decode(data)
             for task_id, delivery_id, data in taken or ()
         ]
         self._pending.claimed_all(here)
         envelopes.extend(put.envelope for put in here if put.live(now))  # a clock step
-        return self._consumed(envelopes)
+        return report_consumed(self, envelopes)
 
-    def _in_hand(self, task_id: str, delivery_id: int) -> bool:
-        """Whether this mailbox has the envelope of delivery row ``delivery_id`` in memory.
-        Called with the gate held: the writer assigns no ids meanwhile."""
-        return delivery_id in self._held or self._pending.in_hand(task_id, delivery_id) is not None
+    async def take_all(self) -> list[DelegateResult]:
+        """:meth:`drain_all` without blocking the event loop: the take is a write in the
+        writer thread's next transaction (``_takes``), which this waits for, instead of a
+        transaction of the loop's own behind the writer's. It takes what a ``drain_all``
+        at the call would have, and what other processes commit before the take is
+        applied. Cancellation takes effect once that commit is reported: an envelope it
+        took is never lost, it is returned (the caller's next checkpoint is cancelled).
+        A store that failed first leaves it to :meth:`drain_all`."""
+        if self._closed:
+            await anyio.lowlevel.checkpoint()
+            return []
+        take = TakeAll(self.session, self.recipient, self.origin, self._clock())
+        try:
+            taken = await take.through(self._writer)
+        except (StoreError, anyio.ClosedResourceError):  # as drain_all answers then
+            taken = None
+        if taken is None:  # the store failed, or failed before committing it
+            return self.drain_all()
+        envelopes = self._in_hand.envelopes(taken, self._bodies, self._decode)
+        return report_consumed(self, envelopes)
 
-    def _take_in_hand(self, task_id: str, delivery_id: int) -> DelegateResult:
-        """The envelope :meth:`_in_hand` found, taken (its put's commit, reported later,
-        finds it gone)."""
-        envelope = self._held.pop(delivery_id, None)
-        if envelope is not None:
-            return envelope
-        put = self._pending.in_hand(task_id, delivery_id)
-        assert put is not None  # _in_hand found it, in the same synchronous take
-        self._pending.taken(put)
-        return put.envelope
+    def _bodies(self, envelope_ids: list[int]) -> dict[int, bytes]:
+        return self._conn.read(lambda raw: rows.bodies(raw, envelope_ids))
 
     # ------------------------------------------------------------ subscriptions and drop
 
@@ -491,7 +483,7 @@ class SqliteMailbox(BaseMailbox):
             return
         self._closed = True
         self._pending.clear()
-        self._held.clear()
+        self._in_hand.clear()
         self._subs.fire_drop()
 
     def __repr__(self) -> str:

@@ -92,7 +92,7 @@ async def test_two_starts_of_an_untaken_spawn_count_one_try(
 async def test_ends_delivered_by_the_journal_arrive_in_the_order_they_were_submitted(
     tmp_path: Path,
 ) -> None:
-    """``deliveries.id`` is a mailbox's arrival order (schema; ``claim_all`` takes in it).
+    """``deliveries.id`` is a mailbox's arrival order (schema; ``claim_ids`` takes in it).
     Two ends with ``deliver`` and no put (their manager closing): A's, then B's. Alone
     (and before 7b5352e, the ends being one class applied in submission order) A's
     envelope arrives first. Merged, A's spawn is in the run, so A's end is written by
