@@ -91,7 +91,11 @@ async def drain(path: str, session: str, n: int, seed: int) -> None:
         if line.strip() != "go":
             raise SystemExit(f"expected 'go', got {line!r}")
         taken = []
-        for task_id in ids:
+        for i, task_id in enumerate(ids):
+            # Odd seeds also take everything now and then through the writer (take_all),
+            # racing the other processes' drains.
+            if seed % 2 and i % 257 == 256:
+                taken.extend(e.task_id for e in await box.take_all())
             got = box.drain(task_id)
             if got is not None:
                 if got.task_id != task_id:
