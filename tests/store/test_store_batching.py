@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from subagents import AgentSpec, ConfigError, Request, RunContext, SubagentConfig, SubagentManager
 from subagents._journal import SpawnEntry
 from subagents.store import SqliteStore, _writer
+from subagents.store._bulk import has_nul
 from subagents.store._journal import _TAKEN
 from subagents.store._journal_writes import _END_LINKED, _INSERT_TASKS, _START_TASKS, _UNENDED
 from subagents.store._writer import Write, _runs
@@ -544,3 +545,10 @@ async def test_the_first_write_after_opening_commits_at_once_whatever_the_commit
         box.put("first", env("first"))
         with anyio.fail_after(10):  # bounds the failure only: the commit comes at once
             await box.wait_committed()
+
+
+def test_has_nul_finds_a_nul_in_any_text_and_skips_none() -> None:
+    assert not has_nul([])
+    assert not has_nul(["a", None, "", "b"])
+    assert has_nul([None, "a\x00b"])
+    assert has_nul(["a", "\x00"])
