@@ -3,6 +3,7 @@ connection its calls go through. :class:`~subagents.room.Room` adds the calls.""
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import time
@@ -19,7 +20,7 @@ from ..store._sqlite import Connection, Synchronous
 from ..store._watch import Watcher
 from ._checks import check_synchronous
 from ._db import Database
-from ._opening import open_read_only, open_read_write
+from ._opening import open_read_only_pair, open_read_write
 from ._waiting import Waiters
 
 __all__ = ["RoomBase"]
@@ -66,20 +67,20 @@ class RoomBase:
     async def _open(self) -> Self:
         self._closed = False
         self._waiters = Waiters()
-        if self._read_only:
-            raw = await anyio.to_thread.run_sync(
-                lambda: open_read_only(self.path, busy_timeout=self._busy_timeout)
-            )
-            await self._unless_closed(raw)
-            self._database = self._database_of(raw)
-            return self
-        writer, watching = await anyio.to_thread.run_sync(
-            lambda: open_read_write(
-                self.path, synchronous=self._synchronous, busy_timeout=self._busy_timeout
+        # Read-only too, a watcher: a timed peek or receive is woken by other processes.
+        opening = (
+            functools.partial(open_read_only_pair, self.path, busy_timeout=self._busy_timeout)
+            if self._read_only
+            else functools.partial(
+                open_read_write,
+                self.path,
+                synchronous=self._synchronous,
+                busy_timeout=self._busy_timeout,
             )
         )
-        await self._unless_closed(writer, watching)
-        self._database = self._database_of(writer)
+        raw, watching = await anyio.to_thread.run_sync(opening)
+        await self._unless_closed(raw, watching)
+        self._database = self._database_of(raw)
         self._watcher = Watcher(
             watching,
             token=anyio.lowlevel.current_token(),

@@ -16,7 +16,7 @@ from ..store._opening import close_all, open_connections
 from ..store._schema import SCHEMA_VERSION, current_version
 from ..store._sqlite import Synchronous, retrying, translate
 
-__all__ = ["open_read_only", "open_read_write"]
+__all__ = ["open_read_only", "open_read_only_pair", "open_read_write"]
 
 
 def open_read_write(
@@ -66,3 +66,20 @@ def open_read_only(path: str, *, busy_timeout: float) -> sqlite3.Connection:
         close_all([raw])
         raise
     return raw
+
+
+def open_read_only_pair(
+    path: str, *, busy_timeout: float
+) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """Two read-only connections to the store at ``path``: the room's, and its watcher's
+    (``PRAGMA data_version`` is readable without writing). Blocking.
+
+    Raises:
+        StoreError: as :func:`open_read_only`.
+    """
+    raw = open_read_only(path, busy_timeout=busy_timeout)
+    try:
+        return raw, open_read_only(path, busy_timeout=busy_timeout)
+    except BaseException:
+        close_all([raw])
+        raise

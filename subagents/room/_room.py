@@ -96,7 +96,8 @@ class Room(RoomBase):
             (and a power loss).
         read_only: open the file read-only: nothing is created or migrated (a missing or
             empty file, or an older store, is ``StoreError(not_a_store)``) and every call
-            that writes raises ``StoreError(unwritable)``; the looks work.
+            that writes raises ``StoreError(unwritable)``; the looks work, and a timed
+            one is woken by other processes' sends as in a writable room.
     """
 
     # ------------------------------------------------------------------ members

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 import anyio.from_thread
+import anyio.to_thread
 import pytest
 
 from subagents.room import Message, Room, Sent, _lifecycle, _messages
@@ -69,3 +70,36 @@ async def test_a_wait_begun_before_the_watchers_first_read_finds_a_commit_made_b
                 got = await room.peek(member, timeout=None)
             assert sent
             assert [m.body for m in got] == ["hello"]
+
+
+async def test_a_read_only_rooms_timed_peek_is_woken_by_another_rooms_send(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only room has a watcher of its own: its waiting peek ends at the send, not at
+    its deadline."""
+    path = tmp_path / "s.db"
+    peek, looked = _messages.peek, threading.Event()
+
+    def peeked(
+        raw: sqlite3.Connection, who: str, after: int | None, limit: int, now: float
+    ) -> list[Message]:
+        found = peek(raw, who, after, limit, now)
+        if not found:
+            looked.set()  # the wait is registered before it looks
+        return found
+
+    monkeypatch.setattr(_messages, "peek", peeked)
+    async with Room(path) as writer, Room(path, read_only=True) as reader:
+        sender = (await writer.join()).member_id
+        member = (await writer.join()).member_id
+        got: list[Message] = []
+
+        async def look() -> None:
+            got.extend(await reader.peek(member, timeout=60))
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(look)
+                await anyio.to_thread.run_sync(looked.wait)
+                await writer.send(sender, member, "hello")
+        assert [m.body for m in got] == ["hello"]
