@@ -37,12 +37,18 @@ class Gates:
 
     def __init__(self) -> None:
         self.events: dict[str, anyio.Event] = {}
+        self.arrived: dict[str, anyio.Event] = {}
         self.spec = AgentSpec(name="gated", description="Blocks until released.", runner=self.run)
 
     def gate(self, key: str) -> anyio.Event:
         return self.events.setdefault(key, anyio.Event())
 
+    async def at_gate(self, key: str) -> None:
+        """Wait until the run of ``key`` waits at its gate."""
+        await self.arrived.setdefault(key, anyio.Event()).wait()
+
     async def run(self, request: Request, ctx: RunContext) -> str:
+        self.arrived.setdefault(request.input, anyio.Event()).set()
         await self.gate(request.input).wait()
         return f"gated: {request.input}"
 
@@ -354,8 +360,12 @@ async def test_close_session_under_admissions_and_a_blocked_wait() -> None:
         refused: list[ToolResult] = []
         ledger = Ledger(tools)
 
+        spawning = anyio.Event()
+
         async def spawner() -> None:
             for i in range(40):
+                if i == 5:
+                    spawning.set()  # the close comes among the spawns
                 result = await tools.call("spawn_agent", {"agent": "gated", "input": f"late{i}"})
                 dumps(result.to_dict())
                 if result.is_error:
@@ -369,8 +379,7 @@ async def test_close_session_under_admissions_and_a_blocked_wait() -> None:
                 tg.start_soon(lambda: ledger.wait(ids[:6]))
                 await anyio.wait_all_tasks_blocked()
                 tg.start_soon(spawner)
-                for _ in range(10):
-                    await anyio.lowlevel.checkpoint()
+                await spawning.wait()
                 await manager.close_session("s1")
         result = ledger.answers[0]
         assert result.details["session_closed"] is True
@@ -512,8 +521,7 @@ async def test_cancel_in_the_tick_the_runner_is_released() -> None:
         seen = completions_of(tools.manager)
         for round_ in range(10):
             task_id = await spawn(tools, "gated", str(round_))
-            for _ in range(5):
-                await anyio.lowlevel.checkpoint()  # the runner is at its gate
+            await gates.at_gate(str(round_))
             gates.release(str(round_))
             result = await tools.call("cancel_agent", {"task_id": task_id})
             envelope = await tools.manager.handle(task_id).wait()
