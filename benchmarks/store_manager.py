@@ -234,7 +234,7 @@ def writer_timing() -> Iterator[dict[str, list[float]]]:
     originals = {
         (Writer, "_commit_under_gate"): "transaction",
         (SqliteStore, "_on_batch"): "on_batch",
-        (InHand, "envelopes"): "take",
+        (InHand, "handed"): "take",
         (Connection, "read"): "read",
     }
     times: dict[str, list[float]] = {

@@ -5,6 +5,10 @@ A committed put is held by its delivery id (AUTOINCREMENT never gives one twice;
 envelope id would not do, the newest being free again once its task is forgotten), at
 most ``capacity`` of them, the oldest let go first (another process may have taken
 them); one still in ``Pending`` (its commit not reported yet) is found there.
+
+:meth:`find` is also called from the writer thread, inside a take's transaction: it only
+looks (dictionary lookups, each atomic), and what it finds is handed on as found, whatever
+the event loop holds by the time the take's commit is reported.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable
 
 from .._envelope import DelegateResult
 from ._pending import Pending, Put
+from ._takes import Taken
 
 __all__ = ["InHand"]
 
@@ -53,23 +58,30 @@ class InHand:
         self._pending.taken(put)
         return put.envelope
 
-    def envelopes(
-        self,
-        taken: list[tuple[str, int, int]],
-        bodies: Callable[[list[int]], dict[int, bytes]],
-        decode: Callable[[bytes], DelegateResult],
+    def find(self, task_id: str, delivery_id: int) -> DelegateResult | None:
+        """The envelope of delivery row ``delivery_id`` if it is here (nothing changes)."""
+        envelope = self._held.get(delivery_id)
+        if envelope is not None:
+            return envelope
+        put = self._pending.in_hand(task_id, delivery_id)
+        return None if put is None else put.envelope
+
+    def handed(
+        self, taken: list[Taken], decode: Callable[[bytes], DelegateResult]
     ) -> list[DelegateResult]:
-        """The envelopes of committed takes ``(task_id, delivery_id, envelope_id)``: those
-        here as they were put, the others decoded from ``bodies(envelope_ids)`` (a row
-        forgotten since the take is left out)."""
-        here = {d for task_id, d, _ in taken if self.has(task_id, d)}
-        missing = [e for _, d, e in taken if d not in here]
-        found = bodies(missing) if missing else {}
-        return [
-            self.take(task_id, d) if d in here else decode(found[e])
-            for task_id, d, e in taken
-            if d in here or e in found
-        ]
+        """The envelopes of a take's entries (see ``_takes``): each one found here is let
+        go of, each body decoded."""
+        envelopes = []
+        for task_id, delivery_id, found in taken:
+            if isinstance(found, bytes):
+                envelopes.append(decode(found))
+                continue
+            if self._held.pop(delivery_id, None) is None:
+                put = self._pending.in_hand(task_id, delivery_id)
+                if put is not None:
+                    self._pending.taken(put)
+            envelopes.append(found)
+        return envelopes
 
     def clear(self) -> None:
         self._held.clear()

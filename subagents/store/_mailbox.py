@@ -407,24 +407,22 @@ class SqliteMailbox(BaseMailbox):
         writer thread's next transaction (``_takes``), which this waits for, instead of a
         transaction of the loop's own behind the writer's. It takes what a ``drain_all``
         at the call would have, and what other processes commit before the take is
-        applied. Cancellation takes effect once that commit is reported: an envelope it
-        took is never lost, it is returned (the caller's next checkpoint is cancelled).
-        A store that failed first leaves it to :meth:`drain_all`."""
+        applied. Cancelled before the writer takes it (while the database is locked by
+        another process, say), it takes nothing; after, it returns what it took (the
+        caller's next checkpoint is cancelled): an envelope it took is never lost. A
+        store that failed first leaves it to :meth:`drain_all`."""
         if self._closed:
             await anyio.lowlevel.checkpoint()
             return []
-        take = TakeAll(self.session, self.recipient, self.origin, self._clock())
+        take = TakeAll(self.session, self.recipient, self.origin, self._clock(), self._in_hand.find)
         try:
-            taken = await take.through(self._writer)
+            self._pending.taking(take.submit(self._writer))
+            taken = await take.committed(self._writer)
         except (StoreError, anyio.ClosedResourceError):  # as drain_all answers then
             taken = None
         if taken is None:  # the store failed, or failed before committing it
             return self.drain_all()
-        envelopes = self._in_hand.envelopes(taken, self._bodies, self._decode)
-        return report_consumed(self, envelopes)
-
-    def _bodies(self, envelope_ids: list[int]) -> dict[int, bytes]:
-        return self._conn.read(lambda raw: rows.bodies(raw, envelope_ids))
+        return report_consumed(self, self._in_hand.handed(taken, self._decode))
 
     # ------------------------------------------------------------ subscriptions and drop
 

@@ -205,6 +205,7 @@ class Pending:
         self._puts = _InOrder()
         self._durable = _InOrder()
         self._hiding = _InOrder()
+        self._taking = 0  # the sequence number of this mailbox's last take submitted
 
     def __bool__(self) -> bool:
         """Whether there are entries (one may be in the writer's hands)."""
@@ -273,11 +274,16 @@ class Pending:
         rows alone is too high)."""
         return bool(self._hiding)
 
+    def taking(self, seq: int) -> None:
+        """A take of this mailbox's entries was submitted as write ``seq``."""
+        self._taking = seq
+
     def add(self, put: Put) -> None:
         """``put`` (already submitted) becomes the newest entry of its task id; an older
-        entry of the id that the writer has not taken is never written."""
+        entry of the id that the writer has not taken is never written, unless a take
+        submitted between the two is to take it."""
         old = self._puts.latest(put)
-        if old is not None:
+        if old is not None and old.seq > self._taking:
             with self._lock:
                 if not old.picked:
                     old.superseded = True

@@ -6,66 +6,115 @@ for the writer's transaction in flight (the gate): in a fan-out on the store tha
 sixth of the loop's time, the loop idle while the writer worked. Applied in its place in
 the writer's batch (it has no order, so nothing moves across it), the take sees every put
 submitted before it, committed with it or earlier, and none submitted after; other
-processes' rows it sees as any transaction does. Its callback runs on the event loop after
-the callbacks of the puts before it, so the envelopes this process put are in hand by then
-and are handed on without decoding their rows.
+processes' rows it sees as any transaction does.
+
+The take leaves its transaction with every envelope it took: those the mailbox holds in
+memory (``InHand.find``) as the objects put, the others' bodies read in the same
+transaction. So once committed it needs nothing more of the database: a connection closed
+meanwhile, a task forgotten, or an envelope let go of in memory cannot lose a row it
+marked read.
+
+Until the writer takes it into a transaction, a take can be withdrawn: its caller's
+cancellation then lands at once, nothing taken. Once taken (the write lock held, so the
+transaction ends within its own statements and commit), the caller waits for the commit.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Self
 
 import anyio
 
-from .._envelope import now_ms
+from .._envelope import DelegateResult, now_ms
 from . import _deliveries as rows
 from ._writer import Write, Writer
 
-__all__ = ["TakeAll", "TakenRow"]
+__all__ = ["Found", "TakeAll", "Taken"]
 
-TakenRow = tuple[str, int, int]
-"""A taken entry: ``(task_id, delivery_id, envelope_id)``, in arrival order."""
+Found = Callable[[str, int], "DelegateResult | None"]
+"""``found(task_id, delivery_id)``: the envelope of that row if the mailbox holds it."""
+
+Taken = tuple[str, int, "DelegateResult | bytes"]
+"""A taken entry: ``(task_id, delivery_id, envelope or its row's body)``, in arrival order."""
 
 
 class TakeAll(Write):
     """Take every live entry of one mailbox (past their TTL at ``now``: expired)."""
 
-    __slots__ = ("_done", "consumer", "now", "recipient", "session", "taken")
+    __slots__ = (
+        "_done",
+        "consumer",
+        "found",
+        "now",
+        "picked",
+        "recipient",
+        "session",
+        "taken",
+        "withdrawn",
+    )
 
-    def __init__(self, session: str, recipient: str, consumer: str, now: float) -> None:
+    def __init__(
+        self, session: str, recipient: str, consumer: str, now: float, found: Found
+    ) -> None:
         super().__init__()
         self.session = session
         self.recipient = recipient
         self.consumer = consumer
         self.now = now
+        self.found = found
+        """Called in the writer thread: it only looks (see ``InHand.find``)."""
         self._done = anyio.Event()
-        self.taken: list[TakenRow] | None = None
-        """The rows taken, once applied; ``None`` if the store failed first."""
+        self.picked = False
+        self.withdrawn = False
+        self.taken: list[Taken] | None = None
+        """The entries taken, once applied; ``None`` if the store failed first."""
 
-    async def through(self, writer: Writer) -> list[TakenRow] | None:
-        """Submit this take and wait for its commit; the rows it took, or ``None`` if the
-        store failed first. The wait is shielded: a take committed is never lost to its
-        caller's cancellation, which lands at the caller's next checkpoint.
+    def submit(self, writer: Writer) -> int:
+        """Queue this take; its sequence number.
 
         Raises:
             StoreError: the store failed earlier (nothing submitted).
             anyio.ClosedResourceError: the store is closing.
         """
-        writer.submit(self)
-        with anyio.CancelScope(shield=True):
+        return writer.submit(self)
+
+    async def committed(self, writer: Writer) -> list[Taken] | None:
+        """Wait for this take's commit: the entries it took, or ``None`` if the store
+        failed first. Cancelled before the writer takes it, it is withdrawn and the
+        cancellation raised; after, the wait goes on (the transaction holds the write
+        lock, so it is short) and returns what it took, the cancellation landing at the
+        caller's next checkpoint: a take committed is never lost to its caller."""
+        try:
             await self._done.wait()
+        except anyio.get_cancelled_exc_class():
+            with writer.lock:
+                self.withdrawn = not self.picked
+            if self.withdrawn:
+                raise
+            with anyio.CancelScope(shield=True):
+                await self._done.wait()
         return self.taken
+
+    def take(self) -> bool:
+        if self.withdrawn:
+            return False
+        self.picked = True
+        return True
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         for w in writes:
-            # No body is read here: which envelopes the mailbox holds is for the event
-            # loop to look up (its memory is not this thread's), and reads the others.
-            w.taken = rows.claim_ids(
+            claimed = rows.claim_ids(
                 conn, w.session, w.recipient, consumer=w.consumer, now=w.now, ms=now_ms()
             )
+            here = {d: e for task_id, d, _ in claimed if (e := w.found(task_id, d)) is not None}
+            found = rows.bodies(conn, [e for _, d, e in claimed if d not in here])
+            # Every claimed row has its envelope row: both are in this one transaction.
+            w.taken = [
+                (task_id, d, here[d] if d in here else found[e]) for task_id, d, e in claimed
+            ]
 
     def release(self) -> None:
         self.taken = None  # rolled back: nothing was taken

@@ -41,9 +41,9 @@ def states(path: Path) -> list[tuple[str, str, str | None]]:
 
 
 @contextmanager
-def writer_parked(store: SqliteStore) -> Iterator[None]:
-    """Hold the store's writer thread before its next transaction (before it takes the
-    gate or any write) until the block ends."""
+def writer_parked(store: SqliteStore) -> Iterator[threading.Event]:
+    """Hold the store's writer thread before each transaction (before it takes the gate or
+    any write) while the event yielded is clear: until the block ends, unless set sooner."""
     writer = store._writer
     go = threading.Event()
     commit_batch = writer._commit_batch
@@ -54,7 +54,7 @@ def writer_parked(store: SqliteStore) -> Iterator[None]:
 
     writer._commit_batch = parked  # type: ignore[method-assign]
     try:
-        yield
+        yield go
     finally:
         go.set()
 

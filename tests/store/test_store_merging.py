@@ -126,18 +126,6 @@ def _events(draw: st.DrawFn) -> list[tuple[str, str, bool]]:
     return events
 
 
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "empty.db"
-
-    async def create() -> None:
-        async with SqliteStore(path):
-            pass
-
-    anyio.run(create)
-    return path
-
-
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

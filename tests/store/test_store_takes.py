@@ -6,7 +6,9 @@ took."""
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -14,7 +16,8 @@ import pytest
 from subagents import DelegateResult
 from subagents.store import SqliteStore
 from subagents.store import _deliveries as deliveries
-from tests.store.support import env
+from subagents.store import _store as store_module
+from tests.store.support import env, write_locked
 from tests.store.test_store_lifecycle import writer_parked
 from tests.store.test_store_overlay import disk_error
 
@@ -63,11 +66,47 @@ async def test_a_take_takes_the_puts_before_it_and_none_after(tmp_path: Path) ->
         assert box.drain_all() == [env("b")]
 
 
-async def test_a_take_cancelled_while_it_waits_returns_what_it_took(tmp_path: Path) -> None:
+async def test_a_take_cancelled_before_the_writer_takes_it_takes_nothing(tmp_path: Path) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("s")
+        box.put("a", env("a"))
+        scope = anyio.CancelScope()
+        ended = anyio.Event()
+
+        async def take() -> None:
+            with scope:
+                await box.take_all()
+                raise AssertionError("the take returned")
+            ended.set()
+
+        async with anyio.create_task_group() as tg:
+            with writer_parked(store):
+                tg.start_soon(take)
+                await anyio.wait_all_tasks_blocked()
+                scope.cancel()
+                with anyio.fail_after(5):  # at once, the writer still parked
+                    await ended.wait()
+        assert scope.cancelled_caught
+        assert box.drain_all() == [env("a")]
+
+
+async def test_a_take_cancelled_in_its_transaction_returns_what_it_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with SqliteStore(tmp_path / "s.db") as store:
         box = store.mailbox("s")
         box.put("a", env("a"))
         box.put("b", env("b"))
+        await box.wait_committed()
+        applying, go = threading.Event(), threading.Event()
+        claim_ids = deliveries.claim_ids
+
+        def held(*args: Any, **kwargs: Any) -> list[tuple[str, int, int]]:
+            applying.set()
+            go.wait()
+            return claim_ids(*args, **kwargs)
+
+        monkeypatch.setattr(deliveries, "claim_ids", held)
         got: list[DelegateResult] = []
         scope = anyio.CancelScope()
 
@@ -78,15 +117,98 @@ async def test_a_take_cancelled_while_it_waits_returns_what_it_took(tmp_path: Pa
                 raise AssertionError("the cancelled scope went on")
 
         async with anyio.create_task_group() as tg:
-            with writer_parked(store):
-                tg.start_soon(take)
-                await anyio.wait_all_tasks_blocked()
+            tg.start_soon(take)
+            try:
+                assert await anyio.to_thread.run_sync(applying.wait, 10)
                 scope.cancel()
                 await anyio.wait_all_tasks_blocked()
                 assert got == []  # still waiting for the commit
+            finally:
+                go.set()
         assert scope.cancelled_caught
         assert got == [env("a"), env("b")]
         assert box.drain_all() == []
+
+
+async def test_a_take_cancelled_while_another_process_holds_the_lock_returns_at_once(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    async with SqliteStore(path, busy_timeout=0.05) as store:
+        box = store.mailbox("s")
+        box.put("a", env("a"))
+        await box.wait_committed()
+        scope = anyio.CancelScope()
+        ended = anyio.Event()
+
+        async def take() -> None:
+            with scope:
+                await box.take_all()
+            ended.set()
+
+        async with anyio.create_task_group() as tg:
+            with write_locked(path):
+                tg.start_soon(take)
+                await anyio.wait_all_tasks_blocked()
+                scope.cancel()
+                with anyio.fail_after(5):  # the writer is retrying the lock meanwhile
+                    await ended.wait()
+        assert scope.cancelled_caught
+        assert await box.take_all() == [env("a")]
+
+
+async def test_a_take_committed_after_its_store_gave_up_closing_still_returns_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "s.db"
+    async with SqliteStore(path) as theirs:
+        theirs.mailbox("s").put("a", env("a", "from the other store"))
+    monkeypatch.setattr(store_module, "_CLOSE_MARGIN", 0.0)
+    store = SqliteStore(path, busy_timeout=0.05)
+    await store.__aenter__()
+    box = store.mailbox("s")
+    got: list[DelegateResult] = []
+    ended = anyio.Event()
+
+    async def take() -> None:
+        got.extend(await box.take_all())
+        ended.set()
+
+    with caplog.at_level(logging.CRITICAL, logger="subagents.store"):
+        async with anyio.create_task_group() as tg:
+            with write_locked(path):
+                tg.start_soon(take)
+                await anyio.wait_all_tasks_blocked()
+                await store.aclose()  # gives up on the writer, closes its connection
+                assert got == []
+            with anyio.fail_after(10):  # the writer commits the take once the lock is free
+                await ended.wait()
+    assert got == [env("a", "from the other store")]
+    async with SqliteStore(path) as again:
+        assert again.mailbox("s").drain_all() == []
+
+
+async def test_a_put_replaced_after_a_take_was_submitted_is_taken_as_it_was(
+    tmp_path: Path,
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("s")
+        box.put("a", env("a", "old"))
+        await box.wait_committed()
+        got: list[DelegateResult] = []
+
+        async def take() -> None:
+            got.extend(await box.take_all())
+
+        async with anyio.create_task_group() as tg:
+            with writer_parked(store):
+                box.put("a", env("a", "new"))  # replaces old
+                tg.start_soon(take)
+                await anyio.wait_all_tasks_blocked()  # the take is queued
+                box.put("a", env("a", "newest"))  # after the take: not what it takes
+                assert box.peek("a") == env("a", "newest")
+        assert got == [env("a", "new")]
+        assert box.drain_all() == [env("a", "newest")]
 
 
 async def test_a_take_decodes_what_another_store_committed(tmp_path: Path) -> None:
