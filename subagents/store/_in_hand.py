@@ -58,25 +58,30 @@ class InHand:
         self._pending.taken(put)
         return put.envelope
 
-    def find(self, task_id: str, delivery_id: int) -> DelegateResult | None:
-        """The envelope of delivery row ``delivery_id`` if it is here (nothing changes)."""
+    def find(self, task_id: str, delivery_id: int, before: int) -> DelegateResult | None:
+        """The envelope of delivery row ``delivery_id`` if it is here (nothing changes),
+        looked up from a take submitted as write ``before``, in its transaction: a put
+        submitted before it has its row's ids by then; one after may hold a rolled-back
+        try's ids, which another row may have since."""
         envelope = self._held.get(delivery_id)
         if envelope is not None:
             return envelope
         put = self._pending.in_hand(task_id, delivery_id)
-        return None if put is None else put.envelope
+        return None if put is None or put.seq > before else put.envelope
 
     def handed(
         self, taken: list[Taken], decode: Callable[[bytes], DelegateResult]
     ) -> list[DelegateResult]:
-        """The envelopes of a take's entries (see ``_takes``): each one found here is let
-        go of, each body decoded."""
+        """The envelopes of a take's entries (see ``_takes``), a body decoded unless its
+        envelope came in hand since the take looked (a put committed with it). Each is let
+        go of here."""
         envelopes = []
         for task_id, delivery_id, found in taken:
+            held = self._held.pop(delivery_id, None)
             if isinstance(found, bytes):
-                envelopes.append(decode(found))
+                envelopes.append(decode(found) if held is None else held)
                 continue
-            if self._held.pop(delivery_id, None) is None:
+            if held is None:
                 put = self._pending.in_hand(task_id, delivery_id)
                 if put is not None:
                     self._pending.taken(put)

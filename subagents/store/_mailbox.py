@@ -62,7 +62,8 @@ class SqliteMailbox(BaseMailbox):
     ``committed``, like ``consumed`` a hook attribute, is called on the event loop with each
     envelope this mailbox put once the transaction holding it has committed (so a caller can
     hand an envelope on only once it is durable, with no task waiting per envelope). A put
-    overwritten before the writer took it is never written, and not reported; one consumed
+    overwritten before the writer took it is never written, and not reported (unless a
+    ``take_all`` submitted between the two is to take it); one consumed
     here before it was written is written as ``read``, and reported. A hook that raises is
     logged and ignored.
 
@@ -416,10 +417,14 @@ class SqliteMailbox(BaseMailbox):
             return []
         take = TakeAll(self.session, self.recipient, self.origin, self._clock(), self._in_hand.find)
         try:
-            self._pending.taking(take.submit(self._writer))
-            taken = await take.committed(self._writer)
+            seq = take.submit(self._writer)
         except (StoreError, anyio.ClosedResourceError):  # as drain_all answers then
-            taken = None
+            return self.drain_all()
+        self._pending.taking(seq)
+        try:
+            taken = await take.committed(self._writer)
+        finally:
+            self._pending.took(seq)
         if taken is None:  # the store failed, or failed before committing it
             return self.drain_all()
         return report_consumed(self, self._in_hand.handed(taken, self._decode))

@@ -205,7 +205,8 @@ class Pending:
         self._puts = _InOrder()
         self._durable = _InOrder()
         self._hiding = _InOrder()
-        self._taking = 0  # the sequence number of this mailbox's last take submitted
+        self._takes: list[int] = []  # the sequence numbers of this mailbox's takes under way
+        self._kept: list[Put] = []  # overwritten here, still to be written for a take
 
     def __bool__(self) -> bool:
         """Whether there are entries (one may be in the writer's hands)."""
@@ -275,17 +276,35 @@ class Pending:
         return bool(self._hiding)
 
     def taking(self, seq: int) -> None:
-        """A take of this mailbox's entries was submitted as write ``seq``."""
-        self._taking = seq
+        """A take of this mailbox's entries was submitted as write ``seq``: an entry put
+        before it and overwritten after it is still written, for the take to take."""
+        self._takes.append(seq)  # in increasing order: the last is the latest
+
+    def took(self, seq: int) -> None:
+        """The take ``seq`` ended (committed, withdrawn, or the store failed first): an
+        entry it kept that no take under way keeps is never written, if the writer has not
+        taken it (a withdrawn take's)."""
+        if seq in self._takes:
+            self._takes.remove(seq)
+        latest = self._takes[-1] if self._takes else 0
+        with self._lock:
+            for put in self._kept:
+                if put.seq > latest and not put.picked:
+                    put.superseded = True
+        self._kept = [put for put in self._kept if put.seq < latest and not put.picked]
 
     def add(self, put: Put) -> None:
         """``put`` (already submitted) becomes the newest entry of its task id; an older
         entry of the id that the writer has not taken is never written, unless a take
         submitted between the two is to take it."""
         old = self._puts.latest(put)
-        if old is not None and old.seq > self._taking:
+        if old is not None:
             with self._lock:
-                if not old.picked:
+                if old.picked:
+                    pass
+                elif self._takes and old.seq < self._takes[-1]:
+                    self._kept.append(old)
+                else:
                     old.superseded = True
         self._durable.pop(put.task_id)  # counted from now on as the entry
 
@@ -362,7 +381,9 @@ class Pending:
             self._hiding.latest(put)
 
     def in_hand(self, task_id: str, delivery_id: int) -> Put | None:
-        """The put here whose row is ``delivery_id``, if any."""
+        """The put here whose row is ``delivery_id``, if any. (A put in a transaction that
+        rolled back and is being tried again holds its last try's ids until the writer
+        applies it again.)"""
         for put in (self._durable.get(task_id), self._puts.get(task_id)):
             if put is not None and put.delivery_id == delivery_id:
                 return put
@@ -376,3 +397,4 @@ class Pending:
     def clear(self) -> None:
         for puts in (self._puts, self._durable, self._hiding):
             puts.clear()
+        self._kept.clear()

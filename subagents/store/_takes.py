@@ -16,7 +16,9 @@ marked read.
 
 Until the writer takes it into a transaction, a take can be withdrawn: its caller's
 cancellation then lands at once, nothing taken. Once taken (the write lock held, so the
-transaction ends within its own statements and commit), the caller waits for the commit.
+transaction ends within its own statements and commit), the caller waits for the commit
+and gets what it took, its cancellation asked for again (``cancel_again``) for its next
+checkpoint.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ from typing import Self
 import anyio
 
 from .._envelope import DelegateResult, now_ms
+from .._runner_errors import cancel_again
 from . import _deliveries as rows
 from ._writer import Write, Writer
 
 __all__ = ["Found", "TakeAll", "Taken"]
 
-Found = Callable[[str, int], "DelegateResult | None"]
-"""``found(task_id, delivery_id)``: the envelope of that row if the mailbox holds it."""
+Found = Callable[[str, int, int], "DelegateResult | None"]
+"""``found(task_id, delivery_id, take_seq)``: the envelope of that row if the mailbox
+holds it, asked by the take of sequence number ``take_seq``."""
 
 Taken = tuple[str, int, "DelegateResult | bytes"]
 """A taken entry: ``(task_id, delivery_id, envelope or its row's body)``, in arrival order."""
@@ -84,7 +88,7 @@ class TakeAll(Write):
         """Wait for this take's commit: the entries it took, or ``None`` if the store
         failed first. Cancelled before the writer takes it, it is withdrawn and the
         cancellation raised; after, the wait goes on (the transaction holds the write
-        lock, so it is short) and returns what it took, the cancellation landing at the
+        lock, so it is short) and returns what it took, the cancellation raised at the
         caller's next checkpoint: a take committed is never lost to its caller."""
         try:
             await self._done.wait()
@@ -93,8 +97,13 @@ class TakeAll(Write):
                 self.withdrawn = not self.picked
             if self.withdrawn:
                 raise
-            with anyio.CancelScope(shield=True):
-                await self._done.wait()
+            while not self._done.is_set():
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await self._done.wait()
+                except anyio.get_cancelled_exc_class():
+                    continue  # asyncio's own cancellation, which no shield holds back
+            cancel_again()
         return self.taken
 
     def take(self) -> bool:
@@ -109,7 +118,9 @@ class TakeAll(Write):
             claimed = rows.claim_ids(
                 conn, w.session, w.recipient, consumer=w.consumer, now=w.now, ms=now_ms()
             )
-            here = {d: e for task_id, d, _ in claimed if (e := w.found(task_id, d)) is not None}
+            here = {
+                d: e for task_id, d, _ in claimed if (e := w.found(task_id, d, w.seq)) is not None
+            }
             found = rows.bodies(conn, [e for _, d, e in claimed if d not in here])
             # Every claimed row has its envelope row: both are in this one transaction.
             w.taken = [

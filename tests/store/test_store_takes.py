@@ -1,12 +1,14 @@
 """``SqliteMailbox.take_all``: the take is a write of the writer thread's batch, so the
 event loop goes on while it waits; it takes the puts submitted before it and none after,
-other processes' committed ones too, and a caller cancelled meanwhile still gets what it
-took."""
+other processes' committed ones too, and needs nothing of the database once committed
+(cancellation: ``test_store_takes_cancel.py``)."""
 
 from __future__ import annotations
 
 import logging
-import threading
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from subagents import DelegateResult
 from subagents.store import SqliteStore
 from subagents.store import _deliveries as deliveries
 from subagents.store import _store as store_module
+from subagents.store import _writer as writer_module
 from tests.store.support import env, write_locked
 from tests.store.test_store_lifecycle import writer_parked
 from tests.store.test_store_overlay import disk_error
@@ -64,97 +67,6 @@ async def test_a_take_takes_the_puts_before_it_and_none_after(tmp_path: Path) ->
                 box.put("b", env("b"))  # after it, in the same batch
         assert got == [env("a")]
         assert box.drain_all() == [env("b")]
-
-
-async def test_a_take_cancelled_before_the_writer_takes_it_takes_nothing(tmp_path: Path) -> None:
-    async with SqliteStore(tmp_path / "s.db") as store:
-        box = store.mailbox("s")
-        box.put("a", env("a"))
-        scope = anyio.CancelScope()
-        ended = anyio.Event()
-
-        async def take() -> None:
-            with scope:
-                await box.take_all()
-                raise AssertionError("the take returned")
-            ended.set()
-
-        async with anyio.create_task_group() as tg:
-            with writer_parked(store):
-                tg.start_soon(take)
-                await anyio.wait_all_tasks_blocked()
-                scope.cancel()
-                with anyio.fail_after(5):  # at once, the writer still parked
-                    await ended.wait()
-        assert scope.cancelled_caught
-        assert box.drain_all() == [env("a")]
-
-
-async def test_a_take_cancelled_in_its_transaction_returns_what_it_took(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async with SqliteStore(tmp_path / "s.db") as store:
-        box = store.mailbox("s")
-        box.put("a", env("a"))
-        box.put("b", env("b"))
-        await box.wait_committed()
-        applying, go = threading.Event(), threading.Event()
-        claim_ids = deliveries.claim_ids
-
-        def held(*args: Any, **kwargs: Any) -> list[tuple[str, int, int]]:
-            applying.set()
-            go.wait()
-            return claim_ids(*args, **kwargs)
-
-        monkeypatch.setattr(deliveries, "claim_ids", held)
-        got: list[DelegateResult] = []
-        scope = anyio.CancelScope()
-
-        async def take() -> None:
-            with scope:
-                got.extend(await box.take_all())
-                await anyio.lowlevel.checkpoint()  # the cancellation lands here
-                raise AssertionError("the cancelled scope went on")
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(take)
-            try:
-                assert await anyio.to_thread.run_sync(applying.wait, 10)
-                scope.cancel()
-                await anyio.wait_all_tasks_blocked()
-                assert got == []  # still waiting for the commit
-            finally:
-                go.set()
-        assert scope.cancelled_caught
-        assert got == [env("a"), env("b")]
-        assert box.drain_all() == []
-
-
-async def test_a_take_cancelled_while_another_process_holds_the_lock_returns_at_once(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "s.db"
-    async with SqliteStore(path, busy_timeout=0.05) as store:
-        box = store.mailbox("s")
-        box.put("a", env("a"))
-        await box.wait_committed()
-        scope = anyio.CancelScope()
-        ended = anyio.Event()
-
-        async def take() -> None:
-            with scope:
-                await box.take_all()
-            ended.set()
-
-        async with anyio.create_task_group() as tg:
-            with write_locked(path):
-                tg.start_soon(take)
-                await anyio.wait_all_tasks_blocked()
-                scope.cancel()
-                with anyio.fail_after(5):  # the writer is retrying the lock meanwhile
-                    await ended.wait()
-        assert scope.cancelled_caught
-        assert await box.take_all() == [env("a")]
 
 
 async def test_a_take_committed_after_its_store_gave_up_closing_still_returns_it(
@@ -254,3 +166,67 @@ async def test_a_take_after_the_store_failed_takes_what_it_kept_in_memory(
                     await anyio.wait_all_tasks_blocked()
             assert got == [env("a")]
             assert await box.take_all() == []  # refused at once: drain_all answers
+
+
+async def test_a_take_in_a_retried_transaction_takes_the_rows_of_the_try_that_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy answer rolls back the take's batch after a put's insert; another process
+    commits a row, with the delivery id that put had, before the retry: the take hands on
+    the other process's row, not the put (still to be written after it)."""
+    path = tmp_path / "s.db"
+    async with SqliteStore(path) as store:
+        box = store.mailbox("s")
+        box.put("seed", env("seed"))
+        await box.wait_committed()
+        assert box.drain_all() == [env("seed")]
+        state = {"inserts": 0, "begins": 0, "armed": False}
+        real_insert = deliveries.insert
+        real_immediate = writer_module.immediate
+
+        def insert(conn: sqlite3.Connection, entries: Any, ms: int) -> None:
+            real_insert(conn, entries, ms)
+            if state["armed"] and state["inserts"] == 0:
+                state["inserts"] += 1
+                exc = sqlite3.OperationalError("database is locked")
+                exc.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+                raise exc
+
+        @contextmanager
+        def immediate(raw: sqlite3.Connection) -> Iterator[None]:
+            if state["armed"]:
+                state["begins"] += 1
+                if state["begins"] == 2:  # between the two attempts: another process commits
+                    other = sqlite3.connect(path, isolation_level=None)
+                    body = env("a", "foreign").to_json()
+                    cur = other.execute(
+                        "INSERT INTO envelopes (session, task_id, body, created_ms) "
+                        "VALUES ('s', 'a', ?, 0)",
+                        (body,),
+                    )
+                    other.execute(
+                        "INSERT INTO deliveries (envelope_id, session, recipient, task_id, state,"
+                        " stored_at, expires_at, origin, consumer, changed_ms)"
+                        " VALUES (?, 's', '', 'a', 'stored', 0, NULL, 'other', NULL, 0)",
+                        (cur.lastrowid,),
+                    )
+                    other.close()
+            with real_immediate(raw):
+                yield
+
+        monkeypatch.setattr(deliveries, "insert", insert)
+        monkeypatch.setattr(writer_module, "immediate", immediate)
+        got: list[DelegateResult] = []
+
+        async def take() -> None:
+            got.extend(await box.take_all())
+
+        async with anyio.create_task_group() as tg:
+            with writer_parked(store):
+                tg.start_soon(take)
+                await anyio.wait_all_tasks_blocked()
+                box.put("a", env("a", "after"))  # after the take's call, same batch
+                state["armed"] = True
+        await box.wait_committed()
+        assert [envelope.output for envelope in got] == ["foreign"]
+        assert [envelope.output for envelope in box.drain_all()] == ["after"]

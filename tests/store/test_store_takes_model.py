@@ -105,7 +105,7 @@ class Run:
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(ops=_OPS)
 # An overwrite after a take was submitted, of an envelope put before it (the take takes
