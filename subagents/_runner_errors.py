@@ -5,8 +5,6 @@ Shared by the engine (:mod:`._child`, around every runner) and by a pool actor o
 backend, which runs many runners in one task group: both must tell a runner's own
 cancellation exception (asyncio code raises one when a task it awaited was cancelled)
 from their task's cancellation, and must never let a runner's exception end other runs.
-Also by the store's ``take_all``, which returns what it took once committed and must then
-leave its caller's cancellation pending, whoever asked for it.
 """
 
 from __future__ import annotations
@@ -16,13 +14,7 @@ import math
 
 import anyio
 
-__all__ = [
-    "being_cancelled",
-    "cancel_again",
-    "holds_this_cancellation",
-    "interrupts",
-    "runner_error",
-]
+__all__ = ["being_cancelled", "holds_this_cancellation", "interrupts", "runner_error"]
 
 
 def runner_error(exc: BaseException) -> BaseException | None:
@@ -80,20 +72,3 @@ def being_cancelled() -> bool:
     except RuntimeError:  # not on asyncio
         return False
     return task is not None and task.cancelling() > 0
-
-
-def cancel_again() -> None:
-    """After a wait that caught its task's cancellation and went on (to return what it
-    had done): have the task's next checkpoint raise it. anyio's and trio's scopes raise
-    theirs again at every checkpoint; asyncio's own request (``task.cancel()``,
-    ``asyncio.timeout``) is raised once, so it is made again, the task's ``cancelling()``
-    count unchanged (a timeout that asked still sees its own)."""
-    if anyio.current_effective_deadline() == -math.inf:
-        return
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # not on asyncio
-        return
-    if task is not None and task.cancelling() > 0:
-        task.uncancel()
-        task.cancel()

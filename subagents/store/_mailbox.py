@@ -210,8 +210,7 @@ class SqliteMailbox(BaseMailbox):
         if put is None:
             return False
         self._pending.add(put)  # after the submit: a refused one replaces nothing
-        self._subs.fire_tasks((task_id,))
-        self._subs.fire_all()
+        self._subs.fire_arrived((task_id,))
         return True
 
     def put_durable(self, task_id: str, envelope: DelegateResult) -> bool:
@@ -277,8 +276,7 @@ class SqliteMailbox(BaseMailbox):
         self._pending.revealed(put)
         self._hold(put)
         if not self._closed:
-            self._subs.fire_tasks((put.task_id,))
-            self._subs.fire_all()
+            self._subs.fire_arrived((put.task_id,))
         self._report_committed(put)
 
     def _kept_here(self, put: Put) -> None:
@@ -286,8 +284,7 @@ class SqliteMailbox(BaseMailbox):
         process alone, from memory, as an uncommitted :meth:`put` is."""
         if not self._pending.keep(put):  # a later put of its id came since, or dropped
             return
-        self._subs.fire_tasks((put.task_id,))
-        self._subs.fire_all()
+        self._subs.fire_arrived((put.task_id,))
 
     def _report_committed(self, put: Put) -> None:
         hook = self.committed
@@ -409,25 +406,32 @@ class SqliteMailbox(BaseMailbox):
         transaction of the loop's own behind the writer's. It takes what a ``drain_all``
         at the call would have, and what other processes commit before the take is
         applied. Cancelled before the writer takes it (while the database is locked by
-        another process, say), it takes nothing; after, it returns what it took (the
-        caller's next checkpoint is cancelled): an envelope it took is never lost. A
-        store that failed first leaves it to :meth:`drain_all`."""
+        another process, say), it takes nothing. Cancelled after, by an anyio or trio
+        scope, it returns what it took and the scope raises at the caller's next
+        checkpoint; by asyncio's own ``task.cancel()`` (raised once), it gives what it
+        took back, unread, and raises. An envelope it took is never lost. A store that
+        failed first leaves it to :meth:`drain_all`."""
         if self._closed:
             await anyio.lowlevel.checkpoint()
             return []
-        take = TakeAll(self.session, self.recipient, self.origin, self._clock(), self._in_hand.find)
+        now = self._clock()
+        take = TakeAll(self.session, self.recipient, self.origin, now, self._in_hand.find)
         try:
             seq = take.submit(self._writer)
         except (StoreError, anyio.ClosedResourceError):  # as drain_all answers then
             return self.drain_all()
         self._pending.taking(seq)
         try:
-            taken = await take.committed(self._writer)
+            taken = await take.committed(self._writer, self._given_back)
         finally:
             self._pending.took(seq)
         if taken is None:  # the store failed, or failed before committing it
             return self.drain_all()
         return report_consumed(self, self._in_hand.handed(taken, self._decode))
+
+    def _given_back(self, task_ids: list[str]) -> None:
+        if not self._closed:
+            self._subs.fire_arrived(task_ids)
 
     # ------------------------------------------------------------ subscriptions and drop
 

@@ -206,7 +206,9 @@ class Pending:
         self._durable = _InOrder()
         self._hiding = _InOrder()
         self._takes: list[int] = []  # the sequence numbers of this mailbox's takes under way
-        self._kept: list[Put] = []  # overwritten here, still to be written for a take
+        # Overwritten here (by the put of the sequence number beside it), still to be
+        # written for a take submitted between the two.
+        self._kept: list[tuple[Put, int]] = []
 
     def __bool__(self) -> bool:
         """Whether there are entries (one may be in the writer's hands)."""
@@ -286,12 +288,16 @@ class Pending:
         taken it (a withdrawn take's)."""
         if seq in self._takes:
             self._takes.remove(seq)
-        latest = self._takes[-1] if self._takes else 0
+        kept = []
         with self._lock:
-            for put in self._kept:
-                if put.seq > latest and not put.picked:
+            for put, by in self._kept:
+                if put.picked:
+                    continue
+                if any(put.seq < take < by for take in self._takes):
+                    kept.append((put, by))
+                else:
                     put.superseded = True
-        self._kept = [put for put in self._kept if put.seq < latest and not put.picked]
+        self._kept = kept
 
     def add(self, put: Put) -> None:
         """``put`` (already submitted) becomes the newest entry of its task id; an older
@@ -303,7 +309,7 @@ class Pending:
                 if old.picked:
                     pass
                 elif self._takes and old.seq < self._takes[-1]:
-                    self._kept.append(old)
+                    self._kept.append((old, put.seq))
                 else:
                     old.superseded = True
         self._durable.pop(put.task_id)  # counted from now on as the entry
@@ -395,6 +401,7 @@ class Pending:
         self.revealed(put)
 
     def clear(self) -> None:
+        # The takes under way keep what they keep: each still takes it, or its end (took)
+        # lets it be overwritten.
         for puts in (self._puts, self._durable, self._hiding):
             puts.clear()
-        self._kept.clear()

@@ -111,6 +111,11 @@ class Subscriptions:
         if self._all_fire:
             fire(self._all_fire)
 
+    def fire_arrived(self, task_ids: Iterable[str]) -> None:
+        """Entries of ``task_ids`` arrived: their one-shot subscriptions, then every put's."""
+        self.fire_tasks(task_ids)
+        self.fire_all()
+
     def fire_drop(self) -> None:
         """Fire and remove everything."""
         callbacks = [cb for subs in self._task.values() for cb in subs.values()]

@@ -17,12 +17,16 @@ marked read.
 Until the writer takes it into a transaction, a take can be withdrawn: its caller's
 cancellation then lands at once, nothing taken. Once taken (the write lock held, so the
 transaction ends within its own statements and commit), the caller waits for the commit
-and gets what it took, its cancellation asked for again (``cancel_again``) for its next
-checkpoint.
+and then, cancelled by an anyio or trio scope, gets what it took (the scope raises again
+at every checkpoint); cancelled by asyncio's own ``task.cancel()``, which is raised once
+and may end the task before any checkpoint, it raises at once and gives what it took back
+(:class:`GiveBack`): a task that ends without its result would lose it.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Self
@@ -30,11 +34,13 @@ from typing import Self
 import anyio
 
 from .._envelope import DelegateResult, now_ms
-from .._runner_errors import cancel_again
 from . import _deliveries as rows
+from ._errors import StoreError
 from ._writer import Write, Writer
 
-__all__ = ["Found", "TakeAll", "Taken"]
+__all__ = ["Found", "GiveBack", "TakeAll", "Taken"]
+
+logger = logging.getLogger("subagents.store")
 
 Found = Callable[[str, int, int], "DelegateResult | None"]
 """``found(task_id, delivery_id, take_seq)``: the envelope of that row if the mailbox
@@ -84,12 +90,16 @@ class TakeAll(Write):
         """
         return writer.submit(self)
 
-    async def committed(self, writer: Writer) -> list[Taken] | None:
+    async def committed(
+        self, writer: Writer, given_back: Callable[[list[str]], object]
+    ) -> list[Taken] | None:
         """Wait for this take's commit: the entries it took, or ``None`` if the store
         failed first. Cancelled before the writer takes it, it is withdrawn and the
-        cancellation raised; after, the wait goes on (the transaction holds the write
-        lock, so it is short) and returns what it took, the cancellation raised at the
-        caller's next checkpoint: a take committed is never lost to its caller."""
+        cancellation raised. After, the wait goes on (the transaction holds the write
+        lock, so it is short); then a cancelled anyio or trio scope gets what it took (the
+        scope raises again at the caller's next checkpoint), while asyncio's own
+        cancellation, raised once, is raised now and what was taken is given back
+        (:class:`GiveBack`; ``given_back`` is called with the ids once committed)."""
         try:
             await self._done.wait()
         except anyio.get_cancelled_exc_class():
@@ -103,7 +113,11 @@ class TakeAll(Write):
                         await self._done.wait()
                 except anyio.get_cancelled_exc_class():
                     continue  # asyncio's own cancellation, which no shield holds back
-            cancel_again()
+            if anyio.current_effective_deadline() == -math.inf:
+                return self.taken  # a cancelled scope: it raises at the next checkpoint
+            if self.taken:
+                GiveBack([d for _, d, _ in self.taken], given_back).submit(writer)
+            raise
         return self.taken
 
     def take(self) -> bool:
@@ -135,3 +149,46 @@ class TakeAll(Write):
 
     def failed(self) -> None:
         self._done.set()
+
+
+class GiveBack(Write):
+    """A committed take whose caller is gone (cancelled by asyncio's own ``task.cancel()``)
+    gives its rows back: each unread again unless overwritten meanwhile."""
+
+    __slots__ = ("_given_back", "delivery_ids", "task_ids")
+
+    def __init__(self, delivery_ids: list[int], given_back: Callable[[list[str]], object]) -> None:
+        super().__init__()
+        self.delivery_ids = delivery_ids
+        self._given_back = given_back
+        self.task_ids: list[str] = []
+
+    def submit(self, writer: Writer) -> None:
+        """Queue it; a store that has failed or is closing loses the rows (logged)."""
+        try:
+            writer.submit(self)
+        except (StoreError, anyio.ClosedResourceError) as exc:
+            self._lost(exc)
+
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
+        for w in writes:
+            w.task_ids = rows.give_back(conn, w.delivery_ids, now_ms())
+
+    def release(self) -> None:
+        self.task_ids = []
+
+    def done(self) -> None:
+        self._given_back(self.task_ids)
+
+    def failed(self) -> None:
+        self._lost(None)
+
+    def _lost(self, exc: BaseException | None) -> None:
+        logger.error(
+            "a cancelled take's %d envelopes (delivery rows %s) could not be given back: "
+            "the store %s; they stay read in the store",
+            len(self.delivery_ids),
+            self.delivery_ids[:8],
+            "failed" if exc is None else f"refused it ({exc})",
+        )

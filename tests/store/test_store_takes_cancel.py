@@ -1,8 +1,9 @@
 """Cancelling ``SqliteMailbox.take_all``: before the writer takes the take into a
 transaction it is withdrawn, nothing taken (also while another process holds the write
 lock), and the puts it kept from being overwritten are overwritten after all; once in a
-transaction, its caller gets what it took and the cancellation at its next checkpoint,
-whether an anyio scope or asyncio's own ``task.cancel()`` asked for it."""
+transaction, a cancelled anyio or trio scope gets what it took and raises at its next
+checkpoint, while asyncio's own cancellation (``task.cancel()``, ``asyncio.timeout``, a
+``TaskGroup``'s) is raised at once, as asyncio promises, and what was taken is unread again."""
 
 from __future__ import annotations
 
@@ -153,68 +154,134 @@ async def test_a_deadline_in_the_takes_transaction_returns_what_it_took_and_canc
         assert steps == ["returned", "after the scope"]
 
 
-async def native_take(box: Any, got: list[DelegateResult], steps: list[str]) -> None:
-    got.extend(await box.take_all())
-    steps.append("returned")
-    await asyncio.sleep(0)
-    steps.append("went on")
+async def _cancel_once(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+
+
+async def _cancel_twice(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    await asyncio.sleep(0)  # a second one while it waits, shielded, for the commit
+    task.cancel()
+
+
+NATIVE = {"task.cancel()": _cancel_once, "task.cancel() twice": _cancel_twice}
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@pytest.mark.parametrize("cancels", [1, 2])
-async def test_asyncio_task_cancel_in_the_takes_transaction_is_raised_after_it_returns(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancels: int
+@pytest.mark.parametrize("how", sorted(NATIVE))
+async def test_asyncio_task_cancel_in_the_takes_transaction_raises_and_gives_it_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     async with SqliteStore(tmp_path / "s.db") as store:
         box = store.mailbox("s")
         box.put("a", env("a"))
         await box.wait_committed()
         applying, go = claims_held(monkeypatch)
-        got: list[DelegateResult] = []
-        steps: list[str] = []
-        task = asyncio.ensure_future(native_take(box, got, steps))
+        task = asyncio.ensure_future(box.take_all())  # a task that ends with the take
         try:
             assert await anyio.to_thread.run_sync(applying.wait, 10)
-            for _ in range(cancels):  # a second one while it waits, shielded, for the commit
-                task.cancel()
-                await asyncio.sleep(0)
+            await NATIVE[how](task)
+            await asyncio.sleep(0)
         finally:
             go.set()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert got == [env("a")]
-        assert steps == ["returned"]
-        assert box.drain_all() == []
+        assert await box.take_all() == [env("a")]  # unread again, for the next taker
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_an_asyncio_timeout_in_the_takes_transaction_still_raises_timeout_error(
+async def test_what_a_cancelled_take_took_is_not_given_back_over_a_newer_put(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("s")
+        box.put("a", env("a", "old"))
+        box.put("b", env("b"))
+        await box.wait_committed()
+        applying, go = claims_held(monkeypatch)
+        task = asyncio.ensure_future(box.take_all())
+        try:
+            assert await anyio.to_thread.run_sync(applying.wait, 10)
+            box.put("a", env("a", "new"))  # after the take's call: written after it
+            task.cancel()
+            await asyncio.sleep(0)
+        finally:
+            go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # "b" is unread again, arrived anew (after "new"); "old" stays overwritten.
+        assert await box.take_all() == [env("a", "new"), env("b")]
+
+
+class Canceller:
+    """What cancels a consumer natively, once :meth:`fire` is called."""
+
+    def __init__(self) -> None:
+        self.timeout: asyncio.Timeout | None = None
+        self.failing = asyncio.Event()
+
+    def fire(self) -> None:
+        if self.timeout is not None:
+            self.timeout.reschedule(asyncio.get_running_loop().time())
+        self.failing.set()
+
+
+async def _in_a_timeout(box: Any, canceller: Canceller, steps: list[str]) -> None:
+    try:
+        async with asyncio.timeout(None) as canceller.timeout:
+            await box.take_all()
+            steps.append("returned")
+    except TimeoutError:
+        steps.append("TimeoutError")
+
+
+async def _in_a_task_group(box: Any, canceller: Canceller, steps: list[str]) -> None:
+    async def fail() -> None:
+        await canceller.failing.wait()
+        raise ValueError("a sibling failed")
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(fail())
+            await box.take_all()
+            steps.append("returned")
+    except* ValueError:
+        steps.append("ValueError")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize(
+    ("way", "raised"),
+    [(_in_a_timeout, "TimeoutError"), (_in_a_task_group, "ValueError")],
+    ids=["asyncio.timeout", "asyncio.TaskGroup"],
+)
+async def test_asyncio_s_own_cancellers_in_the_takes_transaction_raise_as_they_promise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: Any, raised: str
 ) -> None:
     async with SqliteStore(tmp_path / "s.db") as store:
         box = store.mailbox("s")
         box.put("a", env("a"))
         await box.wait_committed()
         applying, go = claims_held(monkeypatch)
-        got: list[DelegateResult] = []
+        canceller = Canceller()
+        steps: list[str] = []
 
-        timeout = asyncio.timeout(None)
+        async def consumer() -> None:
+            await way(box, canceller, steps)
+            steps.append("after the block")
+            await asyncio.sleep(0)  # nothing cancels this task any more
+            steps.append("went on")
 
-        async def take() -> None:
-            async with timeout:
-                got.extend(await box.take_all())
-                await asyncio.sleep(0)
-
-        task = asyncio.ensure_future(take())
+        task = asyncio.ensure_future(consumer())
         try:
             assert await anyio.to_thread.run_sync(applying.wait, 10)
-            timeout.reschedule(asyncio.get_running_loop().time())  # passes in the transaction
-            await asyncio.sleep(0)
+            canceller.fire()
+            await asyncio.sleep(0.01)
         finally:
             go.set()
-        with pytest.raises(TimeoutError):
-            await task
-        assert got == [env("a")]
+        await task
+        assert steps == [raised, "after the block", "went on"]
+        assert await box.take_all() == [env("a")]
 
 
 def written(path: Path) -> list[tuple[str, str]]:

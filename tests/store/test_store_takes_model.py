@@ -1,7 +1,8 @@
 """``take_all`` among puts, overwrites, drains and cancellations (hypothesis): a take
 that waits for the writer never hands out an envelope twice, nor one put after its call,
 nor one its call found overwritten; and the newest envelope of every id reaches exactly
-one consumer, whatever was cancelled on the way."""
+one consumer, whatever was cancelled on the way; the ``committed`` hook reports exactly
+the puts written (all but those overwritten in the writer's queue with no take between)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,31 @@ class Run:
         self.puts = 0
         self.latest: dict[str, str] = {}  # the newest output put for each id
         self.handed: list[str] = []
-        self.takes: list[anyio.CancelScope] = []
+        self.takes: list[tuple[anyio.CancelScope, list[object]]] = []
         self.running = 0
         self.idle = anyio.Event()
+        # What the writer is to write: the ops since the last settle are in its queue.
+        self.step = 0  # the op's place in the run (a put's, a take's)
+        self.epoch = 0  # settles so far
+        self.unwritten: dict[str, tuple[str, int]] = {}  # key -> (output, step) in queue
+        self.overwritten: list[tuple[str, int, int, int]] = []  # (output, step, by, epoch)
+        self.queued_takes: list[list[object]] = []  # [step, epoch, withdrawn]
+        self.outputs: list[str] = []
+        self.reported: list[str] = []
+        box.committed = lambda envelope: self.reported.append(envelope.output)
+
+    def written(self) -> set[str]:
+        """The outputs the writer writes: all but those overwritten in its queue with no
+        take between the two (a withdrawn take does not count)."""
+        never = {
+            output
+            for output, step, by, epoch in self.overwritten
+            if not any(
+                t_epoch == epoch and step < t_step < by and not withdrawn
+                for t_step, t_epoch, withdrawn in self.queued_takes
+            )
+        }
+        return set(self.outputs) - never
 
     def hand(self, got: list[DelegateResult], *, latest_at_call: dict[str, str]) -> None:
         """Outputs handed out: each was the newest of its id when the consumer was called."""
@@ -76,29 +99,43 @@ class Run:
 
     async def play(self, ops: list[Op], tg: anyio.abc.TaskGroup) -> None:
         for op, key in ops:
+            self.step += 1
             if op == "put":
                 self.puts += 1
                 output = f"{key}{self.puts}"
                 self.box.put(key, env(key, output))
                 self.latest[key] = output
+                self.outputs.append(output)
+                if key in self.unwritten:
+                    old, step = self.unwritten[key]
+                    self.overwritten.append((old, step, self.step, self.epoch))
+                self.unwritten[key] = (output, self.step)
             elif op == "drain":
                 got = self.box.drain(key)
                 self.hand([] if got is None else [got], latest_at_call=self.latest)
+                self.unwritten.pop(key, None)  # consumed here if queued: written as read
             elif op == "drain_all":
                 self.hand(self.box.drain_all(), latest_at_call=self.latest)
+                self.unwritten.clear()
             elif op == "take":
                 scope = anyio.CancelScope()
-                self.takes.append(scope)
+                model: list[object] = [self.step, self.epoch, False]
+                self.queued_takes.append(model)
+                self.takes.append((scope, model))
                 if not self.running:
                     self.idle = anyio.Event()
                 self.running += 1
                 tg.start_soon(self.take, scope)
                 await anyio.wait_all_tasks_blocked()  # submitted, waiting for the writer
             elif op == "cancel" and self.takes:
-                self.takes.pop(0).cancel()
+                scope, model = self.takes.pop(0)
+                model[2] = model[1] == self.epoch  # still queued: withdrawn
+                scope.cancel()
                 await anyio.wait_all_tasks_blocked()
             elif op == "settle":
                 await self.settle()
+                self.epoch += 1
+                self.unwritten.clear()
         await self.settle()
         self.hand(self.box.drain_all(), latest_at_call=self.latest)
 
@@ -112,6 +149,8 @@ class Run:
 # that one, never the one it overwrote); a take cancelled while queued.
 @example(ops=[("put", "a"), ("settle", ""), ("put", "a"), ("take", ""), ("put", "a")])
 @example(ops=[("put", "a"), ("take", ""), ("cancel", ""), ("put", "a"), ("take", "")])
+# A take withdrawn between a put and its overwrite, another take after both.
+@example(ops=[("put", "a"), ("take", ""), ("put", "a"), ("take", ""), ("cancel", "")])
 def test_takes_among_puts_drains_and_cancellations_hand_each_newest_envelope_once(
     tmp_path_factory: pytest.TempPathFactory, empty_store: Path, backend: str, ops: list[Op]
 ) -> None:
@@ -131,3 +170,5 @@ def test_takes_among_puts_drains_and_cancellations_hand_each_newest_envelope_onc
     assert len(run.handed) == len(set(run.handed)), f"handed out twice: {run.handed}"
     lost = set(run.latest.values()) - set(run.handed)
     assert not lost, f"never handed out: {lost}"
+    assert len(run.reported) == len(set(run.reported)), f"reported twice: {run.reported}"
+    assert set(run.reported) == run.written(), "the committed hook is not what was written"
