@@ -353,20 +353,23 @@ def bodies(conn: sqlite3.Connection, envelope_ids: list[int]) -> dict[int, bytes
     return {int(envelope_id): bytes(body) for envelope_id, body in found}
 
 
-def give_back(conn: sqlite3.Connection, delivery_ids: list[int], ms: int) -> list[str]:
+def give_back(conn: sqlite3.Connection, delivery_ids: list[int], origin: str, ms: int) -> list[str]:
     """Make the taken rows ``delivery_ids`` unread again, each as a new row of its envelope
-    (a state only moves forward), unless a newer row of its id has come since (it was
-    overwritten meanwhile) or its task is forgotten; the task ids given back. Call inside
-    ``BEGIN IMMEDIATE``."""
+    put by ``origin`` (the taker: its row is new to every other mailbox object, the one
+    that put it first included), unless a newer row of its id has come since (it was
+    overwritten meanwhile) or its task is forgotten; the task ids given back. Newer rows
+    are looked for among the envelopes of the task id (indexed), not among all rows.
+    Call inside ``BEGIN IMMEDIATE``."""
     given = conn.execute(
         "INSERT INTO deliveries (envelope_id, session, recipient, task_id, state, stored_at, "
         "expires_at, origin, consumer, changed_ms) "
         "SELECT envelope_id, session, recipient, task_id, 'stored', stored_at, expires_at, "
-        "origin, NULL, :ms FROM deliveries AS taken "
+        ":origin, NULL, :ms FROM deliveries AS taken "
         "WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'read' AND NOT EXISTS ("
-        "SELECT 1 FROM deliveries AS newer WHERE newer.session = taken.session "
+        "SELECT 1 FROM envelopes AS e JOIN deliveries AS newer ON newer.envelope_id = e.id "
+        "WHERE e.task_id = taken.task_id AND e.session = taken.session "
         "AND newer.recipient = taken.recipient AND newer.task_id = taken.task_id "
         "AND newer.id > taken.id) ORDER BY id RETURNING task_id",
-        {"ids": dumps_str(delivery_ids), "ms": ms},
+        {"ids": dumps_str(delivery_ids), "origin": origin, "ms": ms},
     ).fetchall()
     return [str(task_id) for (task_id,) in given]

@@ -14,11 +14,10 @@ Other processes see a put once it commits. Three rules keep every envelope taken
 - Whether the writer has taken a put is decided under the writer's lock, on both sides.
 
 Blocking: ``put``, ``peek``, ``__len__`` and the subscriptions run a few indexed SQLite
-reads on the event loop (tens of microseconds each); ``drain`` and ``drain_all`` of an
-entry already committed take the write lock for one short transaction (committed without
-an fsync of its own: see "Durability" in ``design/store.md``), waiting first for a write
-transaction in flight, this process's or another's, for up to the store's ``busy_timeout``;
-``take_all`` awaits the writer's commit instead, the event loop free meanwhile.
+reads on the event loop (tens of microseconds each); ``drain`` and ``drain_all`` of a
+committed entry take the write lock for one short transaction (no fsync of its own: see
+"Durability" in ``design/store.md``), first waiting for a write transaction in flight, any
+process's, for up to ``busy_timeout``; ``take_all`` awaits the writer's commit instead.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from ._in_hand import InHand
 from ._pending import Pending, Put
 from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
-from ._takes import TakeAll
+from ._takes import GiveBack, TakeAll
 from ._tally import Tally
 from ._writer import Writer
 
@@ -401,36 +400,38 @@ class SqliteMailbox(BaseMailbox):
         return report_consumed(self, envelopes)
 
     async def take_all(self) -> list[DelegateResult]:
-        """:meth:`drain_all` without blocking the event loop: the take is a write in the
-        writer thread's next transaction (``_takes``), which this waits for, instead of a
-        transaction of the loop's own behind the writer's. It takes what a ``drain_all``
-        at the call would have, and what other processes commit before the take is
-        applied. Cancelled before the writer takes it (while the database is locked by
-        another process, say), it takes nothing. Cancelled after, by an anyio or trio
-        scope, it returns what it took and the scope raises at the caller's next
-        checkpoint; by asyncio's own ``task.cancel()`` (raised once), it gives what it
-        took back, unread, and raises. An envelope it took is never lost. A store that
-        failed first leaves it to :meth:`drain_all`."""
+        """:meth:`drain_all` without blocking the event loop: a write in the writer's next
+        transaction (``_takes``), awaited, instead of a transaction of the loop's own
+        behind the writer's. It takes what a ``drain_all`` at the call would have, and
+        what other processes commit before it is applied. Cancelled before the writer
+        takes it, it takes nothing; after, by an anyio or trio scope, it returns what it
+        took (the scope raises at the next checkpoint); by asyncio's own cancellation, it
+        raises and gives what it took back, unread. A store that failed first leaves it
+        to :meth:`drain_all`."""
         if self._closed:
             await anyio.lowlevel.checkpoint()
             return []
-        now = self._clock()
-        take = TakeAll(self.session, self.recipient, self.origin, now, self._in_hand.find)
+        take = TakeAll(self.session, self.recipient, self.origin, self._clock(), self._in_hand.find)
+        self._writer.defer_stop()  # a give-back may follow the take's commit
         try:
             seq = take.submit(self._writer)
+            self._pending.taking(seq)
+            taken = await take.committed(self._writer, self._giving_back)
         except (StoreError, anyio.ClosedResourceError):  # as drain_all answers then
-            return self.drain_all()
-        self._pending.taking(seq)
-        try:
-            taken = await take.committed(self._writer, self._given_back)
+            taken = None
         finally:
-            self._pending.took(seq)
+            self._pending.took(take.seq)
+            self._writer.allow_stop()
         if taken is None:  # the store failed, or failed before committing it
             return self.drain_all()
         return report_consumed(self, self._in_hand.handed(taken, self._decode))
 
-    def _given_back(self, task_ids: list[str]) -> None:
-        if not self._closed:
+    def _giving_back(self, take: TakeAll) -> GiveBack:
+        return self._pending.giving(GiveBack(take, self._given_back))
+
+    def _given_back(self, back: GiveBack, task_ids: list[str]) -> None:
+        self._pending.given(back)
+        if task_ids and not self._closed:
             self._subs.fire_arrived(task_ids)
 
     # ------------------------------------------------------------ subscriptions and drop

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from .._envelope import DelegateResult, now_ms
 from . import _deliveries as rows
+from ._takes import GiveBack
 from ._writer import Write, Writer
 
 __all__ = ["Pending", "Put"]
@@ -209,6 +210,7 @@ class Pending:
         # Overwritten here (by the put of the sequence number beside it), still to be
         # written for a take submitted between the two.
         self._kept: list[tuple[Put, int]] = []
+        self._giving: list[GiveBack] = []  # their rows count as entries until they end
 
     def __bool__(self) -> bool:
         """Whether there are entries (one may be in the writer's hands)."""
@@ -250,14 +252,30 @@ class Pending:
 
     def bound(self) -> int:
         """At least the uncommitted puts that hold an entry (an id counted in both kinds
-        counts twice)."""
+        counts twice), and the rows being given back."""
         committed = self._writer.committed
-        return self._puts.uncommitted(committed) + self._durable.uncommitted(committed)
+        return (
+            self._puts.uncommitted(committed)
+            + self._durable.uncommitted(committed)
+            + self._given_count()
+        )
+
+    def giving(self, back: GiveBack) -> GiveBack:
+        """A take's rows are being given back (read in the database until it commits)."""
+        self._giving.append(back)
+        return back
+
+    def given(self, back: GiveBack) -> None:
+        self._giving.remove(back)
+
+    def _given_count(self) -> int:
+        return sum(back.count() for back in self._giving)
 
     def census(self, now: float, *, durable: bool) -> tuple[int, list[str]]:
         """How many ids hold a live uncommitted entry here (with ``durable``, a durable put
-        too), and the ids the database must not count: those of every uncommitted put here
-        (an entry past its TTL out of turn, after a clock step, still hides)."""
+        too), plus the rows being given back, and the ids the database must not count:
+        those of every uncommitted put here (an entry past its TTL out of turn, after a
+        clock step, still hides)."""
         committed = self._writer.committed
         uncommitted = [put for put in self._puts.values() if put.seq > committed]
         ids = [put.task_id for put in uncommitted]
@@ -266,7 +284,7 @@ class Pending:
             durable_ids = [p.task_id for p in self._durable.values() if p.seq > committed]
             held.update(durable_ids)
             ids.extend(durable_ids)
-        return len(held), [*ids, *self.hidden_ids()]
+        return len(held) + self._given_count(), [*ids, *self.hidden_ids()]
 
     def hidden_ids(self) -> list[str]:
         committed = self._writer.committed

@@ -91,15 +91,16 @@ class TakeAll(Write):
         return writer.submit(self)
 
     async def committed(
-        self, writer: Writer, given_back: Callable[[list[str]], object]
+        self, writer: Writer, giving_back: Callable[[TakeAll], GiveBack]
     ) -> list[Taken] | None:
         """Wait for this take's commit: the entries it took, or ``None`` if the store
         failed first. Cancelled before the writer takes it, it is withdrawn and the
         cancellation raised. After, the wait goes on (the transaction holds the write
         lock, so it is short); then a cancelled anyio or trio scope gets what it took (the
         scope raises again at the caller's next checkpoint), while asyncio's own
-        cancellation, raised once, is raised now and what was taken is given back
-        (:class:`GiveBack`; ``given_back`` is called with the ids once committed)."""
+        cancellation, raised once, is raised now and what was taken is given back: the
+        :class:`GiveBack` that ``giving_back`` makes is submitted (the caller keeps the
+        writer from stopping until this returns)."""
         try:
             await self._done.wait()
         except anyio.get_cancelled_exc_class():
@@ -107,16 +108,18 @@ class TakeAll(Write):
                 self.withdrawn = not self.picked
             if self.withdrawn:
                 raise
+            # No anyio scope is cancelled: asyncio's own cancellation, which may end the
+            # task before its next checkpoint, with whatever it returned dropped.
+            back = giving_back(self) if anyio.current_effective_deadline() > -math.inf else None
             while not self._done.is_set():
                 try:
                     with anyio.CancelScope(shield=True):
                         await self._done.wait()
                 except anyio.get_cancelled_exc_class():
                     continue  # asyncio's own cancellation, which no shield holds back
-            if anyio.current_effective_deadline() == -math.inf:
+            if back is None:
                 return self.taken  # a cancelled scope: it raises at the next checkpoint
-            if self.taken:
-                GiveBack([d for _, d, _ in self.taken], given_back).submit(writer)
+            back.submit(writer)
             raise
         return self.taken
 
@@ -152,19 +155,28 @@ class TakeAll(Write):
 
 
 class GiveBack(Write):
-    """A committed take whose caller is gone (cancelled by asyncio's own ``task.cancel()``)
-    gives its rows back: each unread again unless overwritten meanwhile."""
+    """What a committed take took, given back because its caller is gone (cancelled by
+    asyncio's own ``task.cancel()``): each row unread again unless overwritten meanwhile.
+    Made as the caller is cancelled, it counts the take's rows as entries (:meth:`count`)
+    until ``ended`` is called: the rows are read in the database in between."""
 
-    __slots__ = ("_given_back", "delivery_ids", "task_ids")
+    __slots__ = ("_ended", "of", "task_ids")
 
-    def __init__(self, delivery_ids: list[int], given_back: Callable[[list[str]], object]) -> None:
+    def __init__(self, of: TakeAll, ended: Callable[[GiveBack, list[str]], object]) -> None:
         super().__init__()
-        self.delivery_ids = delivery_ids
-        self._given_back = given_back
+        self.of = of
+        self._ended = ended
         self.task_ids: list[str] = []
 
+    def count(self) -> int:
+        """The rows it is to give back (none until the take is applied)."""
+        return len(self.of.taken or ())
+
     def submit(self, writer: Writer) -> None:
-        """Queue it; a store that has failed or is closing loses the rows (logged)."""
+        """Queue it; a store that has failed loses the rows (logged)."""
+        if not self.count():
+            self._ended(self, [])
+            return
         try:
             writer.submit(self)
         except (StoreError, anyio.ClosedResourceError) as exc:
@@ -173,22 +185,23 @@ class GiveBack(Write):
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         for w in writes:
-            w.task_ids = rows.give_back(conn, w.delivery_ids, now_ms())
+            taken = w.of.taken or ()
+            w.task_ids = rows.give_back(conn, [d for _, d, _ in taken], w.of.consumer, now_ms())
 
     def release(self) -> None:
         self.task_ids = []
 
     def done(self) -> None:
-        self._given_back(self.task_ids)
+        self._ended(self, self.task_ids)
 
     def failed(self) -> None:
         self._lost(None)
 
     def _lost(self, exc: BaseException | None) -> None:
         logger.error(
-            "a cancelled take's %d envelopes (delivery rows %s) could not be given back: "
-            "the store %s; they stay read in the store",
-            len(self.delivery_ids),
-            self.delivery_ids[:8],
+            "a cancelled take's %d envelopes could not be given back: the store %s; they "
+            "stay read in the store",
+            self.count(),
             "failed" if exc is None else f"refused it ({exc})",
         )
+        self._ended(self, [])

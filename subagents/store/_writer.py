@@ -203,6 +203,8 @@ class Writer:
         self._committed_at = -math.inf  # time.monotonic() of the last commit (none yet)
         self._want = 0  # queued writes that wake the waiting thread (0: it is not waiting)
         self._stopping = False
+        self._stop_asked = False
+        self._stop_deferred = 0  # callers that may submit once a write of theirs commits
         self.failure: StoreError | None = None
         self.batches = 0
         self.writes = 0
@@ -279,10 +281,26 @@ class Writer:
         return seq
 
     def stop(self) -> None:
-        """Commit what is queued, then end the thread (``on_stopped`` runs on the loop)."""
+        """Commit what is queued, then end the thread (``on_stopped`` runs on the loop);
+        while a :meth:`defer_stop` is in force, writes are still accepted until it ends."""
         with self.lock:
-            self._stopping = True
-            self._rouse()
+            self._stop_asked = True
+            if not self._stop_deferred:
+                self._stopping = True
+                self._rouse()
+
+    def defer_stop(self) -> None:
+        """A caller may submit again once a write of its own commits (a take that may give
+        back what it took): :meth:`stop` takes effect only after :meth:`allow_stop`."""
+        with self.lock:
+            self._stop_deferred += 1
+
+    def allow_stop(self) -> None:
+        with self.lock:
+            self._stop_deferred -= 1
+            if self._stop_asked and not self._stop_deferred:
+                self._stopping = True
+                self._rouse()
 
     def _rouse(self) -> None:
         """Wake the thread if it waits (with the lock held): from now on it may want the

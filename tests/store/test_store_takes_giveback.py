@@ -1,0 +1,93 @@
+"""What a take cancelled by asyncio's own ``task.cancel()`` in its transaction gives back:
+counted against the capacity until the give-back commits, waking every mailbox object of
+the session (the one that put it too), and given back even while the store closes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from subagents import DelegateResult, MailboxFull
+from subagents.store import SqliteMailbox, SqliteStore
+from tests.store.support import env
+from tests.store.test_store_lifecycle import writer_parked
+from tests.store.test_store_takes_cancel import claims_held
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+
+
+async def cancelled_in_its_transaction(
+    box: SqliteMailbox, monkeypatch: pytest.MonkeyPatch
+) -> tuple[asyncio.Future[list[DelegateResult]], threading.Event]:
+    """A ``take_all`` cancelled by ``task.cancel()`` while the writer applies it (held
+    there until the event returned is set)."""
+    applying, go = claims_held(monkeypatch)
+    task = asyncio.ensure_future(box.take_all())
+    assert await anyio.to_thread.run_sync(applying.wait, 10)
+    task.cancel()
+    await asyncio.sleep(0)
+    return task, go
+
+
+async def test_what_is_given_back_counts_against_the_capacity_until_it_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("s", capacity=2)
+        box.put("a", env("a"))
+        box.put("b", env("b"))
+        await box.wait_committed()
+        task, go = await cancelled_in_its_transaction(box, monkeypatch)
+        with writer_parked(store):  # the give-back waits in the writer's queue
+            go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert len(box) == 2
+            with pytest.raises(MailboxFull):
+                box.put("c", env("c"))
+        assert await box.take_all() == [env("a"), env("b")]
+
+
+async def test_a_give_back_wakes_every_object_of_the_session_the_one_that_put_it_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        putter, taker, third = (store.mailbox("s") for _ in range(3))
+        putter.put("a", env("a"))
+        await putter.wait_committed()
+        woken = {name: anyio.Event() for name in ("putter", "third")}
+        putter.subscribe_all(woken["putter"].set)
+        third.subscribe_all(woken["third"].set)
+        task, go = await cancelled_in_its_transaction(taker, monkeypatch)
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with anyio.fail_after(10):  # the watcher looks again at the give-back's commit
+            for event in woken.values():
+                await event.wait()
+        assert putter.peek("a") == env("a")
+
+
+async def test_a_store_closing_meanwhile_still_commits_the_give_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.db"
+    store = SqliteStore(path)
+    await store.__aenter__()
+    box = store.mailbox("s")
+    box.put("a", env("a"))
+    await box.wait_committed()
+    task, go = await cancelled_in_its_transaction(box, monkeypatch)
+    closing: asyncio.Future[Any] = asyncio.ensure_future(store.aclose())
+    await asyncio.sleep(0)  # the mailboxes dropped, the writer asked to stop
+    go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await closing
+    async with SqliteStore(path) as again:
+        assert await again.mailbox("s").take_all() == [env("a")]
