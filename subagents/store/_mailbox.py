@@ -432,6 +432,7 @@ class SqliteMailbox(BaseMailbox):
     def _given_back(self, back: GiveBack, task_ids: list[str]) -> None:
         self._pending.given(back)
         if task_ids and not self._closed:
+            self._tally.stale()  # entries arrived that no put counted
             self._subs.fire_arrived(task_ids)
 
     # ------------------------------------------------------------ subscriptions and drop

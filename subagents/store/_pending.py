@@ -232,9 +232,11 @@ class Pending:
 
     def holds(self, task_id: str) -> bool:
         """Whether an uncommitted put of ``task_id`` holds an entry here (a put of the id
-        replaces it, so it adds none)."""
-        return self.uncommitted(task_id) is not None or _is_uncommitted(
-            self._durable.get(task_id), self._writer.committed
+        replaces it, so it adds none), or its row is being given back."""
+        return (
+            self.uncommitted(task_id) is not None
+            or _is_uncommitted(self._durable.get(task_id), self._writer.committed)
+            or (bool(self._giving) and task_id in self._given_ids())
         )
 
     def hides(self, task_id: str) -> bool:
@@ -269,7 +271,18 @@ class Pending:
         self._giving.remove(back)
 
     def _given_count(self) -> int:
-        return sum(back.count() for back in self._giving)
+        return len(self._given_ids()) if self._giving else 0
+
+    def _given_ids(self) -> set[str]:
+        """The ids whose rows a give-back holds: its take committed (they are read in the
+        database), itself not yet."""
+        committed = self._writer.committed
+        return {
+            task_id
+            for back in self._giving
+            if back.of.seq <= committed and not 0 < back.seq <= committed
+            for task_id in back.task_ids_taken()
+        }
 
     def census(self, now: float, *, durable: bool) -> tuple[int, list[str]]:
         """How many ids hold a live uncommitted entry here (with ``durable``, a durable put
@@ -284,7 +297,8 @@ class Pending:
             durable_ids = [p.task_id for p in self._durable.values() if p.seq > committed]
             held.update(durable_ids)
             ids.extend(durable_ids)
-        return len(held) + self._given_count(), [*ids, *self.hidden_ids()]
+        given = self._given_ids() if self._giving else set()
+        return len(held | given), [*ids, *given, *self.hidden_ids()]
 
     def hidden_ids(self) -> list[str]:
         committed = self._writer.committed

@@ -111,15 +111,18 @@ class TakeAll(Write):
             # No anyio scope is cancelled: asyncio's own cancellation, which may end the
             # task before its next checkpoint, with whatever it returned dropped.
             back = giving_back(self) if anyio.current_effective_deadline() > -math.inf else None
-            while not self._done.is_set():
-                try:
-                    with anyio.CancelScope(shield=True):
-                        await self._done.wait()
-                except anyio.get_cancelled_exc_class():
-                    continue  # asyncio's own cancellation, which no shield holds back
+            try:
+                while not self._done.is_set():
+                    try:
+                        with anyio.CancelScope(shield=True):
+                            await self._done.wait()
+                    except anyio.get_cancelled_exc_class():
+                        continue  # asyncio's own cancellation, which no shield holds back
+            finally:
+                if back is not None:  # also when an interrupt ends the wait
+                    back.submit(writer)
             if back is None:
                 return self.taken  # a cancelled scope: it raises at the next checkpoint
-            back.submit(writer)
             raise
         return self.taken
 
@@ -157,8 +160,8 @@ class TakeAll(Write):
 class GiveBack(Write):
     """What a committed take took, given back because its caller is gone (cancelled by
     asyncio's own ``task.cancel()``): each row unread again unless overwritten meanwhile.
-    Made as the caller is cancelled, it counts the take's rows as entries (:meth:`count`)
-    until ``ended`` is called: the rows are read in the database in between."""
+    Made as the caller is cancelled; from the take's commit to its own, the mailbox counts
+    the take's ids as entries (``Pending.giving``): the rows are read in the database."""
 
     __slots__ = ("_ended", "of", "task_ids")
 
@@ -171,6 +174,9 @@ class GiveBack(Write):
     def count(self) -> int:
         """The rows it is to give back (none until the take is applied)."""
         return len(self.of.taken or ())
+
+    def task_ids_taken(self) -> list[str]:
+        return [task_id for task_id, _, _ in self.of.taken or ()]
 
     def submit(self, writer: Writer) -> None:
         """Queue it; a store that has failed loses the rows (logged)."""

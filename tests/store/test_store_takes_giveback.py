@@ -1,11 +1,13 @@
 """What a take cancelled by asyncio's own ``task.cancel()`` in its transaction gives back:
-counted against the capacity until the give-back commits, waking every mailbox object of
-the session (the one that put it too), and given back even while the store closes."""
+counted against the capacity once (from the take's commit until its own), its ids still
+the mailbox's to replace, waking every mailbox object of the session (the one that put it
+too), and given back even while the store closes."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import anyio
 import pytest
 
 from subagents import DelegateResult, MailboxFull
-from subagents.store import SqliteMailbox, SqliteStore
+from subagents.store import SqliteMailbox, SqliteStore, _takes
 from tests.store.support import env
 from tests.store.test_store_lifecycle import writer_parked
 from tests.store.test_store_takes_cancel import claims_held
@@ -91,3 +93,98 @@ async def test_a_store_closing_meanwhile_still_commits_the_give_back(
     await closing
     async with SqliteStore(path) as again:
         assert await again.mailbox("s").take_all() == [env("a")]
+
+
+def every_write_committed_while_the_loop_waits(store: SqliteStore) -> None:
+    """Block the event loop until the writer has committed every write submitted, so that
+    no commit's callback has run on the loop yet."""
+    writer = store._writer
+    deadline = time.monotonic() + 10
+    while writer.committed < writer.submitted:
+        assert time.monotonic() < deadline, "the writer did not commit"
+        time.sleep(0.001)
+
+
+async def test_a_give_back_committed_before_its_callback_is_counted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("s", capacity=3)
+        box.put("a", env("a"))
+        box.put("b", env("b"))
+        await box.wait_committed()
+        task, go = await cancelled_in_its_transaction(box, monkeypatch)
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        every_write_committed_while_the_loop_waits(store)
+        assert len(box) == 2
+        box.put("c", env("c"))  # room for one more
+
+
+async def test_a_take_applied_but_not_committed_is_counted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    applied, go = threading.Event(), threading.Event()
+    apply = _takes.TakeAll.apply.__func__  # type: ignore[attr-defined]
+
+    def held(cls: Any, conn: Any, writes: Any) -> None:
+        apply(cls, conn, writes)
+        applied.set()
+        go.wait(10)
+
+    monkeypatch.setattr(_takes.TakeAll, "apply", classmethod(held))
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("s", capacity=3)
+        box.put("a", env("a"))
+        box.put("b", env("b"))
+        await box.wait_committed()
+        task = asyncio.ensure_future(box.take_all())
+        try:
+            assert await anyio.to_thread.run_sync(applied.wait, 10)
+            task.cancel()
+            await asyncio.sleep(0)
+            assert len(box) == 2  # the take's rows, still stored to the loop's reads
+        finally:
+            go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await box.take_all() == [env("a"), env("b")]
+
+
+async def test_a_put_of_an_id_being_given_back_replaces_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("s", capacity=1)
+        box.put("a", env("a"))
+        await box.wait_committed()
+        task, go = await cancelled_in_its_transaction(box, monkeypatch)
+        with writer_parked(store):
+            go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            box.put("a", env("a", "again"))  # one entry, not two: no MailboxFull
+        assert await box.take_all() == [env("a", "again")]  # after the give-back: newer
+
+
+async def test_a_give_back_makes_the_sessions_tally_count_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        a, b = store.mailbox("s", capacity=2), store.mailbox("s", capacity=2)
+        a.put("x", env("x"))
+        a.put("y", env("y"))
+        await a.wait_committed()
+        task, go = await cancelled_in_its_transaction(a, monkeypatch)
+        with writer_parked(store):
+            go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            b.put("z", env("z"))  # soft across objects: accepted while "x", "y" are away
+        later = store.mailbox("other")
+        later.put("q", env("q"))  # reported after the give-back, in order
+        await later.wait_committed()
+        assert len(a) == 3
+        with pytest.raises(MailboxFull):
+            a.put("w", env("w"))
