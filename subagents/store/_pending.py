@@ -274,13 +274,13 @@ class Pending:
         return len(self._given_ids()) if self._giving else 0
 
     def _given_ids(self) -> set[str]:
-        """The ids whose rows a give-back holds: its take committed (they are read in the
-        database), itself not yet."""
+        """The ids whose rows a give-back holds: its take applied (to this process's reads
+        they are read, or about to be, and are not counted there), itself not committed."""
         committed = self._writer.committed
         return {
             task_id
             for back in self._giving
-            if back.of.seq <= committed and not 0 < back.seq <= committed
+            if not 0 < back.seq <= committed
             for task_id in back.task_ids_taken()
         }
 
@@ -297,8 +297,14 @@ class Pending:
             durable_ids = [p.task_id for p in self._durable.values() if p.seq > committed]
             held.update(durable_ids)
             ids.extend(durable_ids)
-        given = self._given_ids() if self._giving else set()
-        return len(held | given), [*ids, *given, *self.hidden_ids()]
+        hidden = self.hidden_ids()
+        given: set[str] = set()
+        if self._giving:
+            # An id put here since is that put's, whichever commits first: a newer row is
+            # not given back, and a given-back row is retired by the put's insert.
+            newer = {*ids, *hidden, *(p.task_id for p in self._durable.values())}
+            given = self._given_ids() - newer
+        return len(held | given), [*ids, *given, *hidden]
 
     def hidden_ids(self) -> list[str]:
         committed = self._writer.committed

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ import pytest
 
 from subagents import DelegateResult, MailboxFull
 from subagents.store import SqliteMailbox, SqliteStore, _takes
+from subagents.store import _deliveries as deliveries
+from subagents.store import _writer as writer_module
 from tests.store.support import env
 from tests.store.test_store_lifecycle import writer_parked
 from tests.store.test_store_takes_cancel import claims_held
@@ -188,3 +192,103 @@ async def test_a_give_back_makes_the_sessions_tally_count_again(
         assert len(a) == 3
         with pytest.raises(MailboxFull):
             a.put("w", env("w"))
+
+
+async def test_taken_rows_count_between_the_takes_commit_and_the_writers_watermark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer thread has run COMMIT (the rows read in the database) but not yet set
+    ``writer.committed`` (it waits for the GIL; held there here)."""
+    claimed, go, committed, resume = (threading.Event() for _ in range(4))
+    claim_ids = deliveries.claim_ids
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        claimed.set()
+        go.wait(10)
+        return claim_ids(*args, **kwargs)
+
+    monkeypatch.setattr(deliveries, "claim_ids", held)
+    orig = writer_module.immediate
+
+    @contextmanager
+    def slow(raw: Any) -> Iterator[None]:
+        with orig(raw):
+            yield
+        if claimed.is_set() and not committed.is_set():
+            committed.set()  # COMMIT done, watermark not yet set
+            resume.wait(10)
+
+    monkeypatch.setattr(writer_module, "immediate", slow)
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("s", capacity=2)
+        box.put("a", env("a"))
+        box.put("b", env("b"))
+        await box.wait_committed()
+        task = asyncio.ensure_future(box.take_all())
+        assert await anyio.to_thread.run_sync(claimed.wait, 10)
+        task.cancel()
+        await asyncio.sleep(0)  # cancelled in its transaction: a give-back is made
+        go.set()
+        assert await anyio.to_thread.run_sync(committed.wait, 10)
+        try:
+            n = len(box)
+            accepted = []
+            for k in ("c", "d"):
+                try:
+                    box.put(k, env(k))
+                    accepted.append(k)
+                except MailboxFull:
+                    pass
+        finally:
+            resume.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        later = store.mailbox("other")
+        later.put("q", env("q"))  # reported after the give-back, in order
+        await later.wait_committed()
+        assert (n, accepted, len(box)) == (2, [], 2)
+
+
+async def test_an_id_given_back_then_put_and_consumed_here_counts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("s", capacity=1)
+        box.put("a", env("a"))
+        await box.wait_committed()
+        task, go = await cancelled_in_its_transaction(box, monkeypatch)
+        with writer_parked(store):
+            go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            box.put("a", env("a", "again"))
+            assert box.drain("a") == env("a", "again")  # the newest, consumed here
+            assert box.peek("a") is None
+            assert len(box) == 0  # the give-back of "a" is retired by the put's insert
+            box.put("b", env("b"))
+        await box.wait_committed()
+        assert len(box) == 1
+
+
+async def test_subscriptions_made_before_the_give_back_commits_fire_at_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        box = store.mailbox("s")
+        other = store.mailbox("s")
+        box.put("a", env("a"))
+        await box.wait_committed()
+        task, go = await cancelled_in_its_transaction(box, monkeypatch)
+        fired, fired2 = anyio.Event(), anyio.Event()
+        with writer_parked(store):
+            go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert box.peek("a") is None
+            assert box.drain("a") is None
+            assert box.subscribe_once("a", fired.set) is not None
+            assert other.subscribe_once("a", fired2.set) is not None
+        with anyio.fail_after(10):
+            await fired.wait()
+            await fired2.wait()
+            assert await box.wait("a") == env("a")
