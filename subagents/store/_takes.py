@@ -160,8 +160,9 @@ class TakeAll(Write):
 class GiveBack(Write):
     """What a committed take took, given back because its caller is gone (cancelled by
     asyncio's own ``task.cancel()``): each row unread again unless overwritten meanwhile.
-    Made as the caller is cancelled; from the take's commit to its own, the mailbox counts
-    the take's ids as entries (``Pending.giving``): the rows are read in the database."""
+    Made as the caller is cancelled; from the take's apply to its own commit, the mailbox
+    counts the take's ids as entries (``Pending.giving``): to its reads the rows are read,
+    or about to be."""
 
     __slots__ = ("_ended", "of", "task_ids")
 
