@@ -162,11 +162,20 @@ def foreign_wal_database(path: Path) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
-def block_the_loop_until_committed(path: Path, envelopes: int) -> None:
+def block_the_loop_until_committed(
+    path: Path, envelopes: int, store: SqliteStore | None = None
+) -> None:
     """Keep the calling thread (the event loop's, on purpose) until another connection
-    sees ``envelopes`` envelope rows committed."""
+    sees ``envelopes`` envelope rows committed, and, given ``store``, until its writer has
+    also moved its watermark past them (the writer sets it after its COMMIT returns, once
+    it has the GIL back: until then this process's overlay still takes them for
+    uncommitted)."""
     deadline = time.monotonic() + 60
     with sqlite(path) as conn:
         while conn.execute("SELECT count(*) FROM envelopes").fetchone()[0] < envelopes:
             assert time.monotonic() < deadline, "the writer waited for the event loop"
             time.sleep(0.001)
+    writer = None if store is None else store._writer
+    while writer is not None and writer.committed < writer.submitted:
+        assert time.monotonic() < deadline, "the writer did not move its watermark"
+        time.sleep(0.001)

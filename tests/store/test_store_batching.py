@@ -286,7 +286,7 @@ async def test_the_writer_commits_while_the_event_loop_is_busy(tmp_path: Path) -
         # connection sees every one of 2,000 puts committed, in batches of at most 1,024.
         for i in range(2_000):
             box.put(f"t{i}", env(f"t{i}"))
-        block_the_loop_until_committed(path, 2_001)
+        block_the_loop_until_committed(path, 2_001, store)
         assert order == []  # no callback ran: the loop was busy all along
         await box.wait_committed()
         assert store.statistics().batches >= 3

@@ -191,7 +191,7 @@ async def test_a_put_taken_by_another_mailbox_before_its_commit_is_reported_is_g
     async with SqliteStore(path) as store:
         one, two = store.mailbox("s"), store.mailbox("s")
         one.put("a", env("a"))
-        block_the_loop_until_committed(path, 1)  # so its report has not run
+        block_the_loop_until_committed(path, 1, store)  # so its report has not run
         assert two.drain("a") == env("a")
         assert one.peek("a") is None
         assert len(one) == 0
@@ -207,7 +207,7 @@ def a_and_b_committed_unreported(
     one, two = store.mailbox("s", capacity=2), store.mailbox("s", capacity=2)
     getattr(one, method)("a", env("a"))
     getattr(one, method)("b", env("b"))
-    block_the_loop_until_committed(path, 2)
+    block_the_loop_until_committed(path, 2, store)
     return one, two
 
 
@@ -238,7 +238,7 @@ async def test_a_put_over_one_taken_before_its_commit_is_reported_is_a_new_entry
         one, two = a_and_b_committed_unreported(store, path, method)
         assert two.drain("a") == env("a")
         assert two.put("c", env("c"))
-        block_the_loop_until_committed(path, 3)  # the session holds b and c: it is full
+        block_the_loop_until_committed(path, 3, store)  # the session holds b and c: full
         with pytest.raises(MailboxFull):
             getattr(one, method)("a", env("a2"))
         assert one.put("b", env("b2"))  # b is still unread: this replaces it
@@ -451,7 +451,7 @@ async def test_a_put_taken_before_the_writer_took_it_leaves_no_older_entry_of_it
         if older == "reported":
             await box.wait_committed()
         else:
-            block_the_loop_until_committed(path, 1)  # committed, its report not run
+            block_the_loop_until_committed(path, 1, store)  # committed, report not run
         with writer_parked(store):
             box.put("a", env("a", "second"))
             if take == "drain":
@@ -478,7 +478,7 @@ async def test_a_durable_put_over_a_pending_put_counts_toward_capacity(
         box = store.mailbox("s", capacity=1)
         box.put("a", env("a", "first"))
         if earlier == "committed":
-            block_the_loop_until_committed(path, 1)  # its report has not run
+            block_the_loop_until_committed(path, 1, store)  # its report has not run
         with writer_parked(store):
             assert box.put_durable("a", env("a", "second"))  # replaces a: accepted
             assert box.drain("a") == env("a", "first")
@@ -605,7 +605,7 @@ async def test_a_committed_put_past_its_ttl_does_not_hide_a_newer_entry_from_dra
         one.put("a", env("a", "first"))
         clock.now += 0.5
         two.put("a", env("a", "second"))
-        block_the_loop_until_committed(path, 2)  # so their reports have not run
+        block_the_loop_until_committed(path, 2, store)  # their reports have not run
         clock.now += 0.7  # one's put has expired, two's has not
         assert one.peek("a") == env("a", "second")
         assert one.drain("a") == env("a", "second")

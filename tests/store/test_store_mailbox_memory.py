@@ -142,7 +142,7 @@ async def test_a_durable_put_taken_before_its_commit_is_reported_is_taken_once(
         sent = env("d")
         box.put_durable("d", sent)
         # Wait for the commit from another connection, without letting the loop run.
-        block_the_loop_until_committed(tmp_path / "s.db", 1)
+        block_the_loop_until_committed(tmp_path / "s.db", 1, store)
         assert reported == []
         (got,) = box.drain_all()
         assert got is sent
@@ -208,7 +208,7 @@ async def test_a_reused_envelope_id_taken_before_its_commit_is_reported(tmp_path
         box = store.box  # type: ignore[attr-defined]
         second = env("t2", "the second envelope")
         box.put("t2", second)
-        block_the_loop_until_committed(path, 1)
+        block_the_loop_until_committed(path, 1, store)
         got = box.drain_all()
         assert [(e.task_id, e.output) for e in got] == [("t2", "the second envelope")]
 
