@@ -326,6 +326,8 @@ class Pending:
         taken it (a withdrawn take's)."""
         if seq in self._takes:
             self._takes.remove(seq)
+        if not self._kept:
+            return
         kept = []
         with self._lock:
             for put, by in self._kept:
@@ -344,12 +346,11 @@ class Pending:
         old = self._puts.latest(put)
         if old is not None:
             with self._lock:
-                if old.picked:
-                    pass
-                elif self._takes and old.seq < self._takes[-1]:
-                    self._kept.append((old, put.seq))
-                else:
-                    old.superseded = True
+                if not old.picked:
+                    if self._takes and old.seq < self._takes[-1]:
+                        self._kept.append((old, put.seq))
+                    else:
+                        old.superseded = True
         self._durable.pop(put.task_id)  # counted from now on as the entry
 
     def add_durable(self, put: Put) -> None:

@@ -112,12 +112,7 @@ class TakeAll(Write):
             # task before its next checkpoint, with whatever it returned dropped.
             back = giving_back(self) if anyio.current_effective_deadline() > -math.inf else None
             try:
-                while not self._done.is_set():
-                    try:
-                        with anyio.CancelScope(shield=True):
-                            await self._done.wait()
-                    except anyio.get_cancelled_exc_class():
-                        continue  # asyncio's own cancellation, which no shield holds back
+                await self._commit_whatever_cancels()
             finally:
                 if back is not None:  # also when an interrupt ends the wait
                     back.submit(writer)
@@ -125,6 +120,16 @@ class TakeAll(Write):
                 return self.taken  # a cancelled scope: it raises at the next checkpoint
             raise
         return self.taken
+
+    async def _commit_whatever_cancels(self) -> None:
+        """Wait for the commit of a take the writer has taken, shielded; asyncio's own
+        cancellation, which no shield holds back, is waited through too."""
+        while not self._done.is_set():
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self._done.wait()
+            except anyio.get_cancelled_exc_class():
+                continue
 
     def take(self) -> bool:
         if self.withdrawn:

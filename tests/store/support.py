@@ -175,7 +175,15 @@ def block_the_loop_until_committed(
         while conn.execute("SELECT count(*) FROM envelopes").fetchone()[0] < envelopes:
             assert time.monotonic() < deadline, "the writer waited for the event loop"
             time.sleep(0.001)
-    writer = None if store is None else store._writer
-    while writer is not None and writer.committed < writer.submitted:
+    if store is not None:
+        block_the_loop_until_the_watermark_moves(store)
+
+
+def block_the_loop_until_the_watermark_moves(store: SqliteStore) -> None:
+    """Keep the calling thread (the event loop's) until the store's writer has committed
+    every write submitted, by its watermark: no commit's callback has run on the loop."""
+    writer = store._writer
+    deadline = time.monotonic() + 60
+    while writer.committed < writer.submitted:
         assert time.monotonic() < deadline, "the writer did not move its watermark"
         time.sleep(0.001)

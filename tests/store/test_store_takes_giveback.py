@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +19,7 @@ from subagents import DelegateResult, MailboxFull
 from subagents.store import SqliteMailbox, SqliteStore, _takes
 from subagents.store import _deliveries as deliveries
 from subagents.store import _writer as writer_module
-from tests.store.support import env
+from tests.store.support import block_the_loop_until_the_watermark_moves, env
 from tests.store.test_store_lifecycle import writer_parked
 from tests.store.test_store_takes_cancel import claims_held
 
@@ -99,16 +98,6 @@ async def test_a_store_closing_meanwhile_still_commits_the_give_back(
         assert await again.mailbox("s").take_all() == [env("a")]
 
 
-def every_write_committed_while_the_loop_waits(store: SqliteStore) -> None:
-    """Block the event loop until the writer has committed every write submitted, so that
-    no commit's callback has run on the loop yet."""
-    writer = store._writer
-    deadline = time.monotonic() + 10
-    while writer.committed < writer.submitted:
-        assert time.monotonic() < deadline, "the writer did not commit"
-        time.sleep(0.001)
-
-
 async def test_a_give_back_committed_before_its_callback_is_counted_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,7 +110,7 @@ async def test_a_give_back_committed_before_its_callback_is_counted_once(
         go.set()
         with pytest.raises(asyncio.CancelledError):
             await task
-        every_write_committed_while_the_loop_waits(store)
+        block_the_loop_until_the_watermark_moves(store)
         assert len(box) == 2
         box.put("c", env("c"))  # room for one more
 
