@@ -24,6 +24,7 @@ _CHECKS: tuple[tuple[str, str, bool], ...] = (
     ("drain_all_arrival_order", "drain_all returns every unread envelope in arrival order", False),
     ("take_all_as_drain_all", "take_all takes what drain_all would, in arrival order", False),
     ("take_all_cancelled_loses_nothing", "a cancelled take_all returns or leaves each", False),
+    ("discard_consumes", "discard consumes an entry for nobody; a later put is new", False),
     ("consumed_never_again", "a consumed envelope is never returned again", False),
     ("peek_never_consumes", "peek and subscriptions never consume", False),
     ("consumed_hook", "consumed fires once per consumed envelope, never otherwise", False),

@@ -208,6 +208,28 @@ class StoreChecks(SuiteBase):
             again = await box.wait(key, timeout=0)
             require(again is None, f"wait returned {key!r} after it was consumed")
 
+    async def discard_consumes(self) -> None:
+        box = self.new(capacity=2)
+        for key in "ab":
+            box.put(key, env(key))
+        box.discard("a")
+        box.discard("d")  # no entry: nothing happens
+        require(box.peek("a") is None, "peek returned an entry after its discard")
+        require(box.drain("a") is None, "drain returned an entry after its discard")
+        require(len(box) == 1, f"len is {len(box)} after discarding one of two entries")
+        try:
+            box.put("c", env("c"))
+        except MailboxFull as full:
+            raise AssertionError("a discarded entry still took its place") from full
+        got = sorted(box.drain_all(), key=lambda e: e.task_id)  # the order is checked apart
+        require(got == [env("b"), env("c")], f"drain_all after a discard gave {got}")
+        box.put("a", env("a", "again"))
+        box.put("d", env("d"))
+        require(box.peek("a") == env("a", "again"), "a put after a discard was not read")
+        require(box.peek("d") == env("d"), "a put after a discard of nothing was not read")
+        box.discard("b")  # consumed already: nothing happens
+        require(len(box) == 2, f"len is {len(box)} after discarding a consumed entry")
+
     async def peek_never_consumes(self) -> None:
         box = self.new()
         consumed: list[DelegateResult] = []

@@ -122,6 +122,17 @@ class BaseMailbox(ABC):
         """Remove and return every unread envelope, in arrival order; calls ``consumed``
         with each."""
 
+    def discard(self, task_id: str) -> None:
+        """Consume the entry under ``task_id``, if there is one, handing it to nobody: for a
+        caller that has the envelope already (the manager collecting a child it holds the
+        result of). From the call on, this mailbox never returns that entry; a put of the
+        id after it is a new entry. A durable mailbox may finish the consumption after
+        returning (``SqliteMailbox`` marks the row read in its writer's next transaction)
+        instead of blocking the event loop on the database. ``consumed`` may be called
+        with the entry or not (the caller asked for nothing back). The default is
+        :meth:`drain`."""
+        self.drain(task_id)
+
     async def take_all(self) -> list[DelegateResult]:
         """:meth:`drain_all`, for a caller that can wait: a durable mailbox takes through
         its store's writer (in its next transaction) instead of blocking the event loop on

@@ -393,13 +393,17 @@ class Sessions:
     def collect(self, record: ChildRecord) -> None:
         """Consume an ended child's envelope: out of its mailbox, marked collected, and
         its record kept among the ``retain`` newest collected ones."""
+        if record.collected:  # its entry was consumed then, by this or by the mailbox
+            return
         # An execute()'s envelope never goes to a mailbox (it is returned to its caller).
         mailbox = None if record.sync else self._mailboxes.get(record.session_id)
-        if mailbox is None and record.restored and not record.collected:
+        if mailbox is None and record.restored:
             mailbox = self.mailbox(record.session_id)  # its entry is unread in the store
         if mailbox is not None:
-            mailbox.drain(record.task_id)  # if it is there, the hook marks it collected
-        if not record.collected:  # not in the mailbox (full, dropped, or read already)
+            # The envelope is in hand: a durable mailbox need not read it back, nor make
+            # the event loop wait for the database.
+            mailbox.discard(record.task_id)
+        if not record.collected:  # the mailbox's consumed hook may have marked it
             self._collected(record)
 
     def _collected(self, record: ChildRecord) -> None:
@@ -428,7 +432,7 @@ class Sessions:
             collected = record.collected
             record.collected = True  # so the mailbox hook does not count a collection
             try:
-                mailbox.drain(record.task_id)
+                mailbox.discard(record.task_id)
             except BaseException:
                 record.collected = collected  # a backend that failed: nothing forgotten
                 raise

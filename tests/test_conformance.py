@@ -399,6 +399,22 @@ class DrainKeeps(Delegating):
         return envelope
 
 
+class DiscardConsumesTheNextPut(Delegating):
+    """A discard that waits for the id's entry and consumes the next put of it too."""
+
+    discarding: frozenset[str] = frozenset()  # each instance's own once it discards
+
+    def put(self, task_id: str, envelope: DelegateResult) -> bool:
+        if task_id in self.discarding:
+            self.discarding -= {task_id}
+            return True
+        return super().put(task_id, envelope)
+
+    def discard(self, task_id: str) -> None:
+        if self.drain(task_id) is None:
+            self.discarding |= {task_id}
+
+
 class PeekConsumes(Delegating):
     def peek(self, task_id: str) -> DelegateResult | None:
         return self.inner.drain(task_id)
@@ -569,6 +585,7 @@ BREAKS_MAILBOX_CHECK: dict[str, Callable[..., BaseMailbox]] = {
     "drain_all_arrival_order": SortedDrainAll,
     "take_all_as_drain_all": SortedDrainAll,
     "take_all_cancelled_loses_nothing": TakesThenYields,
+    "discard_consumes": DiscardConsumesTheNextPut,
     "consumed_never_again": DrainKeeps,
     "peek_never_consumes": PeekConsumes,
     "consumed_hook": HookSkipsDrainAll,

@@ -34,12 +34,13 @@ from .._envelope import DelegateResult, encodes, now_ms
 from .._errors import ConfigError, MailboxFull
 from .._mailbox import BaseMailbox, MailboxStatistics, Signal, report_consumed
 from . import _deliveries as rows
+from ._census import Census
 from ._errors import StoreError
 from ._in_hand import InHand
 from ._pending import Pending, Put
 from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
-from ._takes import GiveBack, TakeAll
+from ._takes import Discard, GiveBack, TakeAll
 from ._tally import Tally
 from ._writer import Writer
 
@@ -104,13 +105,15 @@ class SqliteMailbox(BaseMailbox):
         self._clock = clock
         self._pending = Pending(writer, expiring=ttl is not None)
         self._in_hand = InHand(self._pending, capacity)
+        self._census = Census(
+            conn, self._pending, tally, session=session, recipient=recipient, capacity=capacity
+        )
         self._subs = Subscriptions(lambda active: watch(self, active))
         self._closed = False
         self._last_seq = 0
         # Bound once, not at each put: a put's callbacks live through collections on its way.
         self._as_put = (self._written, None)
         self._as_durable = (self._revealed, self._kept_here)
-        self._tally = tally  # shared with the other objects of the session
         self._seen = 0  # the newest delivery id looked at for other processes' puts
 
     @property
@@ -127,47 +130,6 @@ class SqliteMailbox(BaseMailbox):
     def _decode(self, body: bytes) -> DelegateResult:
         return rows.decode(self._conn.path, body)
 
-    def _count(self, now: float, limit: int = -1, *, unrevealed: bool = False) -> int:
-        """Live entries (at most ``limit``): the committed ones, plus the pending puts not
-        committed yet (with ``unrevealed``, the durable puts not yet readable too)."""
-        self._pending.expire(now)  # first: it lets the expired ones go
-        pending, ids = self._pending.census(now, durable=unrevealed)
-        excluding = ids or None
-        session, recipient = self.session, self.recipient
-        return pending + self._conn.read(
-            lambda raw: rows.count_live(
-                raw, session, recipient, now, limit=limit, excluding=excluding
-            )
-        )
-
-    def _full(self, now: float) -> bool:
-        """At least ``capacity`` live entries, counting the durable puts on their way?
-
-        Mostly no read at all: the last count of the committed entries plus this
-        mailbox's uncommitted puts then, plus every put this process's objects of the
-        session accepted since (:class:`Tally`), is more than it holds (entries consumed,
-        expired or double-counted since only make it less), so below ``capacity`` it says
-        "not full". Otherwise one bounded count; a put may commit between the two counts,
-        so their sum only says "not full". A put committed but not reported yet is the
-        database's to count: another process's mailbox may have taken it."""
-        capacity = self._capacity
-        self._pending.expire(now)  # first: it lets the expired ones go
-        pending = self._pending.bound()
-        if pending >= capacity:
-            return self._count(now, limit=capacity, unrevealed=True) >= capacity
-        tally = self._tally
-        if tally.bound is not None and tally.bound + tally.since < capacity:
-            return False
-        session, recipient = self.session, self.recipient
-        stored = self._conn.read(
-            lambda raw: rows.count_live(raw, session, recipient, now, limit=capacity)
-        )
-        tally.bound, tally.since = stored + pending, 0
-        if stored + pending < capacity:
-            return False
-        exact = not pending and not self._pending.hiding()  # nothing here changes ``stored``
-        return exact or self._count(now, limit=capacity, unrevealed=True) >= capacity
-
     def _find(self, task_id: str, now: float) -> bytes | None:
         session, recipient = self.session, self.recipient
         return self._conn.read(lambda raw: rows.find(raw, session, recipient, task_id, now))
@@ -183,7 +145,7 @@ class SqliteMailbox(BaseMailbox):
         return None if body is None else self._decode(body)
 
     def __len__(self) -> int:
-        return 0 if self._closed else self._count(self._clock())
+        return 0 if self._closed else self._census.count(self._clock())
 
     def statistics(self) -> MailboxStatistics:
         return MailboxStatistics(
@@ -239,7 +201,7 @@ class SqliteMailbox(BaseMailbox):
             raise ConfigError("task_id", _UTF8, task_id)
         now = self._clock()
         if (
-            self._full(now)
+            self._census.full(now)
             and not self._pending.holds(task_id)  # else it replaces one in hand
             and (self._pending.hides(task_id) or self._find(task_id, now) is None)  # new id
         ):
@@ -257,7 +219,7 @@ class SqliteMailbox(BaseMailbox):
             on_failed=on_failed,
         )
         self._last_seq = self._writer.submit(put)
-        self._tally.since += 1
+        self._census.accepted()
         return put
 
     def _written(self, put: Put) -> None:
@@ -274,7 +236,7 @@ class SqliteMailbox(BaseMailbox):
         """The writer committed a :meth:`put_durable`: it is readable from now on."""
         self._pending.revealed(put)
         self._hold(put)
-        if not self._closed:
+        if not self._closed and not put.taken:  # a taken one holds no entry
             self._subs.fire_arrived((put.task_id,))
         self._report_committed(put)
 
@@ -294,8 +256,8 @@ class SqliteMailbox(BaseMailbox):
                 logger.exception("mailbox committed hook %r raised; ignored", hook)
 
     async def wait_committed(self) -> None:
-        """Block until every put this mailbox accepted so far is committed (durable as
-        the store's ``synchronous`` setting makes commits).
+        """Block until every put this mailbox accepted so far, and every :meth:`discard`,
+        is committed (durable as the store's ``synchronous`` setting makes commits).
 
         Cancellation stops the wait, not the writes. Returns at once if nothing is pending.
 
@@ -310,19 +272,52 @@ class SqliteMailbox(BaseMailbox):
         if self._closed:
             return None
         now = self._clock()
+        put, decided = self._take_here(task_id, now)
+        if decided:
+            return None if put is None else report_consumed(self, [put.envelope])[0]
+        return self._drain_stored(task_id, put, now)
+
+    def _take_here(self, task_id: str, now: float) -> tuple[Put | None, bool]:
+        """The overlay's part of a take of ``task_id``: ``(put, True)`` when it decides
+        (``put`` consumed here, or ``None``: no entry), ``(put, False)`` when the database
+        does (``put``: the id's entry in the writer's hands, if any)."""
         self._pending.expire(now)
         put = self._pending.get(task_id)
-        if put is not None:
-            if not put.live(now):  # an entry past its TTL before older ones (a clock step)
-                if self._pending.uncommitted(task_id) is put:
-                    return None
-                self._pending.discard(put)
-                put = None  # committed: the database says what the id holds now
-            elif self._pending.claim(put):
-                return report_consumed(self, [put.envelope])[0]
-        elif self._pending.hides(task_id):
-            return None
-        return self._drain_stored(task_id, put, now)
+        if put is None:
+            return None, self._pending.hides(task_id)
+        if not put.live(now):  # an entry past its TTL before older ones (a clock step)
+            if self._pending.uncommitted(task_id) is put:
+                return None, True
+            self._pending.discard(put)
+            return None, False  # committed: the database says what the id holds now
+        return put, self._pending.claim(put)
+
+    def discard(self, task_id: str) -> None:
+        """Consume ``task_id``'s entry, if it has one, for nobody (``consumed`` is not
+        called), without waiting for the database: from the call on no read here sees it,
+        and its row is marked read in the writer's next transaction (a put the writer has
+        not taken yet is written as ``read`` instead). Until that transaction commits,
+        another process may still take the row. :meth:`wait_committed` waits for it too.
+        A store that has failed or is closing drains it instead (see :meth:`drain`).
+        """
+        if self._closed or self._take_here(task_id, now := self._clock())[1]:
+            return
+        discard = Discard(self.session, self.recipient, self.origin, task_id, now, self._discarded)
+        try:
+            self._last_seq = self._writer.submit(discard)
+        except (StoreError, anyio.ClosedResourceError):  # as drain answers then
+            self.drain(task_id)
+            return
+        self._pending.discarding(discard)
+
+    def _discarded(self, discard: Discard, committed: bool) -> None:
+        self._pending.discarded(discard)
+        if not committed:
+            logger.warning(
+                "the store failed before marking %r read in session %r: it stays unread",
+                discard.task_id,
+                self.session,
+            )
 
     def _drain_stored(self, task_id: str, put: Put | None, now: float) -> DelegateResult | None:
         """:meth:`drain` from the database; ``put``: the id's entry, in the writer's hands."""
@@ -432,7 +427,7 @@ class SqliteMailbox(BaseMailbox):
     def _given_back(self, back: GiveBack, task_ids: list[str]) -> None:
         self._pending.given(back)
         if task_ids and not self._closed:
-            self._tally.stale()  # entries arrived that no put counted
+            self._census.stale()  # entries arrived that no put counted
             self._subs.fire_arrived(task_ids)
 
     # ------------------------------------------------------------ subscriptions and drop
@@ -481,7 +476,7 @@ class SqliteMailbox(BaseMailbox):
                 lambda raw: rows.puts_since(raw, session, recipient, after, origin)
             )
             if foreign:
-                self._tally.stale()
+                self._census.stale()
                 self._subs.fire_all()
 
     def drop(self) -> None:

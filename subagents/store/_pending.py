@@ -14,10 +14,11 @@ from __future__ import annotations
 import bisect
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, Protocol, TypeVar
 
 from .._envelope import DelegateResult, now_ms
 from . import _deliveries as rows
-from ._takes import GiveBack
+from ._takes import Discard, GiveBack
 from ._writer import Write, Writer
 
 __all__ = ["Pending", "Put"]
@@ -111,13 +112,24 @@ class Put(Write):
             self.on_failed(self)
 
 
-def _is_uncommitted(put: Put | None, committed: int) -> bool:
-    """Whether ``put`` is a put whose batch is not committed at watermark ``committed``."""
+class _Keyed(Protocol):
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def seq(self) -> int: ...
+
+
+K = TypeVar("K", bound=_Keyed)
+
+
+def _is_uncommitted(put: _Keyed | None, committed: int) -> bool:
+    """Whether ``put`` is a write whose batch is not committed at watermark ``committed``."""
     return put is not None and put.seq > committed
 
 
-class _InOrder:
-    """Puts by task id (the latest per id) in submission order, with their sequence
+class _InOrder(Generic[K]):
+    """Puts (or discards) by task id (the latest per id) in submission order, with their sequence
     numbers sorted beside them, so that how many are past a watermark costs a bisection,
     not a walk over the committed ones whose report is still on its way (a whole batch
     on a busy store)."""
@@ -125,7 +137,7 @@ class _InOrder:
     __slots__ = ("_by_id", "_seqs")
 
     def __init__(self) -> None:
-        self._by_id: dict[str, Put] = {}
+        self._by_id: dict[str, K] = {}
         self._seqs: list[int] = []
 
     def __bool__(self) -> bool:
@@ -134,20 +146,20 @@ class _InOrder:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def get(self, task_id: str) -> Put | None:
+    def get(self, task_id: str) -> K | None:
         return self._by_id.get(task_id)
 
-    def values(self) -> Iterable[Put]:
+    def values(self) -> Iterable[K]:
         return self._by_id.values()
 
-    def first(self) -> Put | None:
+    def first(self) -> K | None:
         return next(iter(self._by_id.values()), None)
 
     def uncommitted(self, committed: int) -> int:
         """How many are not committed at watermark ``committed``."""
         return len(self._seqs) - bisect.bisect_right(self._seqs, committed)
 
-    def latest(self, put: Put) -> Put | None:
+    def latest(self, put: K) -> K | None:
         """``put`` becomes its id's put, in its place by submission; returns the one it
         replaces."""
         old = self.pop(put.task_id)
@@ -163,13 +175,13 @@ class _InOrder:
         self._by_id = dict(sorted(self._by_id.items(), key=lambda item: item[1].seq))
         return old
 
-    def pop(self, task_id: str) -> Put | None:
+    def pop(self, task_id: str) -> K | None:
         put = self._by_id.pop(task_id, None)
         if put is not None:
             self._drop_seq(put)
         return put
 
-    def forget(self, put: Put) -> bool:
+    def forget(self, put: K) -> bool:
         """Remove ``put`` if it is still its id's put."""
         if self._by_id.get(put.task_id) is not put:
             return False
@@ -177,7 +189,7 @@ class _InOrder:
         self._drop_seq(put)
         return True
 
-    def _drop_seq(self, put: Put) -> None:
+    def _drop_seq(self, put: K) -> None:
         del self._seqs[bisect.bisect_left(self._seqs, put.seq)]
 
     def clear(self) -> None:
@@ -193,8 +205,9 @@ class Pending:
     - entries: :meth:`add`'s puts, readable here (until their batch commits);
     - durable ones: :meth:`add_durable`'s puts, readable once committed, counted at once;
     - hiding ones: puts consumed here (:meth:`claim`) or expired before their batch
-      committed. They hold no entry, but until the commit writes them their id's older
-      row is not the id's entry, so the database is not asked about it.
+      committed, and discards on their way (:meth:`discarding`). They hold no entry, but
+      until the commit writes them their id's older row is not the id's entry, so the
+      database is not asked about it.
 
     Once a put's batch has committed, the database answers for it, whatever is here.
     """
@@ -203,9 +216,9 @@ class Pending:
         self._writer = writer
         self._lock = writer.lock
         self._expiring = expiring
-        self._puts = _InOrder()
-        self._durable = _InOrder()
-        self._hiding = _InOrder()
+        self._puts: _InOrder[Put] = _InOrder()
+        self._durable: _InOrder[Put] = _InOrder()
+        self._hiding: _InOrder[Put | Discard] = _InOrder()
         self._takes: list[int] = []  # the sequence numbers of this mailbox's takes under way
         # Overwritten here (by the put of the sequence number beside it), still to be
         # written for a take submitted between the two.
@@ -395,6 +408,22 @@ class Pending:
         if self._puts.forget(put):
             self._hiding.latest(put)
         return True
+
+    def discarding(self, discard: Discard) -> None:
+        """``discard`` (submitted) consumes its id's entry for nobody: the id's puts here,
+        which the writer has taken (an untaken one is claimed instead) or whose
+        TTL has passed, are let go, their rows the discard's to mark read; until it
+        commits, the database's row of the id is not its entry."""
+        task_id = discard.task_id
+        for puts in (self._puts, self._durable):
+            put = puts.pop(task_id)
+            if put is not None:
+                put.taken = True  # nobody takes it from the database: the discard reads it
+        self._hiding.latest(discard)
+
+    def discarded(self, discard: Discard) -> None:
+        """``discard``'s commit is reported, or the store failed first."""
+        self._hiding.forget(discard)
 
     def handed_back(self, put: Put) -> bool:
         """Whether ``put``, once taken by the writer, was handed back by a failed store

@@ -1,4 +1,6 @@
-"""A mailbox's take of every unread envelope as a write of the writer thread's batch.
+"""A mailbox's takes as writes of the writer thread's batch: of every unread envelope
+(:class:`TakeAll`, and :class:`GiveBack` of what a cancelled one took), and of one id's
+entry for nobody (:class:`Discard`).
 
 ``SqliteMailbox.take_all`` submits a :class:`TakeAll` instead of opening a transaction of
 its own on the event loop's connection. The event loop's take must first wait, blocked,
@@ -38,7 +40,7 @@ from . import _deliveries as rows
 from ._errors import StoreError
 from ._writer import Write, Writer
 
-__all__ = ["Found", "GiveBack", "TakeAll", "Taken"]
+__all__ = ["Discard", "Found", "GiveBack", "TakeAll", "Taken"]
 
 logger = logging.getLogger("subagents.store")
 
@@ -217,3 +219,55 @@ class GiveBack(Write):
             "failed" if exc is None else f"refused it ({exc})",
         )
         self._ended(self, [])
+
+
+def _in_hand(task_id: str, delivery_id: int) -> bool:
+    return True  # a discard reads no body: nobody is handed the envelope
+
+
+class Discard(Write):
+    """Mark one id's live entry read for nobody (``SqliteMailbox.discard``: its caller has
+    the envelope). Applied in its place, so a put of the id submitted after it is not
+    touched; until it commits, the mailbox takes the id's row for no entry
+    (``Pending.discarding``). An entry past its TTL becomes ``expired``."""
+
+    __slots__ = ("_ended", "consumer", "now", "recipient", "session", "task_id")
+
+    def __init__(
+        self,
+        session: str,
+        recipient: str,
+        consumer: str,
+        task_id: str,
+        now: float,
+        ended: Callable[[Discard, bool], object],
+    ) -> None:
+        super().__init__()
+        self.session = session
+        self.recipient = recipient
+        self.consumer = consumer
+        self.task_id = task_id
+        self.now = now
+        self._ended = ended
+        """Called on the event loop with whether it committed."""
+
+    @classmethod
+    def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
+        ms = now_ms()
+        for w in writes:
+            rows.claim(
+                conn,
+                w.session,
+                w.recipient,
+                w.task_id,
+                consumer=w.consumer,
+                now=w.now,
+                ms=ms,
+                known=_in_hand,
+            )
+
+    def done(self) -> None:
+        self._ended(self, True)
+
+    def failed(self) -> None:
+        self._ended(self, False)

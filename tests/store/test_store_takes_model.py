@@ -1,8 +1,9 @@
-"""``take_all`` among puts, overwrites, drains and cancellations (hypothesis): a take
-that waits for the writer never hands out an envelope twice, nor one put after its call,
-nor one its call found overwritten; and the newest envelope of every id reaches exactly
-one consumer, whatever was cancelled on the way; the ``committed`` hook reports exactly
-the puts written (all but those overwritten in the writer's queue with no take between)."""
+"""``take_all`` among puts, overwrites, drains, discards and cancellations (hypothesis): a
+take that waits for the writer never hands out an envelope twice, nor one put after its
+call, nor one its call found overwritten, nor one discarded before; a discard consumes
+only what its call found; and the newest envelope of every id reaches exactly one
+consumer, whatever was cancelled on the way; the ``committed`` hook reports exactly the
+puts written (all but those overwritten in the writer's queue with no take between)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ _OPS = st.lists(
         [
             *(("put", key) for key in (*KEYS, *KEYS, "a")),
             *(("drain", key) for key in KEYS),
+            *(("discard", key) for key in KEYS),
             *((op, "") for op in ("drain_all", "take", "take", "cancel", "settle", "settle")),
         ]
     ),
@@ -45,6 +47,7 @@ class Run:
         self.puts = 0
         self.latest: dict[str, str] = {}  # the newest output put for each id
         self.handed: list[str] = []
+        self.discarded: dict[str, int] = {}  # output -> the step of the discard that found it
         self.takes: list[tuple[anyio.CancelScope, list[object]]] = []
         self.running = 0
         self.idle = anyio.Event()
@@ -71,19 +74,28 @@ class Run:
         }
         return set(self.outputs) - never
 
-    def hand(self, got: list[DelegateResult], *, latest_at_call: dict[str, str]) -> None:
-        """Outputs handed out: each was the newest of its id when the consumer was called."""
+    def hand(
+        self, got: list[DelegateResult], *, latest_at_call: dict[str, str], called: int = 0
+    ) -> None:
+        """Outputs handed out: each was the newest of its id when the consumer was called
+        (at step ``called``, a take's; 0: now), and not discarded before then (a take
+        under way when a discard is called asked first: it takes the entry)."""
         for envelope in got:
             assert envelope.output == latest_at_call.get(envelope.task_id), (
                 f"{envelope.output} was not the newest of {envelope.task_id} at the call"
             )
+            discarded = self.discarded.pop(envelope.output, None)
+            assert discarded is None or (called and called < discarded), (
+                f"{envelope.output} was handed out after its discard"
+            )
             self.handed.append(envelope.output)
 
     async def take(self, scope: anyio.CancelScope) -> None:
-        latest_at_call = dict(self.latest)
+        latest_at_call, called = dict(self.latest), self.step
         try:
             with scope:
-                self.hand(await self.box.take_all(), latest_at_call=latest_at_call)
+                got = await self.box.take_all()
+                self.hand(got, latest_at_call=latest_at_call, called=called)
         finally:
             self.running -= 1
             if not self.running:
@@ -113,6 +125,12 @@ class Run:
             elif op == "drain":
                 got = self.box.drain(key)
                 self.hand([] if got is None else [got], latest_at_call=self.latest)
+                self.unwritten.pop(key, None)  # consumed here if queued: written as read
+            elif op == "discard":
+                found = self.box.peek(key)  # what the discard is to consume
+                self.box.discard(key)
+                if found is not None:
+                    self.discarded[found.output] = self.step
                 self.unwritten.pop(key, None)  # consumed here if queued: written as read
             elif op == "drain_all":
                 self.hand(self.box.drain_all(), latest_at_call=self.latest)
@@ -151,6 +169,10 @@ class Run:
 @example(ops=[("put", "a"), ("take", ""), ("cancel", ""), ("put", "a"), ("take", "")])
 # A take withdrawn between a put and its overwrite, another take after both.
 @example(ops=[("put", "a"), ("take", ""), ("put", "a"), ("take", ""), ("cancel", "")])
+# A discard of a committed entry, then a put of its id before the discard commits; a take
+# submitted before a discard, which it takes first.
+@example(ops=[("put", "a"), ("settle", ""), ("discard", "a"), ("put", "a"), ("take", "")])
+@example(ops=[("put", "a"), ("settle", ""), ("take", ""), ("discard", "a"), ("settle", "")])
 def test_takes_among_puts_drains_and_cancellations_hand_each_newest_envelope_once(
     tmp_path_factory: pytest.TempPathFactory, empty_store: Path, backend: str, ops: list[Op]
 ) -> None:
@@ -168,7 +190,7 @@ def test_takes_among_puts_drains_and_cancellations_hand_each_newest_envelope_onc
 
     run = anyio.run(main, backend=backend)
     assert len(run.handed) == len(set(run.handed)), f"handed out twice: {run.handed}"
-    lost = set(run.latest.values()) - set(run.handed)
+    lost = set(run.latest.values()) - set(run.handed) - set(run.discarded)
     assert not lost, f"never handed out: {lost}"
     assert len(run.reported) == len(set(run.reported)), f"reported twice: {run.reported}"
     assert set(run.reported) == run.written(), "the committed hook is not what was written"
