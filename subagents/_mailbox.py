@@ -125,8 +125,9 @@ class BaseMailbox(ABC):
     def discard(self, task_id: str) -> None:
         """Consume the entry under ``task_id``, if there is one, handing it to nobody: for a
         caller that has the envelope already (the manager collecting a child it holds the
-        result of). From the call on, this mailbox never returns that entry; a put of the
-        id after it is a new entry. A durable mailbox may finish the consumption after
+        result of). From the call on, this mailbox never returns that entry (a durable
+        one's ``take_all`` already in its transaction has it); a put of the id after it is
+        a new entry. A durable mailbox may finish the consumption after
         returning (``SqliteMailbox`` marks the row read in its writer's next transaction)
         instead of blocking the event loop on the database. ``consumed`` may be called
         with the entry or not (the caller asked for nothing back). The default is

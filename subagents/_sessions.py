@@ -399,9 +399,7 @@ class Sessions:
         mailbox = None if record.sync else self._mailboxes.get(record.session_id)
         if mailbox is None and record.restored:
             mailbox = self.mailbox(record.session_id)  # its entry is unread in the store
-        if mailbox is not None:
-            # The envelope is in hand: a durable mailbox need not read it back, nor make
-            # the event loop wait for the database.
+        if mailbox is not None:  # the envelope is in hand: nothing to read back
             mailbox.discard(record.task_id)
         if not record.collected:  # the mailbox's consumed hook may have marked it
             self._collected(record)

@@ -34,11 +34,13 @@ __all__ = [
     "count_live",
     "decode",
     "find",
+    "find_row",
     "give_back",
     "has_stored",
     "insert",
     "last_id",
     "live_among",
+    "mark_read",
     "puts_since",
     "with_bodies",
 ]
@@ -173,6 +175,28 @@ def find(
         {"session": session, "recipient": recipient, "task_id": task_id, "now": now},
     ).fetchall()
     return bytes(rows[0][0]) if rows else None
+
+
+def find_row(
+    conn: sqlite3.Connection, session: str, recipient: str, task_id: str, now: float
+) -> int:
+    """The delivery id of ``task_id``'s live entry, or 0."""
+    rows = conn.execute(
+        f"SELECT id FROM deliveries WHERE {_KEY} AND task_id = :task_id AND {_LIVE}",
+        {"session": session, "recipient": recipient, "task_id": task_id, "now": now},
+    ).fetchall()
+    return int(rows[0][0]) if rows else 0
+
+
+def mark_read(conn: sqlite3.Connection, marks: list[tuple[int, str, float]], ms: int) -> None:
+    """Each ``(delivery_id, consumer, now)``: that row read by ``consumer`` if it is still
+    unread (``expired`` past its TTL at ``now``). Call inside ``BEGIN IMMEDIATE``."""
+    conn.executemany(
+        f"UPDATE deliveries SET state = {_EXPIRED_OR} 'read' END, "
+        "consumer = CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN NULL "
+        "ELSE :consumer END, changed_ms = :ms WHERE id = :id AND state = 'stored'",
+        [{"id": d, "consumer": consumer, "now": now, "ms": ms} for d, consumer, now in marks],
+    )
 
 
 def count_live(
@@ -310,16 +334,18 @@ def claim_ids(
     now: float,
     ms: int,
     excluding: list[str] | None = None,
+    skipping: list[int] | None = None,
 ) -> list[tuple[str, int, int]]:
-    """Take every live entry but those of the task ids in ``excluding``, in arrival order,
-    as ``(task_id, delivery_id, envelope_id)``; entries past their TTL become ``expired``.
-    Call inside ``BEGIN IMMEDIATE``."""
+    """Take every live entry but those of the task ids in ``excluding`` and the delivery
+    rows in ``skipping``, in arrival order, as ``(task_id, delivery_id, envelope_id)``;
+    entries past their TTL become ``expired``. Call inside ``BEGIN IMMEDIATE``."""
     params = {
         "session": session,
         "recipient": recipient,
         "consumer": consumer,
         "now": now,
         "excluding": dumps_str(excluding or []),
+        "skipping": dumps_str(skipping or []),
     }
     conn.execute(
         "UPDATE deliveries INDEXED BY deliveries_live SET state = 'expired', changed_ms = :ms "
@@ -331,6 +357,7 @@ def claim_ids(
         "UPDATE deliveries INDEXED BY deliveries_live SET state = 'read', consumer = :consumer, "
         f"changed_ms = :ms WHERE {_KEY} AND state = 'stored' "
         "AND task_id NOT IN (SELECT value FROM json_each(:excluding)) "
+        "AND id NOT IN (SELECT value FROM json_each(:skipping)) "
         "RETURNING id, task_id, envelope_id",
         {**params, "ms": ms},
     ).fetchall()

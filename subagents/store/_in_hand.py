@@ -88,5 +88,9 @@ class InHand:
             envelopes.append(found)
         return envelopes
 
+    def let_go(self, delivery_id: int) -> None:
+        """The row ``delivery_id`` was discarded: nobody takes its envelope."""
+        self._held.pop(delivery_id, None)
+
     def clear(self) -> None:
         self._held.clear()

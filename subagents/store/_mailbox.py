@@ -7,30 +7,30 @@ Other processes see a put once it commits. Three rules keep every envelope taken
 - A pending put the writer has not taken yet is consumed here alone (``claimed``): its row
   is then written as ``read`` in the first place, and no other process ever sees it unread.
 - Anything else is taken in the database, by one ``UPDATE … RETURNING`` inside
-  ``BEGIN IMMEDIATE`` (:func:`._deliveries.claim`), after waiting, through the writer's
-  gate, for the writer's transaction in flight: a put the writer has taken is committed
-  by the time the take looks for it. ``take_all`` instead has the writer take, in its
-  place in a batch (``_takes``): every put before it is written by then.
+  ``BEGIN IMMEDIATE`` (``_taking``), after waiting, through the writer's gate, for the
+  writer's transaction in flight: a put the writer has taken is committed by the time
+  the take looks for it. ``take_all`` and ``discard`` instead have the writer take, in
+  their place in a batch (``_takes``): every put before them is written by then.
 - Whether the writer has taken a put is decided under the writer's lock, on both sides.
 
 Blocking: ``put``, ``peek``, ``__len__`` and the subscriptions run a few indexed SQLite
 reads on the event loop (tens of microseconds each); ``drain`` and ``drain_all`` of a
 committed entry take the write lock for one short transaction (no fsync of its own: see
 "Durability" in ``design/store.md``), first waiting for a write transaction in flight, any
-process's, for up to ``busy_timeout``; ``take_all`` awaits the writer's commit instead.
+process's, for up to ``busy_timeout``; ``take_all`` awaits the writer's commit instead,
+and ``discard`` does not wait for it.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import sqlite3
 from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.lowlevel
 
-from .._envelope import DelegateResult, encodes, now_ms
+from .._envelope import DelegateResult, encodes
 from .._errors import ConfigError, MailboxFull
 from .._mailbox import BaseMailbox, MailboxStatistics, Signal, report_consumed
 from . import _deliveries as rows
@@ -41,6 +41,7 @@ from ._pending import Pending, Put
 from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
 from ._takes import Discard, GiveBack, TakeAll
+from ._taking import LoopTakes
 from ._tally import Tally
 from ._writer import Writer
 
@@ -105,6 +106,14 @@ class SqliteMailbox(BaseMailbox):
         self._clock = clock
         self._pending = Pending(writer, expiring=ttl is not None)
         self._in_hand = InHand(self._pending, capacity)
+        self._takes = LoopTakes(
+            conn,
+            self._pending,
+            self._in_hand,
+            session=session,
+            recipient=recipient,
+            consumer=self.origin,
+        )
         self._census = Census(
             conn, self._pending, tally, session=session, recipient=recipient, capacity=capacity
         )
@@ -272,37 +281,34 @@ class SqliteMailbox(BaseMailbox):
         if self._closed:
             return None
         now = self._clock()
-        put, decided = self._take_here(task_id, now)
+        put, decided = self._takes.here(task_id, now)
         if decided:
             return None if put is None else report_consumed(self, [put.envelope])[0]
-        return self._drain_stored(task_id, put, now)
-
-    def _take_here(self, task_id: str, now: float) -> tuple[Put | None, bool]:
-        """The overlay's part of a take of ``task_id``: ``(put, True)`` when it decides
-        (``put`` consumed here, or ``None``: no entry), ``(put, False)`` when the database
-        does (``put``: the id's entry in the writer's hands, if any)."""
-        self._pending.expire(now)
-        put = self._pending.get(task_id)
-        if put is None:
-            return None, self._pending.hides(task_id)
-        if not put.live(now):  # an entry past its TTL before older ones (a clock step)
-            if self._pending.uncommitted(task_id) is put:
-                return None, True
-            self._pending.discard(put)
-            return None, False  # committed: the database says what the id holds now
-        return put, self._pending.claim(put)
+        envelope = self._takes.one(task_id, put, now)
+        return None if envelope is None else report_consumed(self, [envelope])[0]
 
     def discard(self, task_id: str) -> None:
         """Consume ``task_id``'s entry, if it has one, for nobody (``consumed`` is not
-        called), without waiting for the database: from the call on no read here sees it,
-        and its row is marked read in the writer's next transaction (a put the writer has
-        not taken yet is written as ``read`` instead). Until that transaction commits,
-        another process may still take the row. :meth:`wait_committed` waits for it too.
-        A store that has failed or is closing drains it instead (see :meth:`drain`).
+        called), without waiting for the database: from the call on no read here sees it
+        and no ``take_all`` of this object takes it (but one already in its transaction),
+        and its row, that one row, is marked read in the writer's next transaction (a put
+        the writer has not taken yet is written as ``read`` instead). Until that commits,
+        another process may still take the row, and a process killed meanwhile delivers
+        it again after its restart. :meth:`wait_committed` waits for it too. A store that
+        has failed or is closing drains it instead (see :meth:`drain`).
         """
-        if self._closed or self._take_here(task_id, now := self._clock())[1]:
+        if self._closed:
             return
-        discard = Discard(self.session, self.recipient, self.origin, task_id, now, self._discarded)
+        now = self._clock()
+        put, decided = self._takes.here(task_id, now)
+        if decided:
+            return
+        row = 0
+        if put is None:  # the id's row, if it has one, is the database's
+            row = self._takes.row(task_id, now)
+            if not row:
+                return
+        discard = Discard(task_id, self.origin, now, self._discarded, put=put, row=row)
         try:
             self._last_seq = self._writer.submit(discard)
         except (StoreError, anyio.ClosedResourceError):  # as drain answers then
@@ -311,88 +317,20 @@ class SqliteMailbox(BaseMailbox):
         self._pending.discarding(discard)
 
     def _discarded(self, discard: Discard, committed: bool) -> None:
-        self._pending.discarded(discard)
+        self._pending.discarded(discard, committed)
+        self._in_hand.let_go(discard.target())
         if not committed:
             logger.warning(
-                "the store failed before marking %r read in session %r: it stays unread",
+                "the store failed before marking %r read in session %r: it stays unread "
+                "in the file, and consumed here",
                 discard.task_id,
                 self.session,
             )
 
-    def _drain_stored(self, task_id: str, put: Put | None, now: float) -> DelegateResult | None:
-        """:meth:`drain` from the database; ``put``: the id's entry, in the writer's hands."""
-        session, recipient, consumer = self.session, self.recipient, self.origin
-
-        def exists(raw: sqlite3.Connection) -> bool:
-            return rows.find(raw, session, recipient, task_id, now) is not None
-
-        def take(raw: sqlite3.Connection) -> tuple[int, bytes | None] | None:
-            # Gate held: ``put`` is committed, or handed back by a failed store: then it is
-            # still the id's entry (taken below), not the stored row it was to replace.
-            if put is not None and self._pending.handed_back(put):
-                return None
-            return rows.claim(
-                raw,
-                session,
-                recipient,
-                task_id,
-                consumer=consumer,
-                now=now,
-                ms=now_ms(),
-                known=self._in_hand.has,
-            )
-
-        taken = self._conn.write(
-            take,
-            # A put the writer has taken is waited for (through the gate), not looked up.
-            precheck=exists if put is None else None,
-        )
-        if taken is not None:
-            delivery_id, body = taken
-            envelope = (
-                self._in_hand.take(task_id, delivery_id) if body is None else self._decode(body)
-            )
-        if put is not None and self._pending.get(task_id) is put:
-            if taken is None and self._pending.claim(put):  # handed back by a failed store
-                return report_consumed(self, [put.envelope])[0]
-            self._pending.discard(put)
-        return None if taken is None else report_consumed(self, [envelope])[0]
-
     def drain_all(self) -> list[DelegateResult]:
         if self._closed:
             return []
-        now = self._clock()
-        self._pending.expire(now)
-        session, recipient, consumer = self.session, self.recipient, self.origin
-        here: list[Put] = []
-
-        def body(raw: sqlite3.Connection) -> list[tuple[str, int, bytes | None]]:
-            # The gate is held, so the writer takes no put meanwhile: the ones it took are
-            # committed (and taken below, unless another process took them), the rest are
-            # consumed here, and their task ids' older rows are left for them to replace.
-            here.extend(self._pending.claim_untaken())
-            newer = [put.task_id for put in here] + self._pending.hidden_ids()
-            taken = rows.claim_ids(
-                raw, session, recipient, consumer=consumer, now=now, ms=now_ms(), excluding=newer
-            )
-            return rows.with_bodies(raw, taken, self._in_hand.has)
-
-        def undo() -> None:  # the transaction rolled back; the gate is still held
-            self._pending.unclaim(here)
-            here.clear()
-
-        def anything(raw: sqlite3.Connection) -> bool:  # to take, or to mark expired
-            return rows.has_stored(raw, session, recipient)
-
-        # With puts pending, always through the gate: one may be in the writer's hands.
-        taken = self._conn.write(body, precheck=None if self._pending else anything, undo=undo)
-        envelopes = [
-            self._in_hand.take(task_id, delivery_id) if data is None else self._decode(data)
-            for task_id, delivery_id, data in taken or ()
-        ]
-        self._pending.claimed_all(here)
-        envelopes.extend(put.envelope for put in here if put.live(now))  # a clock step
-        return report_consumed(self, envelopes)
+        return report_consumed(self, self._takes.all(self._clock()))
 
     async def take_all(self) -> list[DelegateResult]:
         """:meth:`drain_all` without blocking the event loop: a write in the writer's next
@@ -406,7 +344,14 @@ class SqliteMailbox(BaseMailbox):
         if self._closed:
             await anyio.lowlevel.checkpoint()
             return []
-        take = TakeAll(self.session, self.recipient, self.origin, self._clock(), self._in_hand.find)
+        take = TakeAll(
+            self.session,
+            self.recipient,
+            self.origin,
+            self._clock(),
+            self._in_hand.find,
+            self._pending.discarded_rows,
+        )
         self._writer.defer_stop()  # a give-back may follow the take's commit
         try:
             seq = take.submit(self._writer)
@@ -469,7 +414,8 @@ class SqliteMailbox(BaseMailbox):
             arrived = self._conn.read(
                 lambda raw: rows.live_among(raw, session, recipient, task_ids, now)
             )
-            self._subs.fire_tasks(arrived)
+            hides = self._pending.hides  # a discarded or claimed id's row is no entry
+            self._subs.fire_tasks(task_id for task_id in arrived if not hides(task_id))
         if self._subs.all_count:
             after = self._seen
             self._seen, foreign = self._conn.read(

@@ -224,6 +224,7 @@ class Pending:
         # written for a take submitted between the two.
         self._kept: list[tuple[Put, int]] = []
         self._giving: list[GiveBack] = []  # their rows count as entries until they end
+        self._discards: set[Discard] = set()  # submitted, not reported; under the lock
 
     def __bool__(self) -> bool:
         """Whether there are entries (one may be in the writer's hands)."""
@@ -410,20 +411,30 @@ class Pending:
         return True
 
     def discarding(self, discard: Discard) -> None:
-        """``discard`` (submitted) consumes its id's entry for nobody: the id's puts here,
-        which the writer has taken (an untaken one is claimed instead) or whose
-        TTL has passed, are let go, their rows the discard's to mark read; until it
-        commits, the database's row of the id is not its entry."""
-        task_id = discard.task_id
-        for puts in (self._puts, self._durable):
-            put = puts.pop(task_id)
-            if put is not None:
-                put.taken = True  # nobody takes it from the database: the discard reads it
+        """``discard`` (submitted) consumes its id's entry for nobody: its put (one the
+        writer has taken; an untaken one is claimed instead) is let go, its row the
+        discard's to mark read; until it commits, the database's row of the id is not
+        its entry, and this mailbox's takes leave its row alone (:meth:`discarded_rows`)."""
+        put = discard.put
+        if isinstance(put, Put) and self._puts.forget(put):
+            put.taken = True  # nobody takes it from the database: the discard marks it
         self._hiding.latest(discard)
+        with self._lock:
+            self._discards.add(discard)
 
-    def discarded(self, discard: Discard) -> None:
-        """``discard``'s commit is reported, or the store failed first."""
-        self._hiding.forget(discard)
+    def discarded(self, discard: Discard, committed: bool) -> None:
+        """``discard``'s commit is reported, or the store failed first: then it hides its
+        id for good (the watermark moves no more), as a claimed put does."""
+        with self._lock:
+            self._discards.discard(discard)
+        if committed:
+            self._hiding.forget(discard)
+
+    def discarded_rows(self) -> list[int]:
+        """The delivery rows the discards under way are to mark read (called from the
+        writer thread, inside a take's transaction)."""
+        with self._lock:
+            return [d.target() for d in self._discards]
 
     def handed_back(self, put: Put) -> bool:
         """Whether ``put``, once taken by the writer, was handed back by a failed store

@@ -31,7 +31,7 @@ import logging
 import math
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import Self
+from typing import Protocol, Self
 
 import anyio
 
@@ -63,12 +63,19 @@ class TakeAll(Write):
         "picked",
         "recipient",
         "session",
+        "skipping",
         "taken",
         "withdrawn",
     )
 
     def __init__(
-        self, session: str, recipient: str, consumer: str, now: float, found: Found
+        self,
+        session: str,
+        recipient: str,
+        consumer: str,
+        now: float,
+        found: Found,
+        skipping: Callable[[], list[int]],
     ) -> None:
         super().__init__()
         self.session = session
@@ -77,6 +84,9 @@ class TakeAll(Write):
         self.now = now
         self.found = found
         """Called in the writer thread: it only looks (see ``InHand.find``)."""
+        self.skipping = skipping
+        """Called in the writer thread: the rows its mailbox's discards under way are to
+        mark read (``Pending.discarded_rows``), which it leaves to them."""
         self._done = anyio.Event()
         self.picked = False
         self.withdrawn = False
@@ -143,7 +153,13 @@ class TakeAll(Write):
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         for w in writes:
             claimed = rows.claim_ids(
-                conn, w.session, w.recipient, consumer=w.consumer, now=w.now, ms=now_ms()
+                conn,
+                w.session,
+                w.recipient,
+                consumer=w.consumer,
+                now=w.now,
+                ms=now_ms(),
+                skipping=w.skipping(),
             )
             here = {
                 d: e for task_id, d, _ in claimed if (e := w.found(task_id, d, w.seq)) is not None
@@ -200,7 +216,10 @@ class GiveBack(Write):
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         for w in writes:
             taken = w.of.taken or ()
-            w.task_ids = rows.give_back(conn, [d for _, d, _ in taken], w.of.consumer, now_ms())
+            # A row a discard came for since the take is left read: its caller has it.
+            skip = set(w.of.skipping())
+            rows_taken = [d for _, d, _ in taken if d not in skip]
+            w.task_ids = rows.give_back(conn, rows_taken, w.of.consumer, now_ms())
 
     def release(self) -> None:
         self.task_ids = []
@@ -221,50 +240,48 @@ class GiveBack(Write):
         self._ended(self, [])
 
 
-def _in_hand(task_id: str, delivery_id: int) -> bool:
-    return True  # a discard reads no body: nobody is handed the envelope
+class _Written(Protocol):
+    @property
+    def delivery_id(self) -> int: ...
 
 
 class Discard(Write):
-    """Mark one id's live entry read for nobody (``SqliteMailbox.discard``: its caller has
-    the envelope). Applied in its place, so a put of the id submitted after it is not
-    touched; until it commits, the mailbox takes the id's row for no entry
-    (``Pending.discarding``). An entry past its TTL becomes ``expired``."""
+    """Mark one entry's delivery row read for nobody (``SqliteMailbox.discard``: its
+    caller has the envelope): the row of ``put`` (a put the writer has taken: an earlier
+    batch has written it, and its id, by the time this one is applied), or ``row`` (read
+    at the call). The one row, so a put of the id submitted after it, here or in another
+    process, is not touched. Until it commits the mailbox takes the id for no entry and
+    its takes leave the row alone (``Pending.discarding``). An entry past its TTL becomes
+    ``expired``."""
 
-    __slots__ = ("_ended", "consumer", "now", "recipient", "session", "task_id")
+    __slots__ = ("_ended", "consumer", "now", "put", "row", "task_id")
 
     def __init__(
         self,
-        session: str,
-        recipient: str,
-        consumer: str,
         task_id: str,
+        consumer: str,
         now: float,
         ended: Callable[[Discard, bool], object],
+        *,
+        put: _Written | None = None,
+        row: int = 0,
     ) -> None:
         super().__init__()
-        self.session = session
-        self.recipient = recipient
-        self.consumer = consumer
         self.task_id = task_id
+        self.consumer = consumer
         self.now = now
         self._ended = ended
         """Called on the event loop with whether it committed."""
+        self.put = put
+        self.row = row
+
+    def target(self) -> int:
+        """The delivery row it marks read (0 while its put is not written yet)."""
+        return self.row if self.put is None else self.put.delivery_id
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
-        ms = now_ms()
-        for w in writes:
-            rows.claim(
-                conn,
-                w.session,
-                w.recipient,
-                w.task_id,
-                consumer=w.consumer,
-                now=w.now,
-                ms=ms,
-                known=_in_hand,
-            )
+        rows.mark_read(conn, [(w.target(), w.consumer, w.now) for w in writes], now_ms())
 
     def done(self) -> None:
         self._ended(self, True)

@@ -17,7 +17,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from subagents import AgentSpec, DelegateResult, Request, RunContext, Status
 from subagents._journal import SpawnEntry
-from subagents.store import SqliteStore
+from subagents.store import SqliteMailbox, SqliteStore
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -187,3 +187,12 @@ def block_the_loop_until_the_watermark_moves(store: SqliteStore) -> None:
     while writer.committed < writer.submitted:
         assert time.monotonic() < deadline, "the writer did not move its watermark"
         time.sleep(0.001)
+
+
+async def committed_mailbox(store: SqliteStore, *task_ids: str) -> SqliteMailbox:
+    """``store``'s mailbox of session ``s`` holding ``env(task_id)`` for each id, committed."""
+    box = store.mailbox("s")
+    for task_id in task_ids:
+        box.put(task_id, env(task_id))
+    await box.wait_committed()
+    return box

@@ -7,7 +7,9 @@ return at once where a take of their own would wait for the lock, then fail."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,10 +17,10 @@ from typing import Any
 import anyio
 import pytest
 
-from subagents import AgentSpec, SubagentConfig, SubagentManager
-from subagents.store import SqliteStore
+from subagents import AgentSpec, DelegateResult, SubagentConfig, SubagentManager
+from subagents.store import SqliteStore, StoreError
 from subagents.store import _deliveries as deliveries
-from tests.store.support import env, sqlite, write_locked
+from tests.store.support import committed_mailbox, env, sqlite, write_locked
 from tests.store.test_store_lifecycle import writer_parked
 
 pytestmark = pytest.mark.anyio
@@ -45,10 +47,7 @@ async def test_a_discard_marks_the_row_read_in_the_writers_next_transaction(
     store_path: Path,
 ) -> None:
     async with SqliteStore(store_path) as store, SqliteStore(store_path) as other:
-        box = store.mailbox("s")
-        box.put("a", env("a"))
-        box.put("b", env("b"))
-        await box.wait_committed()
+        box = await committed_mailbox(store, "a", "b")
         with writer_parked(store) as go:
             box.discard("a")
             assert box.peek("a") is None
@@ -119,9 +118,7 @@ async def test_a_discard_while_another_process_holds_the_lock_returns_at_once(
     store_path: Path,
 ) -> None:
     async with SqliteStore(store_path, busy_timeout=0.05) as store:
-        box = store.mailbox("s")
-        box.put("a", env("a"))
-        await box.wait_committed()
+        box = await committed_mailbox(store, "a")
         with write_locked(store_path):
             box.discard("a")  # a drain waits for the lock here, then raises locked
             assert box.peek("a") is None
@@ -131,13 +128,126 @@ async def test_a_discard_while_another_process_holds_the_lock_returns_at_once(
 
 async def test_a_discard_on_a_closing_store_drains_instead(store_path: Path) -> None:
     async with SqliteStore(store_path) as store:
-        box = store.mailbox("s")
-        box.put("a", env("a"))
-        await box.wait_committed()
+        box = await committed_mailbox(store, "a")
         store._writer.stop()  # closing: the writer takes no more writes
         box.discard("a")
         assert box.peek("a") is None
     assert states(store_path) == [("a", "output of a", "read")]
+
+
+async def test_a_discard_marks_only_the_row_it_found_not_another_processes_later_put(
+    store_path: Path,
+) -> None:
+    async with SqliteStore(store_path) as store, SqliteStore(store_path) as other:
+        box, theirs = store.mailbox("s"), other.mailbox("s")
+        box.put("a", env("a", "first"))
+        await box.wait_committed()
+        with writer_parked(store):
+            box.discard("a")
+            theirs.put("a", env("a", "second"))  # committed before the discard is
+            await theirs.wait_committed()
+        await box.wait_committed()
+        assert [row for row in states(store_path) if row[2] == "stored"] == [
+            ("a", "second", "stored")
+        ]
+        assert box.peek("a") == env("a", "second")
+
+
+async def test_a_discard_leaves_another_objects_put_of_the_id_in_its_batch(
+    store_path: Path,
+) -> None:
+    async with SqliteStore(store_path) as store:
+        mine, yours = store.mailbox("s"), store.mailbox("s")
+        mine.put("a", env("a", "first"))
+        await mine.wait_committed()
+        with writer_parked(store):
+            yours.put("a", env("a", "second"))  # applied before the discard, in its batch
+            mine.discard("a")  # of the row this object found: "first"
+        await store.wait_committed()
+        assert yours.peek("a") == env("a", "second")
+    assert [row for row in states(store_path) if row[2] == "stored"] == [("a", "second", "stored")]
+
+
+async def test_a_take_all_submitted_before_a_discard_leaves_it_the_entry(
+    store_path: Path,
+) -> None:
+    async with SqliteStore(store_path) as store:
+        box = await committed_mailbox(store, "a", "b")
+        got: list[DelegateResult] = []
+
+        async def take() -> None:
+            got.extend(await box.take_all())
+
+        async with anyio.create_task_group() as tg:
+            with writer_parked(store):
+                tg.start_soon(take)
+                await anyio.wait_all_tasks_blocked()  # submitted, the writer parked
+                box.discard("a")  # the manager hands a's envelope on: the take must not
+        assert got == [env("b")]
+        assert states(store_path) == [("a", "output of a", "read"), ("b", "output of b", "read")]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_cancelled_take_gives_back_no_entry_discarded_since(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    applying, go = threading.Event(), threading.Event()
+    claim_ids = deliveries.claim_ids
+
+    def held(*args: Any, **kwargs: Any) -> list[tuple[str, int, int]]:
+        taken = claim_ids(*args, **kwargs)
+        applying.set()  # the take has claimed its rows; the discard comes now
+        go.wait(10)
+        return taken
+
+    async with SqliteStore(store_path) as store:
+        box = await committed_mailbox(store, "a")
+        monkeypatch.setattr(deliveries, "claim_ids", held)
+        task = asyncio.ensure_future(box.take_all())
+        assert await anyio.to_thread.run_sync(applying.wait, 10)
+        box.discard("a")  # its row is in the take's transaction, not committed yet
+        task.cancel()  # asyncio's own: the take gives back what it took
+        await anyio.wait_all_tasks_blocked()
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await store.wait_committed()  # the give-back and the discard
+        assert box.peek("a") is None
+    assert states(store_path) == [("a", "output of a", "read")]
+
+
+def disk_error(*args: object) -> None:
+    raise sqlite3.OperationalError("disk I/O error")
+
+
+async def test_an_entry_discarded_before_the_store_failed_stays_consumed(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteStore(store_path) as store:
+        box = await committed_mailbox(store, "a")
+        with writer_parked(store):
+            box.discard("a")
+            monkeypatch.setattr(deliveries, "insert", disk_error)
+            box.put("b", env("b"))  # in the discard's batch, which fails
+        with pytest.raises(StoreError):
+            await box.wait_committed()
+        assert box.peek("a") is None
+        assert box.drain_all() == [env("b")]  # kept in memory, as a failed put is
+
+
+async def test_a_discarded_row_neither_signals_a_waiter_nor_stays_in_memory(
+    store_path: Path,
+) -> None:
+    async with SqliteStore(store_path) as store:
+        box = await committed_mailbox(store, "a")
+        fired: list[str] = []
+        with writer_parked(store):
+            box.discard("a")
+            assert box.subscribe_once("a", lambda: fired.append("a")) is not None
+            box._look_again()  # what the watcher does once another connection commits
+            assert fired == []
+        await box.wait_committed()  # the discard's callback has run by then
+        assert box._in_hand._held == {}
 
 
 # ------------------------------------------------------------ the manager's collection

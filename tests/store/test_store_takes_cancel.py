@@ -276,7 +276,8 @@ async def test_asyncio_s_own_cancellers_in_the_takes_transaction_raise_as_they_p
         try:
             assert await anyio.to_thread.run_sync(applying.wait, 10)
             canceller.fire()
-            await asyncio.sleep(0.01)
+            # The cancellation lands: the take waits, shielded, for the commit held back.
+            await anyio.wait_all_tasks_blocked()
         finally:
             go.set()
         await task
