@@ -307,7 +307,9 @@ class SqliteMailbox(BaseMailbox):
         if put is None:  # the id's row, if it has one, is the database's
             row = self._takes.row(task_id, now)
             if not row:
+                self._pending.forgo(task_id)  # one a cancelled take took stays read
                 return
+            self._pending.taken_row(task_id, row)  # a durable put's, its report to come
         discard = Discard(task_id, self.origin, now, self._discarded, put=put, row=row)
         try:
             self._last_seq = self._writer.submit(discard)
@@ -315,10 +317,16 @@ class SqliteMailbox(BaseMailbox):
             self.drain(task_id)
             return
         self._pending.discarding(discard)
+        self._pending.forgo(task_id)
 
     def _discarded(self, discard: Discard, committed: bool) -> None:
         self._pending.discarded(discard, committed)
         self._in_hand.let_go(discard.target())
+        task_id = discard.task_id
+        # A later row of the id (another process's put) is an entry from now on, and a
+        # commit that changed nothing does not wake the watcher: its waiters hear it here.
+        if committed and not self._closed and self._subs.waits(task_id) and self._present(task_id):
+            self._subs.fire_tasks((task_id,))
         if not committed:
             logger.warning(
                 "the store failed before marking %r read in session %r: it stays unread "
@@ -351,6 +359,7 @@ class SqliteMailbox(BaseMailbox):
             self._clock(),
             self._in_hand.find,
             self._pending.discarded_rows,
+            self._pending.forgone,
         )
         self._writer.defer_stop()  # a give-back may follow the take's commit
         try:
@@ -414,8 +423,7 @@ class SqliteMailbox(BaseMailbox):
             arrived = self._conn.read(
                 lambda raw: rows.live_among(raw, session, recipient, task_ids, now)
             )
-            hides = self._pending.hides  # a discarded or claimed id's row is no entry
-            self._subs.fire_tasks(task_id for task_id in arrived if not hides(task_id))
+            self._subs.fire_tasks(arrived)
         if self._subs.all_count:
             after = self._seen
             self._seen, foreign = self._conn.read(

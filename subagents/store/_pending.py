@@ -11,13 +11,12 @@ transaction through the gate and finds the row committed.
 
 from __future__ import annotations
 
-import bisect
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Callable, Sequence
 
 from .._envelope import DelegateResult, now_ms
 from . import _deliveries as rows
+from ._in_order import InOrder, is_uncommitted
 from ._takes import Discard, GiveBack
 from ._writer import Write, Writer
 
@@ -112,91 +111,6 @@ class Put(Write):
             self.on_failed(self)
 
 
-class _Keyed(Protocol):
-    @property
-    def task_id(self) -> str: ...
-
-    @property
-    def seq(self) -> int: ...
-
-
-K = TypeVar("K", bound=_Keyed)
-
-
-def _is_uncommitted(put: _Keyed | None, committed: int) -> bool:
-    """Whether ``put`` is a write whose batch is not committed at watermark ``committed``."""
-    return put is not None and put.seq > committed
-
-
-class _InOrder(Generic[K]):
-    """Puts (or discards) by task id (the latest per id) in submission order, with their sequence
-    numbers sorted beside them, so that how many are past a watermark costs a bisection,
-    not a walk over the committed ones whose report is still on its way (a whole batch
-    on a busy store)."""
-
-    __slots__ = ("_by_id", "_seqs")
-
-    def __init__(self) -> None:
-        self._by_id: dict[str, K] = {}
-        self._seqs: list[int] = []
-
-    def __bool__(self) -> bool:
-        return bool(self._by_id)
-
-    def __len__(self) -> int:
-        return len(self._by_id)
-
-    def get(self, task_id: str) -> K | None:
-        return self._by_id.get(task_id)
-
-    def values(self) -> Iterable[K]:
-        return self._by_id.values()
-
-    def first(self) -> K | None:
-        return next(iter(self._by_id.values()), None)
-
-    def uncommitted(self, committed: int) -> int:
-        """How many are not committed at watermark ``committed``."""
-        return len(self._seqs) - bisect.bisect_right(self._seqs, committed)
-
-    def latest(self, put: K) -> K | None:
-        """``put`` becomes its id's put, in its place by submission; returns the one it
-        replaces."""
-        old = self.pop(put.task_id)
-        seqs = self._seqs
-        if not seqs or seqs[-1] < put.seq:
-            seqs.append(put.seq)
-            self._by_id[put.task_id] = put
-            return old
-        # Only a put handed back after a failure arrives out of turn; timsort of a
-        # nearly sorted dict is linear.
-        bisect.insort(seqs, put.seq)
-        self._by_id[put.task_id] = put
-        self._by_id = dict(sorted(self._by_id.items(), key=lambda item: item[1].seq))
-        return old
-
-    def pop(self, task_id: str) -> K | None:
-        put = self._by_id.pop(task_id, None)
-        if put is not None:
-            self._drop_seq(put)
-        return put
-
-    def forget(self, put: K) -> bool:
-        """Remove ``put`` if it is still its id's put."""
-        if self._by_id.get(put.task_id) is not put:
-            return False
-        del self._by_id[put.task_id]
-        self._drop_seq(put)
-        return True
-
-    def _drop_seq(self, put: K) -> None:
-        del self._seqs[bisect.bisect_left(self._seqs, put.seq)]
-
-    def clear(self) -> None:
-        self._by_id.clear()
-        self._seqs.clear()
-
-
 class Pending:
     """A mailbox's puts whose commit has not been reported, by task id, in submission
     order (the latest per id), in three kinds. Used from the event loop, with ``writer``'s
@@ -216,15 +130,18 @@ class Pending:
         self._writer = writer
         self._lock = writer.lock
         self._expiring = expiring
-        self._puts: _InOrder[Put] = _InOrder()
-        self._durable: _InOrder[Put] = _InOrder()
-        self._hiding: _InOrder[Put | Discard] = _InOrder()
+        self._puts: InOrder[Put] = InOrder()
+        self._durable: InOrder[Put] = InOrder()
+        self._hiding: InOrder[Put | Discard] = InOrder()
         self._takes: list[int] = []  # the sequence numbers of this mailbox's takes under way
         # Overwritten here (by the put of the sequence number beside it), still to be
         # written for a take submitted between the two.
         self._kept: list[tuple[Put, int]] = []
         self._giving: list[GiveBack] = []  # their rows count as entries until they end
         self._discards: set[Discard] = set()  # submitted, not reported; under the lock
+        # Discarded ids, each with the last write submitted by then, kept while a take or
+        # a give-back is under way; under the lock.
+        self._forgone: dict[str, int] = {}
 
     def __bool__(self) -> bool:
         """Whether there are entries (one may be in the writer's hands)."""
@@ -242,21 +159,21 @@ class Pending:
         database says whether it is unread: another mailbox may have taken it before its
         commit is reported here."""
         put = self._puts.get(task_id)
-        return put if _is_uncommitted(put, self._writer.committed) else None
+        return put if is_uncommitted(put, self._writer.committed) else None
 
     def holds(self, task_id: str) -> bool:
         """Whether an uncommitted put of ``task_id`` holds an entry here (a put of the id
         replaces it, so it adds none), or its row is being given back."""
         return (
             self.uncommitted(task_id) is not None
-            or _is_uncommitted(self._durable.get(task_id), self._writer.committed)
+            or is_uncommitted(self._durable.get(task_id), self._writer.committed)
             or (bool(self._giving) and task_id in self._given_ids())
         )
 
     def hides(self, task_id: str) -> bool:
         """Whether a put of ``task_id`` that holds no entry is on its way: then the
         database's row of the id is an older one, about to be replaced."""
-        return _is_uncommitted(self._hiding.get(task_id), self._writer.committed)
+        return is_uncommitted(self._hiding.get(task_id), self._writer.committed)
 
     def answer(self, task_id: str, now: float) -> tuple[bool, DelegateResult | None]:
         """``(True, entry or None)`` when this answers for ``task_id``; ``(False, None)``
@@ -283,6 +200,7 @@ class Pending:
 
     def given(self, back: GiveBack) -> None:
         self._giving.remove(back)
+        self._forget_forgone()
 
     def _given_count(self) -> int:
         return len(self._given_ids()) if self._giving else 0
@@ -291,11 +209,13 @@ class Pending:
         """The ids whose rows a give-back holds: its take applied (to this process's reads
         they are read, or about to be, and are not counted there), itself not committed."""
         committed = self._writer.committed
+        forgone = self._forgone
         return {
             task_id
             for back in self._giving
             if not 0 < back.seq <= committed
             for task_id in back.task_ids_taken()
+            if forgone.get(task_id, 0) < back.of.seq  # else it is not given back
         }
 
     def census(self, now: float, *, durable: bool) -> tuple[int, list[str]]:
@@ -340,6 +260,7 @@ class Pending:
         taken it (a withdrawn take's)."""
         if seq in self._takes:
             self._takes.remove(seq)
+        self._forget_forgone()
         if not self._kept:
             return
         kept = []
@@ -430,6 +351,25 @@ class Pending:
         if committed:
             self._hiding.forget(discard)
 
+    def forgo(self, task_id: str) -> None:
+        """``task_id``'s entry was discarded: a give-back of a take submitted before now
+        does not make the id's row unread again (whether or not a row was left to mark,
+        and whenever the discard commits)."""
+        if self._takes or self._giving:
+            with self._lock:
+                self._forgone[task_id] = self._writer.submitted
+
+    def forgone(self, since: int) -> set[str]:
+        """The ids discarded since write ``since`` was submitted (called from the writer
+        thread, inside a give-back's transaction)."""
+        with self._lock:
+            return {task_id for task_id, mark in self._forgone.items() if mark >= since}
+
+    def _forget_forgone(self) -> None:
+        if self._forgone and not self._takes and not self._giving:
+            with self._lock:
+                self._forgone.clear()
+
     def discarded_rows(self) -> list[int]:
         """The delivery rows the discards under way are to mark read (called from the
         writer thread, inside a take's transaction)."""
@@ -473,6 +413,13 @@ class Pending:
             if put is not None and put.delivery_id == delivery_id:
                 return put
         return None
+
+    def taken_row(self, task_id: str, delivery_id: int) -> None:
+        """The row ``delivery_id`` is being discarded: a put here that wrote it (a durable
+        one whose commit is not reported yet) holds no entry when it is."""
+        put = self.in_hand(task_id, delivery_id)
+        if put is not None:
+            self.taken(put)
 
     def taken(self, put: Put) -> None:
         """``put`` (from :meth:`in_hand`) was taken from the database by its own mailbox."""

@@ -50,6 +50,10 @@ class Subscriptions:
     def all_count(self) -> int:
         return len(self._all)
 
+    def waits(self, task_id: str) -> bool:
+        """Whether ``task_id`` has a one-shot subscription."""
+        return task_id in self._task
+
     def task_ids(self) -> list[str]:
         """The task ids someone waits for."""
         return list(self._task)

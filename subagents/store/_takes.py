@@ -58,6 +58,7 @@ class TakeAll(Write):
     __slots__ = (
         "_done",
         "consumer",
+        "forgone",
         "found",
         "now",
         "picked",
@@ -76,6 +77,7 @@ class TakeAll(Write):
         now: float,
         found: Found,
         skipping: Callable[[], list[int]],
+        forgone: Callable[[int], set[str]],
     ) -> None:
         super().__init__()
         self.session = session
@@ -87,6 +89,9 @@ class TakeAll(Write):
         self.skipping = skipping
         """Called in the writer thread: the rows its mailbox's discards under way are to
         mark read (``Pending.discarded_rows``), which it leaves to them."""
+        self.forgone = forgone
+        """Called in the writer thread by a give-back: the ids its mailbox discarded since
+        this take was submitted (``Pending.forgone``), which it does not give back."""
         self._done = anyio.Event()
         self.picked = False
         self.withdrawn = False
@@ -216,9 +221,9 @@ class GiveBack(Write):
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         for w in writes:
             taken = w.of.taken or ()
-            # A row a discard came for since the take is left read: its caller has it.
-            skip = set(w.of.skipping())
-            rows_taken = [d for _, d, _ in taken if d not in skip]
+            # An id discarded since the take was asked is left read: its caller has it.
+            forgone = w.of.forgone(w.of.seq)
+            rows_taken = [d for task_id, d, _ in taken if task_id not in forgone]
             w.task_ids = rows.give_back(conn, rows_taken, w.of.consumer, now_ms())
 
     def release(self) -> None:

@@ -20,7 +20,13 @@ import pytest
 from subagents import AgentSpec, DelegateResult, SubagentConfig, SubagentManager
 from subagents.store import SqliteStore, StoreError
 from subagents.store import _deliveries as deliveries
-from tests.store.support import committed_mailbox, env, sqlite, write_locked
+from tests.store.support import (
+    block_the_loop_until_the_watermark_moves,
+    committed_mailbox,
+    env,
+    sqlite,
+    write_locked,
+)
 from tests.store.test_store_lifecycle import writer_parked
 
 pytestmark = pytest.mark.anyio
@@ -187,31 +193,52 @@ async def test_a_take_all_submitted_before_a_discard_leaves_it_the_entry(
         assert states(store_path) == [("a", "output of a", "read"), ("b", "output of b", "read")]
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_a_cancelled_take_gives_back_no_entry_discarded_since(
-    store_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    applying, go = threading.Event(), threading.Event()
+def claims_held(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """``(claimed, go)``: a take's claim in the writer's transaction sets ``claimed`` once it
+    has claimed its rows, and waits for ``go``."""
+    claimed, go = threading.Event(), threading.Event()
     claim_ids = deliveries.claim_ids
 
     def held(*args: Any, **kwargs: Any) -> list[tuple[str, int, int]]:
         taken = claim_ids(*args, **kwargs)
-        applying.set()  # the take has claimed its rows; the discard comes now
+        claimed.set()
         go.wait(10)
         return taken
 
+    monkeypatch.setattr(deliveries, "claim_ids", held)
+    return claimed, go
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("when", ["in the take's transaction", "with the give-back queued"])
+async def test_a_cancelled_take_gives_back_no_entry_discarded_since_it_was_asked(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
     async with SqliteStore(store_path) as store:
         box = await committed_mailbox(store, "a")
-        monkeypatch.setattr(deliveries, "claim_ids", held)
+        claimed, go = claims_held(monkeypatch)
         task = asyncio.ensure_future(box.take_all())
-        assert await anyio.to_thread.run_sync(applying.wait, 10)
-        box.discard("a")  # its row is in the take's transaction, not committed yet
-        task.cancel()  # asyncio's own: the take gives back what it took
-        await anyio.wait_all_tasks_blocked()
-        go.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await store.wait_committed()  # the give-back and the discard
+        assert await anyio.to_thread.run_sync(claimed.wait, 10)
+        if when == "in the take's transaction":
+            box.discard("a")  # of the row the take holds, not committed yet
+            task.cancel()  # asyncio's own: the take gives back what it took
+            await anyio.wait_all_tasks_blocked()
+            go.set()
+            # The writer commits the take, then the discard alone, before the cancelled
+            # task submits its give-back.
+            block_the_loop_until_the_watermark_moves(store)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            task.cancel()
+            await anyio.wait_all_tasks_blocked()
+            with writer_parked(store):  # the give-back waits in the writer's queue
+                go.set()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                box.discard("a")  # the row is read: nothing to mark, nothing to give back
+                assert len(box) == 0
+        await store.wait_committed()
         assert box.peek("a") is None
     assert states(store_path) == [("a", "output of a", "read")]
 
@@ -235,19 +262,37 @@ async def test_an_entry_discarded_before_the_store_failed_stays_consumed(
         assert box.drain_all() == [env("b")]  # kept in memory, as a failed put is
 
 
-async def test_a_discarded_row_neither_signals_a_waiter_nor_stays_in_memory(
-    store_path: Path,
-) -> None:
+async def test_a_discarded_envelope_is_let_go_of_in_memory(store_path: Path) -> None:
     async with SqliteStore(store_path) as store:
         box = await committed_mailbox(store, "a")
-        fired: list[str] = []
-        with writer_parked(store):
-            box.discard("a")
-            assert box.subscribe_once("a", lambda: fired.append("a")) is not None
-            box._look_again()  # what the watcher does once another connection commits
-            assert fired == []
+        box.discard("a")
         await box.wait_committed()  # the discard's callback has run by then
         assert box._in_hand._held == {}
+
+
+async def test_a_waiter_of_a_discarded_id_gets_another_processes_later_put(
+    store_path: Path,
+) -> None:
+    async with SqliteStore(store_path) as store, SqliteStore(store_path) as other:
+        box = await committed_mailbox(store, "a")
+        got: list[DelegateResult | None] = []
+
+        async def waiter() -> None:
+            got.append(await box.wait("a", timeout=30))
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                with writer_parked(store):
+                    box.discard("a")  # of the row committed above
+                    tg.start_soon(waiter)
+                    await anyio.wait_all_tasks_blocked()  # the id is hidden: it waits
+                    theirs = other.mailbox("s")
+                    theirs.put("a", env("a", "second"))  # a row that replaces that one
+                    await theirs.wait_committed()
+                    box._look_again()  # the watcher sees it: the waiter finds "a" hidden
+                    await anyio.wait_all_tasks_blocked()
+                # The discard commits, changing no row: nothing for the watcher to see.
+        assert got == [env("a", "second")]
 
 
 # ------------------------------------------------------------ the manager's collection

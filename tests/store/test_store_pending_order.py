@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from subagents import DelegateResult, Status
-from subagents.store._pending import Put, _InOrder
+from subagents.store._in_order import InOrder
+from subagents.store._pending import Put
 
 IDS = st.sampled_from(["a", "b", "c", "d", "e"])
 
@@ -31,7 +32,7 @@ def put_of(task_id: str, seq: int) -> Put:
 class InOrderAgainstModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.index = _InOrder()
+        self.index: InOrder[Put] = InOrder()
         self.model: dict[str, Put] = {}
         self.seq = 0
         self.made: list[Put] = []
