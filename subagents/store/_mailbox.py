@@ -307,7 +307,7 @@ class SqliteMailbox(BaseMailbox):
         if put is None:  # the id's row, if it has one, is the database's
             row = self._takes.row(task_id, now)
             if not row:
-                self._pending.forgo(task_id)  # one a cancelled take took stays read
+                self._pending.forgo(task_id, None)  # one a cancelled take took stays read
                 return
             self._pending.taken_row(task_id, row)  # a durable put's, its report to come
         discard = Discard(task_id, self.origin, now, self._discarded, put=put, row=row)
@@ -317,7 +317,7 @@ class SqliteMailbox(BaseMailbox):
             self.drain(task_id)
             return
         self._pending.discarding(discard)
-        self._pending.forgo(task_id)
+        self._pending.forgo(task_id, discard)
 
     def _discarded(self, discard: Discard, committed: bool) -> None:
         self._pending.discarded(discard, committed)
@@ -363,8 +363,8 @@ class SqliteMailbox(BaseMailbox):
         )
         self._writer.defer_stop()  # a give-back may follow the take's commit
         try:
-            seq = take.submit(self._writer)
-            self._pending.taking(seq)
+            take.submit(self._writer)
+            self._pending.taking(take)
             taken = await take.committed(self._writer, self._giving_back)
         except (StoreError, anyio.ClosedResourceError):  # as drain_all answers then
             taken = None

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from .._envelope import DelegateResult, now_ms
 from . import _deliveries as rows
 from ._in_order import InOrder, is_uncommitted
-from ._takes import Discard, GiveBack
+from ._takes import Discard, GiveBack, TakeAll
 from ._writer import Write, Writer
 
 __all__ = ["Pending", "Put"]
@@ -139,9 +139,11 @@ class Pending:
         self._kept: list[tuple[Put, int]] = []
         self._giving: list[GiveBack] = []  # their rows count as entries until they end
         self._discards: set[Discard] = set()  # submitted, not reported; under the lock
-        # Discarded ids, each with the last write submitted by then, kept while a take or
-        # a give-back is under way; under the lock.
-        self._forgone: dict[str, int] = {}
+        # The rows discarded while a take or a give-back is under way (a discard's target,
+        # or a row a take holds already), which no give-back makes unread; under the lock.
+        self._forgone: set[Discard] = set()
+        self._forgone_rows: set[int] = set()
+        self._taking: list[TakeAll] = []  # this mailbox's takes under way
 
     def __bool__(self) -> bool:
         """Whether there are entries (one may be in the writer's hands)."""
@@ -209,13 +211,13 @@ class Pending:
         """The ids whose rows a give-back holds: its take applied (to this process's reads
         they are read, or about to be, and are not counted there), itself not committed."""
         committed = self._writer.committed
-        forgone = self._forgone
+        forgone = self.forgone()
         return {
             task_id
             for back in self._giving
             if not 0 < back.seq <= committed
-            for task_id in back.task_ids_taken()
-            if forgone.get(task_id, 0) < back.of.seq  # else it is not given back
+            for task_id, delivery_id, _ in back.of.taken or ()
+            if delivery_id not in forgone  # else it is not given back
         }
 
     def census(self, now: float, *, durable: bool) -> tuple[int, list[str]]:
@@ -249,10 +251,11 @@ class Pending:
         rows alone is too high)."""
         return bool(self._hiding)
 
-    def taking(self, seq: int) -> None:
-        """A take of this mailbox's entries was submitted as write ``seq``: an entry put
-        before it and overwritten after it is still written, for the take to take."""
-        self._takes.append(seq)  # in increasing order: the last is the latest
+    def taking(self, take: TakeAll) -> None:
+        """``take``, of this mailbox's entries, was submitted: an entry put before it and
+        overwritten after it is still written, for the take to take."""
+        self._takes.append(take.seq)  # in increasing order: the last is the latest
+        self._taking.append(take)
 
     def took(self, seq: int) -> None:
         """The take ``seq`` ended (committed, withdrawn, or the store failed first): an
@@ -260,6 +263,7 @@ class Pending:
         taken it (a withdrawn take's)."""
         if seq in self._takes:
             self._takes.remove(seq)
+            self._taking = [take for take in self._taking if take.seq != seq]
         self._forget_forgone()
         if not self._kept:
             return
@@ -351,24 +355,34 @@ class Pending:
         if committed:
             self._hiding.forget(discard)
 
-    def forgo(self, task_id: str) -> None:
-        """``task_id``'s entry was discarded: a give-back of a take submitted before now
-        does not make the id's row unread again (whether or not a row was left to mark,
-        and whenever the discard commits)."""
-        if self._takes or self._giving:
-            with self._lock:
-                self._forgone[task_id] = self._writer.submitted
-
-    def forgone(self, since: int) -> set[str]:
-        """The ids discarded since write ``since`` was submitted (called from the writer
-        thread, inside a give-back's transaction)."""
+    def forgo(self, task_id: str, discard: Discard | None) -> None:
+        """``task_id``'s entry was discarded, by ``discard`` (``None``: no row was left to
+        mark): no give-back makes the discard's row unread again, nor one a take under way
+        or being given back holds for the id already (a row put since is another's)."""
+        if not self._takes and not self._giving:
+            return
+        held = [
+            delivery_id
+            for take in [*self._taking, *(back.of for back in self._giving)]
+            for taken_id, delivery_id, _ in take.taken or ()
+            if taken_id == task_id
+        ]
         with self._lock:
-            return {task_id for task_id, mark in self._forgone.items() if mark >= since}
+            if discard is not None:
+                self._forgone.add(discard)
+            self._forgone_rows.update(held)
+
+    def forgone(self) -> set[int]:
+        """The rows :meth:`forgo` keeps from every give-back (called from the writer
+        thread, inside a give-back's transaction, and on the loop)."""
+        with self._lock:
+            return {discard.target() for discard in self._forgone} | self._forgone_rows
 
     def _forget_forgone(self) -> None:
-        if self._forgone and not self._takes and not self._giving:
+        if not self._takes and not self._giving and (self._forgone or self._forgone_rows):
             with self._lock:
                 self._forgone.clear()
+                self._forgone_rows.clear()
 
     def discarded_rows(self) -> list[int]:
         """The delivery rows the discards under way are to mark read (called from the

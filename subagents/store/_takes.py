@@ -77,7 +77,7 @@ class TakeAll(Write):
         now: float,
         found: Found,
         skipping: Callable[[], list[int]],
-        forgone: Callable[[int], set[str]],
+        forgone: Callable[[], set[int]],
     ) -> None:
         super().__init__()
         self.session = session
@@ -90,8 +90,8 @@ class TakeAll(Write):
         """Called in the writer thread: the rows its mailbox's discards under way are to
         mark read (``Pending.discarded_rows``), which it leaves to them."""
         self.forgone = forgone
-        """Called in the writer thread by a give-back: the ids its mailbox discarded since
-        this take was submitted (``Pending.forgone``), which it does not give back."""
+        """Called in the writer thread by a give-back: the rows its mailbox's discards
+        keep read (``Pending.forgone``), which it does not give back."""
         self._done = anyio.Event()
         self.picked = False
         self.withdrawn = False
@@ -204,9 +204,6 @@ class GiveBack(Write):
         """The rows it is to give back (none until the take is applied)."""
         return len(self.of.taken or ())
 
-    def task_ids_taken(self) -> list[str]:
-        return [task_id for task_id, _, _ in self.of.taken or ()]
-
     def submit(self, writer: Writer) -> None:
         """Queue it; a store that has failed loses the rows (logged)."""
         if not self.count():
@@ -221,9 +218,9 @@ class GiveBack(Write):
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
         for w in writes:
             taken = w.of.taken or ()
-            # An id discarded since the take was asked is left read: its caller has it.
-            forgone = w.of.forgone(w.of.seq)
-            rows_taken = [d for task_id, d, _ in taken if task_id not in forgone]
+            # A row discarded since the take was asked is left read: its caller has it.
+            forgone = w.of.forgone()
+            rows_taken = [d for _, d, _ in taken if d not in forgone]
             w.task_ids = rows.give_back(conn, rows_taken, w.of.consumer, now_ms())
 
     def release(self) -> None:

@@ -243,6 +243,35 @@ async def test_a_cancelled_take_gives_back_no_entry_discarded_since_it_was_asked
     assert states(store_path) == [("a", "output of a", "read")]
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("discarded", ["a", "b"], ids=["its row", "no entry"])
+async def test_a_cancelled_take_gives_back_another_processes_later_row_of_a_discarded_id(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, discarded: str
+) -> None:
+    async with SqliteStore(store_path) as store, SqliteStore(store_path) as other:
+        box = await committed_mailbox(store, "a")
+        claimed, go = claims_held(monkeypatch)
+        with writer_parked(store):
+            task = asyncio.ensure_future(box.take_all())
+            await anyio.wait_all_tasks_blocked()  # submitted, not applied
+            box.discard(discarded)  # of "a"'s row, or of nothing
+            theirs = other.mailbox("s")
+            theirs.put("b", env("b", "theirs"))  # committed before the take applies
+            if discarded == "a":
+                theirs.put("a", env("a", "second"))  # a later row: not the discard's
+            await theirs.wait_committed()
+        assert await anyio.to_thread.run_sync(claimed.wait, 10)
+        task.cancel()  # asyncio's own: the take gives back what it took
+        await anyio.wait_all_tasks_blocked()
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await store.wait_committed()
+        assert box.peek("b") == env("b", "theirs")  # nobody had it: given back
+        if discarded == "a":
+            assert box.peek("a") == env("a", "second")
+
+
 def disk_error(*args: object) -> None:
     raise sqlite3.OperationalError("disk I/O error")
 
