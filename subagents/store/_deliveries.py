@@ -380,11 +380,14 @@ def bodies(conn: sqlite3.Connection, envelope_ids: list[int]) -> dict[int, bytes
     return {int(envelope_id): bytes(body) for envelope_id, body in found}
 
 
-def give_back(conn: sqlite3.Connection, delivery_ids: list[int], origin: str, ms: int) -> list[str]:
+def give_back(
+    conn: sqlite3.Connection, delivery_ids: list[int], origin: str, ms: int
+) -> list[tuple[str, int]]:
     """Make the taken rows ``delivery_ids`` unread again, each as a new row of its envelope
     put by ``origin`` (the taker: its row is new to every other mailbox object, the one
     that put it first included), unless a newer row of its id has come since (it was
-    overwritten meanwhile) or its task is forgotten; the task ids given back. Newer rows
+    overwritten meanwhile) or its task is forgotten; ``(task_id, new delivery id)`` of
+    each given back. Newer rows
     are looked for among the envelopes of the task id (indexed), not among all rows.
     Call inside ``BEGIN IMMEDIATE``."""
     given = conn.execute(
@@ -396,7 +399,7 @@ def give_back(conn: sqlite3.Connection, delivery_ids: list[int], origin: str, ms
         "SELECT 1 FROM envelopes AS e JOIN deliveries AS newer ON newer.envelope_id = e.id "
         "WHERE e.task_id = taken.task_id AND e.session = taken.session "
         "AND newer.recipient = taken.recipient AND newer.task_id = taken.task_id "
-        "AND newer.id > taken.id) ORDER BY id RETURNING task_id",
+        "AND newer.id > taken.id) ORDER BY id RETURNING task_id, id",
         {"ids": dumps_str(delivery_ids), "origin": origin, "ms": ms},
     ).fetchall()
-    return [str(task_id) for (task_id,) in given]
+    return [(str(task_id), int(delivery_id)) for task_id, delivery_id in given]

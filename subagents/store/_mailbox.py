@@ -40,7 +40,7 @@ from ._in_hand import InHand
 from ._pending import Pending, Put
 from ._sqlite import Connection
 from ._subscriptions import Subscriptions, fire
-from ._takes import Discard, GiveBack, TakeAll
+from ._takes import Discard, GiveBack, GivenRow, TakeAll
 from ._taking import LoopTakes
 from ._tally import Tally
 from ._writer import Writer
@@ -304,13 +304,17 @@ class SqliteMailbox(BaseMailbox):
         if decided:
             return
         row = 0
+        target: Put | GivenRow | None = put
         if put is None:  # the id's row, if it has one, is the database's
             row = self._takes.row(task_id, now)
-            if not row:
-                self._pending.forgo(task_id, None)  # one a cancelled take took stays read
-                return
-            self._pending.taken_row(task_id, row)  # a durable put's, its report to come
-        discard = Discard(task_id, self.origin, now, self._discarded, put=put, row=row)
+            if row:
+                self._pending.taken_row(task_id, row)  # a durable put's, its report to come
+            else:  # one a cancelled take took stays read, and the row given back is marked
+                back = self._pending.forgo(task_id, None)
+                if back is None:
+                    return
+                target = back.row_of(task_id)
+        discard = Discard(task_id, self.origin, now, self._discarded, put=target, row=row)
         try:
             self._last_seq = self._writer.submit(discard)
         except (StoreError, anyio.ClosedResourceError):  # as drain answers then

@@ -355,12 +355,15 @@ class Pending:
         if committed:
             self._hiding.forget(discard)
 
-    def forgo(self, task_id: str, discard: Discard | None) -> None:
+    def forgo(self, task_id: str, discard: Discard | None) -> GiveBack | None:
         """``task_id``'s entry was discarded, by ``discard`` (``None``: no row was left to
         mark): no give-back makes the discard's row unread again, nor one a take under way
-        or being given back holds for the id already (a row put since is another's)."""
+        or being given back holds for the id already (a row put since is another's).
+        Returns the give-back not committed yet that holds the id, if any: it may have
+        read these rows already, in a transaction still open, so the discard is to mark
+        the row it gives back too."""
         if not self._takes and not self._giving:
-            return
+            return None
         held = [
             delivery_id
             for take in [*self._taking, *(back.of for back in self._giving)]
@@ -371,6 +374,14 @@ class Pending:
             if discard is not None:
                 self._forgone.add(discard)
             self._forgone_rows.update(held)
+        committed = self._writer.committed
+        holding = [
+            back
+            for back in self._giving
+            if not 0 < back.seq <= committed
+            and any(taken_id == task_id for taken_id, _, _ in back.of.taken or ())
+        ]
+        return holding[-1] if holding else None
 
     def forgone(self) -> set[int]:
         """The rows :meth:`forgo` keeps from every give-back (called from the writer

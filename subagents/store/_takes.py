@@ -40,7 +40,7 @@ from . import _deliveries as rows
 from ._errors import StoreError
 from ._writer import Write, Writer
 
-__all__ = ["Discard", "Found", "GiveBack", "TakeAll", "Taken"]
+__all__ = ["Discard", "Found", "GiveBack", "GivenRow", "TakeAll", "Taken"]
 
 logger = logging.getLogger("subagents.store")
 
@@ -192,13 +192,19 @@ class GiveBack(Write):
     counts the take's ids as entries (``Pending.giving``): to its reads the rows are read,
     or about to be."""
 
-    __slots__ = ("_ended", "of", "task_ids")
+    __slots__ = ("_ended", "given", "of")
 
     def __init__(self, of: TakeAll, ended: Callable[[GiveBack, list[str]], object]) -> None:
         super().__init__()
         self.of = of
         self._ended = ended
-        self.task_ids: list[str] = []
+        self.given: dict[str, int] = {}
+        """The new row of each id given back, once applied (read from the writer thread by
+        a discard of the id applied after it: :meth:`row_of`)."""
+
+    def row_of(self, task_id: str) -> GivenRow:
+        """The row this gives back for ``task_id``, as a discard's target."""
+        return GivenRow(self, task_id)
 
     def count(self) -> int:
         """The rows it is to give back (none until the take is applied)."""
@@ -221,13 +227,13 @@ class GiveBack(Write):
             # A row discarded since the take was asked is left read: its caller has it.
             forgone = w.of.forgone()
             rows_taken = [d for _, d, _ in taken if d not in forgone]
-            w.task_ids = rows.give_back(conn, rows_taken, w.of.consumer, now_ms())
+            w.given = dict(rows.give_back(conn, rows_taken, w.of.consumer, now_ms()))
 
     def release(self) -> None:
-        self.task_ids = []
+        self.given = {}
 
     def done(self) -> None:
-        self._ended(self, self.task_ids)
+        self._ended(self, list(self.given))
 
     def failed(self) -> None:
         self._lost(None)
@@ -240,6 +246,20 @@ class GiveBack(Write):
             "failed" if exc is None else f"refused it ({exc})",
         )
         self._ended(self, [])
+
+
+class GivenRow:
+    """A give-back's new row of one id, known once the give-back is applied (0 before)."""
+
+    __slots__ = ("_back", "_task_id")
+
+    def __init__(self, back: GiveBack, task_id: str) -> None:
+        self._back = back
+        self._task_id = task_id
+
+    @property
+    def delivery_id(self) -> int:
+        return self._back.given.get(self._task_id, 0)
 
 
 class _Written(Protocol):
