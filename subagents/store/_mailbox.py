@@ -303,18 +303,17 @@ class SqliteMailbox(BaseMailbox):
         put, decided = self._takes.here(task_id, now)
         if decided:
             return
-        row = 0
-        target: Put | GivenRow | None = put
-        if put is None:  # the id's row, if it has one, is the database's
-            row = self._takes.row(task_id, now)
-            if row:
-                self._pending.taken_row(task_id, row)  # a durable put's, its report to come
+        target: Put | GivenRow | int | None = put
+        if target is None:  # the id's row, if it has one, is the database's
+            target = self._takes.row(task_id, now)
+            if target:
+                self._pending.taken_row(task_id, target)  # a durable put's, its report to come
             else:  # one a cancelled take took stays read, and the row given back is marked
                 back = self._pending.forgo(task_id, None)
                 if back is None:
                     return
                 target = back.row_of(task_id)
-        discard = Discard(task_id, self.origin, now, self._discarded, put=target, row=row)
+        discard = Discard(task_id, self.origin, now, self._discarded, target)
         try:
             self._last_seq = self._writer.submit(discard)
         except (StoreError, anyio.ClosedResourceError):  # as drain answers then
@@ -362,7 +361,6 @@ class SqliteMailbox(BaseMailbox):
             self.origin,
             self._clock(),
             self._in_hand.find,
-            self._pending.discarded_rows,
             self._pending.forgone,
         )
         self._writer.defer_stop()  # a give-back may follow the take's commit
@@ -373,7 +371,7 @@ class SqliteMailbox(BaseMailbox):
         except (StoreError, anyio.ClosedResourceError):  # as drain_all answers then
             taken = None
         finally:
-            self._pending.took(take.seq)
+            self._pending.took(take)
             self._writer.allow_stop()
         if taken is None:  # the store failed, or failed before committing it
             return self.drain_all()

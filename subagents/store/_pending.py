@@ -133,17 +133,16 @@ class Pending:
         self._puts: InOrder[Put] = InOrder()
         self._durable: InOrder[Put] = InOrder()
         self._hiding: InOrder[Put | Discard] = InOrder()
-        self._takes: list[int] = []  # the sequence numbers of this mailbox's takes under way
+        self._taking: list[TakeAll] = []  # this mailbox's takes under way, in submission order
         # Overwritten here (by the put of the sequence number beside it), still to be
         # written for a take submitted between the two.
         self._kept: list[tuple[Put, int]] = []
         self._giving: list[GiveBack] = []  # their rows count as entries until they end
-        self._discards: set[Discard] = set()  # submitted, not reported; under the lock
         # The rows discarded while a take or a give-back is under way (a discard's target,
-        # or a row a take holds already), which no give-back makes unread; under the lock.
+        # or a row a take holds already), which no take takes nor give-back makes unread;
+        # under the lock.
         self._forgone: set[Discard] = set()
         self._forgone_rows: set[int] = set()
-        self._taking: list[TakeAll] = []  # this mailbox's takes under way
 
     def __bool__(self) -> bool:
         """Whether there are entries (one may be in the writer's hands)."""
@@ -254,16 +253,14 @@ class Pending:
     def taking(self, take: TakeAll) -> None:
         """``take``, of this mailbox's entries, was submitted: an entry put before it and
         overwritten after it is still written, for the take to take."""
-        self._takes.append(take.seq)  # in increasing order: the last is the latest
         self._taking.append(take)
 
-    def took(self, seq: int) -> None:
-        """The take ``seq`` ended (committed, withdrawn, or the store failed first): an
+    def took(self, take: TakeAll) -> None:
+        """``take`` ended (committed, withdrawn, or the store failed first): an
         entry it kept that no take under way keeps is never written, if the writer has not
         taken it (a withdrawn take's)."""
-        if seq in self._takes:
-            self._takes.remove(seq)
-            self._taking = [take for take in self._taking if take.seq != seq]
+        if take in self._taking:
+            self._taking.remove(take)
         self._forget_forgone()
         if not self._kept:
             return
@@ -272,7 +269,7 @@ class Pending:
             for put, by in self._kept:
                 if put.picked:
                     continue
-                if any(put.seq < take < by for take in self._takes):
+                if any(put.seq < take.seq < by for take in self._taking):
                     kept.append((put, by))
                 else:
                     put.superseded = True
@@ -286,7 +283,7 @@ class Pending:
         if old is not None:
             with self._lock:
                 if not old.picked:
-                    if self._takes and old.seq < self._takes[-1]:
+                    if self._taking and old.seq < self._taking[-1].seq:
                         self._kept.append((old, put.seq))
                     else:
                         old.superseded = True
@@ -339,67 +336,56 @@ class Pending:
         """``discard`` (submitted) consumes its id's entry for nobody: its put (one the
         writer has taken; an untaken one is claimed instead) is let go, its row the
         discard's to mark read; until it commits, the database's row of the id is not
-        its entry, and this mailbox's takes leave its row alone (:meth:`discarded_rows`)."""
-        put = discard.put
+        its entry (the takes under way leave the row alone: :meth:`forgo`)."""
+        put = discard.of
         if isinstance(put, Put) and self._puts.forget(put):
             put.taken = True  # nobody takes it from the database: the discard marks it
         self._hiding.latest(discard)
-        with self._lock:
-            self._discards.add(discard)
 
     def discarded(self, discard: Discard, committed: bool) -> None:
         """``discard``'s commit is reported, or the store failed first: then it hides its
         id for good (the watermark moves no more), as a claimed put does."""
-        with self._lock:
-            self._discards.discard(discard)
         if committed:
             self._hiding.forget(discard)
 
     def forgo(self, task_id: str, discard: Discard | None) -> GiveBack | None:
         """``task_id``'s entry was discarded, by ``discard`` (``None``: no row was left to
-        mark): no give-back makes the discard's row unread again, nor one a take under way
-        or being given back holds for the id already (a row put since is another's).
-        Returns the give-back not committed yet that holds the id, if any: it may have
-        read these rows already, in a transaction still open, so the discard is to mark
-        the row it gives back too."""
-        if not self._takes and not self._giving:
+        mark): no take under way takes the discard's row, and no give-back makes it, nor
+        a row a take under way or being given back holds for the id already, unread again
+        (a row put since is another's). A take submitted later is applied after the
+        discard. Returns the give-back not committed yet that holds the id, if any: it
+        may have read these rows already, in a transaction still open, so the discard is
+        to mark the row it gives back too."""
+        if not self._taking and not self._giving:
             return None
-        held = [
-            delivery_id
-            for take in [*self._taking, *(back.of for back in self._giving)]
-            for taken_id, delivery_id, _ in take.taken or ()
-            if taken_id == task_id
-        ]
+
+        def held(take: TakeAll) -> list[int]:
+            return [d for taken_id, d, _ in take.taken or () if taken_id == task_id]
+
+        rows_held = [d for take in self._taking for d in held(take)]
+        committed, holding = self._writer.committed, None
+        for back in self._giving:
+            given = held(back.of)
+            rows_held.extend(given)
+            if given and not 0 < back.seq <= committed:
+                holding = back
         with self._lock:
             if discard is not None:
                 self._forgone.add(discard)
-            self._forgone_rows.update(held)
-        committed = self._writer.committed
-        holding = [
-            back
-            for back in self._giving
-            if not 0 < back.seq <= committed
-            and any(taken_id == task_id for taken_id, _, _ in back.of.taken or ())
-        ]
-        return holding[-1] if holding else None
+            self._forgone_rows.update(rows_held)
+        return holding
 
     def forgone(self) -> set[int]:
-        """The rows :meth:`forgo` keeps from every give-back (called from the writer
-        thread, inside a give-back's transaction, and on the loop)."""
+        """The rows :meth:`forgo` keeps from every take and give-back (called from the
+        writer thread, inside their transactions, and on the loop)."""
         with self._lock:
             return {discard.target() for discard in self._forgone} | self._forgone_rows
 
     def _forget_forgone(self) -> None:
-        if not self._takes and not self._giving and (self._forgone or self._forgone_rows):
+        if not self._taking and not self._giving and (self._forgone or self._forgone_rows):
             with self._lock:
                 self._forgone.clear()
                 self._forgone_rows.clear()
-
-    def discarded_rows(self) -> list[int]:
-        """The delivery rows the discards under way are to mark read (called from the
-        writer thread, inside a take's transaction)."""
-        with self._lock:
-            return [d.target() for d in self._discards]
 
     def handed_back(self, put: Put) -> bool:
         """Whether ``put``, once taken by the writer, was handed back by a failed store

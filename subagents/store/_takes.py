@@ -64,7 +64,6 @@ class TakeAll(Write):
         "picked",
         "recipient",
         "session",
-        "skipping",
         "taken",
         "withdrawn",
     )
@@ -76,7 +75,6 @@ class TakeAll(Write):
         consumer: str,
         now: float,
         found: Found,
-        skipping: Callable[[], list[int]],
         forgone: Callable[[], set[int]],
     ) -> None:
         super().__init__()
@@ -86,12 +84,9 @@ class TakeAll(Write):
         self.now = now
         self.found = found
         """Called in the writer thread: it only looks (see ``InHand.find``)."""
-        self.skipping = skipping
-        """Called in the writer thread: the rows its mailbox's discards under way are to
-        mark read (``Pending.discarded_rows``), which it leaves to them."""
         self.forgone = forgone
-        """Called in the writer thread by a give-back: the rows its mailbox's discards
-        keep read (``Pending.forgone``), which it does not give back."""
+        """Called in the writer thread, by this take and by its give-back: the rows its
+        mailbox's discards consumed (``Pending.forgone``), which neither takes."""
         self._done = anyio.Event()
         self.picked = False
         self.withdrawn = False
@@ -164,7 +159,7 @@ class TakeAll(Write):
                 consumer=w.consumer,
                 now=w.now,
                 ms=now_ms(),
-                skipping=w.skipping(),
+                skipping=list(w.forgone()),
             )
             here = {
                 d: e for task_id, d, _ in claimed if (e := w.found(task_id, d, w.seq)) is not None
@@ -269,14 +264,15 @@ class _Written(Protocol):
 
 class Discard(Write):
     """Mark one entry's delivery row read for nobody (``SqliteMailbox.discard``: its
-    caller has the envelope): the row of ``put`` (a put the writer has taken: an earlier
-    batch has written it, and its id, by the time this one is applied), or ``row`` (read
-    at the call). The one row, so a put of the id submitted after it, here or in another
-    process, is not touched. Until it commits the mailbox takes the id for no entry and
-    its takes leave the row alone (``Pending.discarding``). An entry past its TTL becomes
+    caller has the envelope): the row ``of`` names, a delivery id read at the call, or
+    the row of a write applied a batch earlier (a put the writer has taken, a give-back),
+    whose id is known by the time this one is applied. The one row, so a put of the id
+    submitted after it, here or in another process, is not touched. Until it commits the
+    mailbox takes the id for no entry and its takes leave the row alone
+    (``Pending.discarding``, ``Pending.forgo``). An entry past its TTL becomes
     ``expired``."""
 
-    __slots__ = ("_ended", "consumer", "now", "put", "row", "task_id")
+    __slots__ = ("_ended", "consumer", "now", "of", "task_id")
 
     def __init__(
         self,
@@ -284,9 +280,7 @@ class Discard(Write):
         consumer: str,
         now: float,
         ended: Callable[[Discard, bool], object],
-        *,
-        put: _Written | None = None,
-        row: int = 0,
+        of: _Written | int,
     ) -> None:
         super().__init__()
         self.task_id = task_id
@@ -294,12 +288,11 @@ class Discard(Write):
         self.now = now
         self._ended = ended
         """Called on the event loop with whether it committed."""
-        self.put = put
-        self.row = row
+        self.of = of
 
     def target(self) -> int:
-        """The delivery row it marks read (0 while its put is not written yet)."""
-        return self.row if self.put is None else self.put.delivery_id
+        """The delivery row it marks read (0 while the write it names is not applied)."""
+        return self.of if isinstance(self.of, int) else self.of.delivery_id
 
     @classmethod
     def apply(cls, conn: sqlite3.Connection, writes: Sequence[Self]) -> None:
